@@ -1,0 +1,662 @@
+//! The hub's configuration: a strict TOML file, built-in defaults, and the checks
+//! that refuse a setting the hub could not honour (a timeout that does not fit the
+//! budget, a route to a target that does not exist).
+//!
+//! Nothing here imports the modules that use the config: they read these plain
+//! structs. Every key has a default, so an empty file (or no file at all) is a
+//! valid configuration that relays TRF001/INQ001 to the target named `core`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::frame::PrefixMode;
+
+/// The name of the target that `--core-url` points at and the default routes use.
+pub const DEFAULT_TARGET: &str = "core";
+
+/// A configuration that could not be read or does not make sense.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("config {file}: {source}")]
+    Io {
+        file: String,
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has an unknown key or a wrong type.
+    #[error("config {file}: {message}")]
+    Parse { file: String, message: String },
+    /// The values parse but contradict each other or the protocol.
+    #[error("config {file}: `{key}`: {reason}")]
+    Invalid {
+        file: String,
+        key: String,
+        reason: String,
+    },
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub journal: JournalConfig,
+    pub logging: LoggingConfig,
+    /// Core systems the hub calls. Without any, one target `core` is assumed.
+    #[serde(rename = "target")]
+    pub targets: Vec<TargetConfig>,
+    /// Tx codes and what they do. Without any, TRF001 and INQ001 go to `core`.
+    #[serde(rename = "route")]
+    pub routes: Vec<RouteConfig>,
+    /// Channels allowed to call. Without any, every well-formed channel id may call.
+    #[serde(rename = "channel")]
+    pub channels: Vec<ChannelConfig>,
+}
+
+/// The telegram listener and the per-telegram budget.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address of the telegram listener.
+    pub listen: String,
+    /// Address of the admin HTTP endpoints (metrics, health); off when absent.
+    pub admin_listen: Option<String>,
+    /// Length prefix: `ascii` (4 digits) or `binary` (u32 big-endian).
+    pub prefix: PrefixMode,
+    /// Longest telegram accepted, in bytes after the prefix.
+    pub max_telegram_len: usize,
+    /// The hub answers every telegram within this many ms of reading it whole.
+    pub budget_ms: u64,
+    /// A connection with no telegram started for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// A started telegram must be complete within this many ms (slow senders).
+    pub read_timeout_ms: u64,
+    /// Channel connections open at once; more are accepted and closed at once.
+    pub max_connections: usize,
+    /// Telegrams one connection may have in flight (pipelined) at once.
+    pub max_in_flight_per_connection: usize,
+    /// Folder of layout files; the shipped layouts are built in when absent.
+    pub layouts_dir: Option<PathBuf>,
+    /// The business-result -> standard-code table; the shipped one when absent.
+    pub codes_file: Option<PathBuf>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:9100".into(),
+            admin_listen: None,
+            prefix: PrefixMode::Ascii,
+            max_telegram_len: 4096,
+            budget_ms: 3000,
+            idle_timeout_ms: 60_000,
+            read_timeout_ms: 5_000,
+            max_connections: 20_000,
+            max_in_flight_per_connection: 32,
+            layouts_dir: None,
+            codes_file: None,
+        }
+    }
+}
+
+/// Where GUIDs are journaled and how repeats are treated (protocol section 8).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JournalConfig {
+    /// A database file, `memory`, or a `postgres://` URL.
+    pub path: String,
+    /// Resends allowed after a "certainly not sent" answer (E902/E903/E904).
+    pub max_resends: u32,
+    /// A resend is refused (E905) sooner than this after the previous answer.
+    pub resend_cooldown_ms: u64,
+    /// Rows older than this are pruned. Keep it at least as long as the core's
+    /// own idempotency window, and longer than any channel keeps resending.
+    pub retention_hours: u64,
+    /// Most rows written in one commit; concurrent telegrams share a commit.
+    pub max_batch: usize,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        JournalConfig {
+            path: "relayhub-journal.db".into(),
+            max_resends: 3,
+            resend_cooldown_ms: 1000,
+            retention_hours: 72,
+            max_batch: 256,
+        }
+    }
+}
+
+/// Log output.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoggingConfig {
+    /// `human` for terminals, `json` for log shippers.
+    pub format: LogFormat,
+    /// A `tracing` filter, e.g. `info` or `relayhub=debug`.
+    pub filter: String,
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        LoggingConfig {
+            format: LogFormat::Human,
+            filter: "info".into(),
+        }
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+/// One core system: its endpoints, timeouts, bulkhead and credentials.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    pub name: String,
+    /// Base URLs, tried in order; the next one only when nothing was sent.
+    #[serde(default)]
+    pub urls: Vec<String>,
+    /// TCP connect timeout; at most half the budget when left to its default.
+    pub connect_timeout_ms: Option<u64>,
+    /// How long a transfer call may go on after the hub answered E901, so that
+    /// a late answer is still journaled. 0 ends the call with the budget.
+    #[serde(default = "default_late_answer_window_ms")]
+    pub late_answer_window_ms: u64,
+    /// Calls to this target at once (the bulkhead).
+    #[serde(default = "default_max_concurrency")]
+    pub max_concurrency: usize,
+    /// Longest wait for a bulkhead slot, counted against the budget.
+    #[serde(default = "default_queue_wait_ms")]
+    pub queue_wait_ms: u64,
+    /// Connect attempts per telegram (first try included) when nothing was sent.
+    #[serde(default = "default_connect_attempts")]
+    pub connect_attempts: u32,
+    /// Inquiry attempts per telegram when an inquiry fails after being sent.
+    #[serde(default = "default_inquiry_attempts")]
+    pub inquiry_attempts: u32,
+    /// First backoff step; doubled each retry, with full jitter.
+    #[serde(default = "default_backoff_ms")]
+    pub backoff_ms: u64,
+    /// Credentials; the value itself is never logged.
+    #[serde(default)]
+    pub auth: Option<AuthConfig>,
+}
+
+fn default_late_answer_window_ms() -> u64 {
+    30_000
+}
+fn default_max_concurrency() -> usize {
+    1024
+}
+fn default_queue_wait_ms() -> u64 {
+    100
+}
+fn default_connect_attempts() -> u32 {
+    3
+}
+fn default_inquiry_attempts() -> u32 {
+    3
+}
+fn default_backoff_ms() -> u64 {
+    25
+}
+
+/// The connect timeout used when none is configured.
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 500;
+
+impl TargetConfig {
+    /// A target with every default and the given URL.
+    pub fn with_url(name: &str, url: &str) -> Self {
+        TargetConfig {
+            name: name.into(),
+            urls: vec![url.into()],
+            connect_timeout_ms: None,
+            late_answer_window_ms: default_late_answer_window_ms(),
+            max_concurrency: default_max_concurrency(),
+            queue_wait_ms: default_queue_wait_ms(),
+            connect_attempts: default_connect_attempts(),
+            inquiry_attempts: default_inquiry_attempts(),
+            backoff_ms: default_backoff_ms(),
+            auth: None,
+        }
+    }
+
+    /// The connect timeout in force: the configured one, else the default
+    /// lowered to half the budget (so `--budget-ms` alone is always valid).
+    pub fn effective_connect_timeout(&self, budget: Duration) -> Duration {
+        match self.connect_timeout_ms {
+            Some(ms) => Duration::from_millis(ms),
+            None => Duration::from_millis(DEFAULT_CONNECT_TIMEOUT_MS).min(budget / 2),
+        }
+    }
+}
+
+/// Credentials sent to a target as an `Authorization` header.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// A bearer token written in the file (prefer `bearer_env`).
+    pub bearer: Option<String>,
+    /// Name of an environment variable holding a bearer token.
+    pub bearer_env: Option<String>,
+    /// Name of an environment variable holding a whole `Authorization` value
+    /// (e.g. `Basic dXNlcjpwYXNz`).
+    pub header_env: Option<String>,
+}
+
+impl AuthConfig {
+    /// The `Authorization` header value, read now (env vars at start-up/reload).
+    pub fn header_value(&self) -> Result<String, String> {
+        if let Some(token) = &self.bearer {
+            return Ok(format!("Bearer {token}"));
+        }
+        if let Some(var) = &self.bearer_env {
+            return std::env::var(var)
+                .map(|t| format!("Bearer {t}"))
+                .map_err(|_| format!("environment variable {var} is not set"));
+        }
+        if let Some(var) = &self.header_env {
+            return std::env::var(var).map_err(|_| format!("environment variable {var} is not set"));
+        }
+        Err("auth needs one of bearer, bearer_env, header_env".into())
+    }
+}
+
+/// What a tx code does.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Operation {
+    /// `POST /v1/transfers`, journaled: at most one call per GUID.
+    Transfer,
+    /// `GET /v1/transfers/{orig_guid}`: idempotent, retried when safe.
+    Inquiry,
+}
+
+/// A route: tx code -> operation on a target, converted by a layout.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub tx_code: String,
+    pub operation: Operation,
+    #[serde(default = "default_target_name")]
+    pub target: String,
+    /// The layout's tx code; the route's own tx code when absent.
+    pub layout: Option<String>,
+}
+
+fn default_target_name() -> String {
+    DEFAULT_TARGET.into()
+}
+
+/// A channel allowed to call, where it may call from, and what it may call.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelConfig {
+    pub id: String,
+    /// Peer addresses or CIDR blocks; any address when empty.
+    #[serde(default)]
+    pub allow_from: Vec<String>,
+    /// Tx codes it may send; any routed code when empty.
+    #[serde(default)]
+    pub tx_codes: Vec<String>,
+}
+
+/// Values given on the command line; each overrides the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub core_url: Option<String>,
+    pub budget_ms: Option<u64>,
+    pub connect_timeout_ms: Option<u64>,
+    pub journal: Option<String>,
+    pub admin_listen: Option<String>,
+}
+
+impl Config {
+    /// Reads and parses a file, without the cross-checks of [`Config::validate`].
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            file: file.clone(),
+            source,
+        })?;
+        Config::from_toml(&file, &text)
+    }
+
+    /// Parses TOML text; unknown keys are errors.
+    pub fn from_toml(file: &str, text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: file.into(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Applies command-line overrides, then fills in the default target and routes.
+    pub fn apply(&mut self, o: &Overrides) {
+        if let Some(v) = &o.listen {
+            self.server.listen = v.clone();
+        }
+        if let Some(v) = o.budget_ms {
+            self.server.budget_ms = v;
+        }
+        if let Some(v) = &o.journal {
+            self.journal.path = v.clone();
+        }
+        if let Some(v) = &o.admin_listen {
+            self.server.admin_listen = Some(v.clone());
+        }
+        if let Some(url) = &o.core_url {
+            match self.targets.iter_mut().find(|t| t.name == DEFAULT_TARGET) {
+                Some(t) => t.urls = vec![url.clone()],
+                None => self
+                    .targets
+                    .push(TargetConfig::with_url(DEFAULT_TARGET, url)),
+            }
+        }
+        if let Some(ms) = o.connect_timeout_ms {
+            for t in &mut self.targets {
+                t.connect_timeout_ms = Some(ms);
+            }
+        }
+        if self.routes.is_empty() {
+            self.routes = default_routes();
+        }
+    }
+
+    /// Cross-checks: budgets and timeouts fit, routes name real targets, addresses
+    /// parse. `file` names the source in messages.
+    pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let bad = |key: &str, reason: String| ConfigError::Invalid {
+            file: file.into(),
+            key: key.into(),
+            reason,
+        };
+        let s = &self.server;
+        if s.budget_ms == 0 {
+            return Err(bad("server.budget_ms", "must be above 0".into()));
+        }
+        if s.max_telegram_len < crate::header::HEADER_LEN {
+            return Err(bad(
+                "server.max_telegram_len",
+                format!("{} is shorter than the 64-byte header", s.max_telegram_len),
+            ));
+        }
+        if s.prefix == PrefixMode::Ascii && s.max_telegram_len > 9999 {
+            return Err(bad(
+                "server.max_telegram_len",
+                format!(
+                    "{} does not fit a 4-digit ascii prefix (at most 9999)",
+                    s.max_telegram_len
+                ),
+            ));
+        }
+        if s.max_connections == 0 || s.max_in_flight_per_connection == 0 {
+            return Err(bad(
+                "server.max_connections",
+                "limits must be at least 1".into(),
+            ));
+        }
+        for (key, addr) in [("server.listen", Some(&s.listen)), ("server.admin_listen", s.admin_listen.as_ref())] {
+            if let Some(addr) = addr {
+                if addr.parse::<SocketAddr>().is_err() {
+                    return Err(bad(key, format!("{addr:?} is not HOST:PORT (an IP address and a port)")));
+                }
+            }
+        }
+        let budget = Duration::from_millis(s.budget_ms);
+        if self.targets.is_empty() {
+            return Err(bad(
+                "target",
+                "no target configured: give --core-url or a [[target]] table".into(),
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for t in &self.targets {
+            let key = format!("target.{}", t.name);
+            if !names.insert(t.name.as_str()) {
+                return Err(bad(&key, "target named twice".into()));
+            }
+            if t.urls.is_empty() {
+                return Err(bad(&format!("{key}.urls"), "needs at least one base URL".into()));
+            }
+            for u in &t.urls {
+                if !(u.starts_with("http://") || u.starts_with("https://")) {
+                    return Err(bad(
+                        &format!("{key}.urls"),
+                        format!("{u:?} is not an http:// URL"),
+                    ));
+                }
+                if u.starts_with("https://") {
+                    return Err(bad(
+                        &format!("{key}.urls"),
+                        format!("{u:?}: this build speaks plain HTTP to the core; terminate TLS in front of it"),
+                    ));
+                }
+            }
+            let connect = t.effective_connect_timeout(budget);
+            if connect.is_zero() || connect >= budget {
+                return Err(bad(
+                    &format!("{key}.connect_timeout_ms"),
+                    format!(
+                        "{} ms does not fit the {} ms budget (it must be above 0 and below the budget)",
+                        connect.as_millis(),
+                        s.budget_ms
+                    ),
+                ));
+            }
+            if t.queue_wait_ms >= s.budget_ms {
+                return Err(bad(
+                    &format!("{key}.queue_wait_ms"),
+                    format!("{} ms does not fit the {} ms budget", t.queue_wait_ms, s.budget_ms),
+                ));
+            }
+            if t.max_concurrency == 0 || t.connect_attempts == 0 || t.inquiry_attempts == 0 {
+                return Err(bad(&key, "max_concurrency and attempts must be at least 1".into()));
+            }
+            if let Some(auth) = &t.auth {
+                auth.header_value()
+                    .map_err(|reason| bad(&format!("{key}.auth"), reason))?;
+            }
+        }
+        let mut codes = std::collections::HashSet::new();
+        for r in &self.routes {
+            let key = format!("route.{}", r.tx_code);
+            if r.tx_code.len() != 6
+                || !r.tx_code.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+            {
+                return Err(bad(&key, "tx_code must be 6 of A-Z0-9".into()));
+            }
+            if !codes.insert(r.tx_code.as_str()) {
+                return Err(bad(&key, "tx code routed twice".into()));
+            }
+            if !names.contains(r.target.as_str()) {
+                return Err(bad(
+                    &format!("{key}.target"),
+                    format!("names unknown target {:?}", r.target),
+                ));
+            }
+        }
+        for c in &self.channels {
+            let key = format!("channel.{}", c.id);
+            if c.id.trim().is_empty() || c.id.len() > 8 || !c.id.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+                return Err(bad(&key, "id must be 1-8 printable ASCII characters without spaces".into()));
+            }
+            for a in &c.allow_from {
+                Cidr::parse(a).map_err(|reason| bad(&format!("{key}.allow_from"), reason))?;
+            }
+            for code in &c.tx_codes {
+                if !codes.contains(code.as_str()) {
+                    return Err(bad(
+                        &format!("{key}.tx_codes"),
+                        format!("{code:?} has no route"),
+                    ));
+                }
+            }
+        }
+        if self.journal.max_batch == 0 {
+            return Err(bad("journal.max_batch", "must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// The routes used when the file has none: the shipped TRF001 and INQ001.
+pub fn default_routes() -> Vec<RouteConfig> {
+    vec![
+        RouteConfig {
+            tx_code: "TRF001".into(),
+            operation: Operation::Transfer,
+            target: DEFAULT_TARGET.into(),
+            layout: None,
+        },
+        RouteConfig {
+            tx_code: "INQ001".into(),
+            operation: Operation::Inquiry,
+            target: DEFAULT_TARGET.into(),
+            layout: None,
+        },
+    ]
+}
+
+/// An address block: `10.0.0.0/8`, `::1/128`, or a bare address (one host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `ADDR` or `ADDR/PREFIX`.
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let (a, p) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IP address or CIDR block"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{s:?}: prefix length must be 0-{max}"))?,
+            None => max,
+        };
+        Ok(Cidr { addr, prefix })
+    }
+
+    /// Whether `ip` lies in this block (IPv4-mapped IPv6 peers count as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - self.prefix as u32).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - self.prefix as u32).unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_core() -> Config {
+        let mut c = Config::default();
+        c.apply(&Overrides {
+            core_url: Some("http://127.0.0.1:8080".into()),
+            ..Default::default()
+        });
+        c
+    }
+
+    #[test]
+    fn defaults_with_core_url_are_valid() {
+        let c = with_core();
+        c.validate("test").unwrap();
+        assert_eq!(c.routes.len(), 2);
+        assert_eq!(c.targets[0].urls, vec!["http://127.0.0.1:8080"]);
+    }
+
+    #[test]
+    fn unknown_key_is_refused_with_its_name() {
+        let err = Config::from_toml("x.toml", "[server]\nbudget = 5\n").unwrap_err();
+        assert!(err.to_string().contains("budget"), "{err}");
+    }
+
+    #[test]
+    fn default_connect_timeout_is_lowered_to_half_the_budget() {
+        let mut c = with_core();
+        c.apply(&Overrides {
+            budget_ms: Some(600),
+            ..Default::default()
+        });
+        c.validate("t").unwrap();
+        let t = &c.targets[0];
+        assert_eq!(
+            t.effective_connect_timeout(Duration::from_millis(600)),
+            Duration::from_millis(300)
+        );
+    }
+
+    #[test]
+    fn explicit_connect_timeout_over_the_budget_is_refused() {
+        let mut c = with_core();
+        c.apply(&Overrides {
+            budget_ms: Some(400),
+            connect_timeout_ms: Some(500),
+            ..Default::default()
+        });
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("connect_timeout_ms"), "{err}");
+    }
+
+    #[test]
+    fn route_to_unknown_target_is_refused() {
+        let mut c = Config::from_toml(
+            "r.toml",
+            "[[route]]\ntx_code = \"TRF001\"\noperation = \"transfer\"\ntarget = \"nowhere\"\n",
+        )
+        .unwrap();
+        c.apply(&Overrides {
+            core_url: Some("http://127.0.0.1:1".into()),
+            ..Default::default()
+        });
+        let err = c.validate("r.toml").unwrap_err().to_string();
+        assert!(err.contains("unknown target \"nowhere\""), "{err}");
+    }
+
+    #[test]
+    fn cidr_matching() {
+        let c = Cidr::parse("10.1.0.0/16").unwrap();
+        assert!(c.contains("10.1.2.3".parse().unwrap()));
+        assert!(!c.contains("10.2.0.1".parse().unwrap()));
+        assert!(c.contains("::ffff:10.1.9.9".parse().unwrap()));
+        let host = Cidr::parse("127.0.0.1").unwrap();
+        assert!(host.contains("127.0.0.1".parse().unwrap()));
+        assert!(!host.contains("127.0.0.2".parse().unwrap()));
+        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
+        assert!(Cidr::parse("10.0.0.0/33").is_err());
+        assert!(Cidr::parse("nope").is_err());
+    }
+}

@@ -1,0 +1,511 @@
+//! Calls to a core system over HTTP (ureq), each ending in a typed result whose
+//! variant says whether a request byte may have left the hub.
+//!
+//! ureq reports *which* deadline fired, not *when* in the exchange it fired, and a
+//! DNS failure arrives as a plain I/O error; so the phase is never guessed from an
+//! error. Instead every connection ureq opens is wrapped in a [`GatedTransport`]
+//! that passes a per-call [`SendGate`] before it writes its first byte. The gate is
+//! an atomic that either the transport (first write: "sent") or the hub (budget
+//! ran out: "abandoned") claims first, so the two can never disagree:
+//!
+//! * gate still `QUEUED` or `CONNECTING` when the call failed: nothing was sent;
+//! * gate `SENT`: the core may have the request;
+//! * the hub abandons a call whose gate is not yet `SENT`, and the transport then
+//!   refuses to write: nothing is ever sent after the channel was told "not sent".
+//!
+//! Calls run on tokio's blocking pool (ureq is synchronous). A transfer call that
+//! is still waiting when the budget ends goes on for the target's late-answer
+//! window; its result is handed back as a [`LateAnswer`] so it can be journaled.
+//!
+//! Stale pooled connections: ureq probes a pooled socket before reusing it and
+//! drops it when the peer has closed it, so a core that closes idle keep-alive
+//! connections costs a fresh connect, not an "unknown". What remains is the race
+//! where the peer closes in the instant between the probe and the write: that
+//! request may have been written, so it is (correctly) "unknown", E901, and the
+//! channel's resend is answered by inquiry.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::time::Instant;
+use ureq::unversioned::resolver::DefaultResolver;
+use ureq::unversioned::transport::{
+    Buffers, ConnectionDetails, Connector, NextTimeout, TcpConnector, Transport,
+};
+
+use crate::config::TargetConfig;
+
+/// The header carrying the hub's remaining budget in milliseconds, so a core (or
+/// a gateway) can give up on work nobody is waiting for.
+pub const DEADLINE_HEADER: &str = "X-Expected-Timeout-Ms";
+
+/// Largest answer body the hub reads from a core.
+const MAX_BODY: u64 = 64 * 1024;
+
+const QUEUED: u8 = 0;
+const CONNECTING: u8 = 1;
+const SENT: u8 = 2;
+const ABANDONED: u8 = 3;
+
+/// Per-call state shared by the hub and the connection that carries the call.
+#[derive(Debug, Clone, Default)]
+pub struct SendGate(Arc<AtomicU8>);
+
+impl SendGate {
+    fn new() -> Self {
+        SendGate::default()
+    }
+
+    /// The call left the blocking pool's queue; false if it was abandoned first.
+    fn start(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, CONNECTING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// About to write a request byte; false if the hub abandoned the call.
+    fn pass(&self) -> bool {
+        match self
+            .0
+            .compare_exchange(CONNECTING, SENT, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(state) => state == SENT,
+        }
+    }
+
+    /// The hub gives up; returns the state it found (`SENT` means too late).
+    fn abandon(&self) -> u8 {
+        let mut state = self.0.load(Ordering::Acquire);
+        loop {
+            if state == SENT || state == ABANDONED {
+                return state;
+            }
+            match self
+                .0
+                .compare_exchange(state, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return state,
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    fn was_sent(&self) -> bool {
+        self.0.load(Ordering::Acquire) == SENT
+    }
+}
+
+thread_local! {
+    /// The gate of the call running on this (blocking-pool) thread.
+    static CURRENT_GATE: RefCell<Option<SendGate>> = const { RefCell::new(None) };
+}
+
+/// A connector that wraps whatever the TCP connector opened in a [`GatedTransport`].
+#[derive(Debug)]
+struct GateConnector;
+
+impl<In: Transport> Connector<In> for GateConnector {
+    type Out = GatedTransport<In>;
+
+    fn connect(
+        &self,
+        _details: &ConnectionDetails,
+        chained: Option<In>,
+    ) -> Result<Option<Self::Out>, ureq::Error> {
+        Ok(chained.map(|inner| GatedTransport { inner }))
+    }
+}
+
+/// A transport that asks the current call's gate before writing.
+#[derive(Debug)]
+struct GatedTransport<T> {
+    inner: T,
+}
+
+impl<T: Transport> Transport for GatedTransport<T> {
+    fn buffers(&mut self) -> &mut dyn Buffers {
+        self.inner.buffers()
+    }
+
+    fn transmit_output(&mut self, amount: usize, timeout: NextTimeout) -> Result<(), ureq::Error> {
+        if amount > 0 {
+            let allowed = CURRENT_GATE.with(|g| g.borrow().as_ref().is_none_or(SendGate::pass));
+            if !allowed {
+                return Err(ureq::Error::Io(std::io::Error::other(
+                    "call abandoned by the hub before any byte was sent",
+                )));
+            }
+        }
+        self.inner.transmit_output(amount, timeout)
+    }
+
+    fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, ureq::Error> {
+        self.inner.await_input(timeout)
+    }
+
+    fn is_open(&mut self) -> bool {
+        self.inner.is_open()
+    }
+}
+
+/// An HTTP answer, whatever its status.
+#[derive(Debug, Clone)]
+pub struct HttpAnswer {
+    pub status: u16,
+    pub body: Vec<u8>,
+    pub retry_after: Option<String>,
+    pub replayed: bool,
+}
+
+/// Why a call produced no answer; the variant is the phase it failed in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallFailure {
+    /// No byte left the hub (refused, connect timeout, DNS, abandoned while
+    /// connecting). Safe to retry or resend.
+    NotSent(String),
+    /// The hub had no capacity to start the call (bulkhead, blocking pool).
+    NoCapacity(String),
+    /// A request byte may have reached the target; never resend blindly.
+    MaybeSent(String),
+}
+
+/// The result of one call within the budget.
+pub enum CallEnd {
+    /// An answer or a failure, known within the budget.
+    Done(Result<HttpAnswer, CallFailure>),
+    /// Sent, and the budget ran out while waiting; the call goes on and its
+    /// late answer arrives on the receiver.
+    Pending(LateAnswer),
+}
+
+/// The eventual result of a call that outlived the budget.
+pub type LateAnswer = oneshot::Receiver<Result<HttpAnswer, CallFailure>>;
+
+/// The two requests the hub makes.
+#[derive(Debug, Clone)]
+pub enum CoreRequest {
+    /// `POST /v1/transfers` with `X-GUID`.
+    Transfer { guid: String, json: Vec<u8> },
+    /// `GET /v1/transfers/{guid}`.
+    Inquiry { guid: String },
+}
+
+/// One configured target: its endpoints, agent, bulkhead and timeouts.
+pub struct Target {
+    pub name: String,
+    urls: Vec<String>,
+    agent: ureq::Agent,
+    connect_timeout: Duration,
+    late_window: Duration,
+    bulkhead: Arc<Semaphore>,
+    max_concurrency: usize,
+    queue_wait: Duration,
+    pub connect_attempts: u32,
+    pub inquiry_attempts: u32,
+    backoff: Duration,
+    auth: Option<String>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("name", &self.name)
+            .field("urls", &self.urls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Target {
+    /// Builds the agent for a validated target config.
+    pub fn new(cfg: &TargetConfig, budget: Duration) -> Result<Target, String> {
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .no_delay(true)
+            .max_idle_connections(cfg.max_concurrency.max(16))
+            .max_idle_connections_per_host(cfg.max_concurrency.max(16))
+            .user_agent(concat!("relayhub/", env!("CARGO_PKG_VERSION")))
+            .build();
+        let connector = ().chain(TcpConnector::default()).chain(GateConnector);
+        let agent = ureq::Agent::with_parts(config, connector, DefaultResolver::default());
+        let auth = cfg.auth.as_ref().map(|a| a.header_value()).transpose()?;
+        Ok(Target {
+            name: cfg.name.clone(),
+            urls: cfg
+                .urls
+                .iter()
+                .map(|u| u.trim_end_matches('/').to_string())
+                .collect(),
+            agent,
+            connect_timeout: cfg.effective_connect_timeout(budget),
+            late_window: Duration::from_millis(cfg.late_answer_window_ms),
+            bulkhead: Arc::new(Semaphore::new(cfg.max_concurrency)),
+            max_concurrency: cfg.max_concurrency,
+            queue_wait: Duration::from_millis(cfg.queue_wait_ms),
+            connect_attempts: cfg.connect_attempts,
+            inquiry_attempts: cfg.inquiry_attempts,
+            backoff: Duration::from_millis(cfg.backoff_ms),
+            auth,
+        })
+    }
+
+    /// Calls in progress on this target (for metrics).
+    pub fn in_flight(&self) -> usize {
+        self.max_concurrency - self.bulkhead.available_permits()
+    }
+
+    /// Waits for a bulkhead slot, at most the queue wait and never past the deadline.
+    pub async fn slot(&self, deadline: Instant) -> Option<OwnedSemaphorePermit> {
+        let until = deadline.min(Instant::now() + self.queue_wait);
+        tokio::time::timeout_at(until, self.bulkhead.clone().acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+
+    /// The backoff before retry `n` (1-based): full jitter over `backoff * 2^(n-1)`.
+    pub fn backoff(&self, n: u32) -> Duration {
+        let cap = self.backoff.saturating_mul(1u32 << (n.saturating_sub(1)).min(16));
+        cap.mul_f64(random_unit())
+    }
+
+    /// The endpoint for attempt `n` (0-based): failover walks the list.
+    pub fn url_for(&self, attempt: u32) -> &str {
+        &self.urls[attempt as usize % self.urls.len()]
+    }
+
+    /// One HTTP exchange, answered by `deadline` whatever the core does.
+    ///
+    /// A transfer that was sent keeps running for the late-answer window past
+    /// the deadline; an inquiry ends with the deadline.
+    pub async fn call(
+        &self,
+        request: &CoreRequest,
+        base_url: &str,
+        deadline: Instant,
+        permit: OwnedSemaphorePermit,
+    ) -> CallEnd {
+        let now = Instant::now();
+        let Some(remaining) = deadline.checked_duration_since(now).filter(|d| !d.is_zero()) else {
+            return CallEnd::Done(Err(CallFailure::NoCapacity("no budget left to start the call".into())));
+        };
+        let call_limit = match request {
+            CoreRequest::Transfer { .. } => remaining + self.late_window,
+            CoreRequest::Inquiry { .. } => remaining,
+        };
+        let connect = self.connect_timeout.min(remaining);
+        let gate = SendGate::new();
+        let (tx, mut rx) = oneshot::channel();
+        let job = Job {
+            agent: self.agent.clone(),
+            request: request.clone(),
+            base_url: base_url.to_string(),
+            connect,
+            call_limit,
+            remaining_ms: remaining.as_millis() as u64,
+            auth: self.auth.clone(),
+            gate: gate.clone(),
+        };
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            if !job.gate.start() {
+                return;
+            }
+            let result = job.run();
+            let _ = tx.send(result);
+        });
+        match tokio::time::timeout_at(deadline, &mut rx).await {
+            Ok(Ok(result)) => CallEnd::Done(result),
+            Ok(Err(_)) => CallEnd::Done(Err(if gate.was_sent() {
+                CallFailure::MaybeSent("the call ended without a result".into())
+            } else {
+                CallFailure::NotSent("the call ended before sending".into())
+            })),
+            Err(_) => match gate.abandon() {
+                QUEUED => CallEnd::Done(Err(CallFailure::NoCapacity(
+                    "the call did not start within the budget".into(),
+                ))),
+                CONNECTING => CallEnd::Done(Err(CallFailure::NotSent(
+                    "still connecting when the budget ran out; abandoned".into(),
+                ))),
+                _ => CallEnd::Pending(rx),
+            },
+        }
+    }
+}
+
+/// Everything the blocking thread needs for one exchange.
+struct Job {
+    agent: ureq::Agent,
+    request: CoreRequest,
+    base_url: String,
+    connect: Duration,
+    call_limit: Duration,
+    remaining_ms: u64,
+    auth: Option<String>,
+    gate: SendGate,
+}
+
+impl Job {
+    fn run(self) -> Result<HttpAnswer, CallFailure> {
+        CURRENT_GATE.with(|g| *g.borrow_mut() = Some(self.gate.clone()));
+        let result = self.exchange();
+        CURRENT_GATE.with(|g| *g.borrow_mut() = None);
+        result.map_err(|e| {
+            let reason = describe(&e);
+            if self.gate.was_sent() {
+                CallFailure::MaybeSent(reason)
+            } else {
+                CallFailure::NotSent(reason)
+            }
+        })
+    }
+
+    fn exchange(&self) -> Result<HttpAnswer, ureq::Error> {
+        let deadline = self.remaining_ms.to_string();
+        let mut response = match &self.request {
+            CoreRequest::Transfer { guid, json } => {
+                let mut req = self
+                    .agent
+                    .post(format!("{}/v1/transfers", self.base_url))
+                    .header("Content-Type", "application/json")
+                    .header("X-GUID", guid.as_str())
+                    .header(DEADLINE_HEADER, deadline.as_str());
+                if let Some(a) = &self.auth {
+                    req = req.header("Authorization", a.as_str());
+                }
+                req.config()
+                    .timeout_resolve(Some(self.connect))
+                    .timeout_connect(Some(self.connect))
+                    .timeout_global(Some(self.call_limit))
+                    .build()
+                    .send(&json[..])?
+            }
+            CoreRequest::Inquiry { guid } => {
+                let mut req = self
+                    .agent
+                    .get(format!("{}/v1/transfers/{guid}", self.base_url))
+                    .header(DEADLINE_HEADER, deadline.as_str());
+                if let Some(a) = &self.auth {
+                    req = req.header("Authorization", a.as_str());
+                }
+                req.config()
+                    .timeout_resolve(Some(self.connect))
+                    .timeout_connect(Some(self.connect))
+                    .timeout_global(Some(self.call_limit))
+                    .build()
+                    .call()?
+            }
+        };
+        let status = response.status().as_u16();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let retry_after = header("retry-after");
+        let replayed = header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let body = response.body_mut().with_config().limit(MAX_BODY).read_to_vec()?;
+        Ok(HttpAnswer {
+            status,
+            body,
+            retry_after,
+            replayed,
+        })
+    }
+}
+
+/// A short, credential-free description of a ureq error for logs and the journal.
+fn describe(e: &ureq::Error) -> String {
+    match e {
+        ureq::Error::Timeout(t) => format!("timeout ({t})"),
+        ureq::Error::Io(io) => format!("i/o: {io}"),
+        ureq::Error::HostNotFound => "host not found".into(),
+        ureq::Error::ConnectionFailed => "connection failed".into(),
+        other => other.to_string(),
+    }
+}
+
+/// A uniform random number in [0, 1), from the std hasher's random keys (good
+/// enough for backoff jitter, and no extra crate).
+fn random_unit() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Parses `Retry-After` (delay-seconds or an HTTP-date) into a wait from now.
+pub fn parse_retry_after(value: &str) -> Option<Duration> {
+    let v = value.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let when = httpdate::parse_http_date(v).ok()?;
+    Some(
+        when.duration_since(std::time::SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gate_sent_wins_over_abandon() {
+        let g = SendGate::new();
+        assert!(g.start());
+        assert!(g.pass());
+        assert_eq!(g.abandon(), SENT);
+        assert!(g.pass(), "a sent call keeps writing");
+    }
+
+    #[test]
+    fn gate_abandon_wins_over_send() {
+        let g = SendGate::new();
+        assert!(g.start());
+        assert_eq!(g.abandon(), CONNECTING);
+        assert!(!g.pass(), "nothing may be written after abandoning");
+        assert!(!g.was_sent());
+    }
+
+    #[test]
+    fn gate_abandoned_in_queue_never_starts() {
+        let g = SendGate::new();
+        assert_eq!(g.abandon(), QUEUED);
+        assert!(!g.start());
+    }
+
+    #[test]
+    fn retry_after_both_forms() {
+        assert_eq!(parse_retry_after("2"), Some(Duration::from_secs(2)));
+        let later = std::time::SystemTime::now() + Duration::from_secs(30);
+        let d = parse_retry_after(&httpdate::fmt_http_date(later)).unwrap();
+        assert!(d > Duration::from_secs(28) && d <= Duration::from_secs(30), "{d:?}");
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+
+    #[test]
+    fn jitter_stays_under_the_cap() {
+        for _ in 0..100 {
+            let r = random_unit();
+            assert!((0.0..1.0).contains(&r));
+        }
+    }
+}

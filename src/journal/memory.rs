@@ -1,0 +1,144 @@
+//! A journal that lives in memory: for tests and benchmarks, and for a hub that
+//! is told explicitly (`--journal memory`) that forgetting on restart is fine.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::{Claim, Event, Finish, JournalError, Row, State};
+
+#[derive(Clone, Default)]
+pub struct MemoryJournal {
+    rows: Arc<Mutex<HashMap<String, (Row, Vec<Event>)>>>,
+}
+
+impl MemoryJournal {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Row, Vec<Event>)>> {
+        // A panic while holding the lock cannot leave a row half-written: every
+        // update below replaces whole values.
+        self.rows.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn claim(&self, guid: &str, tx_code: &str, fingerprint: &str, now_ms: i64) -> Result<Claim, JournalError> {
+        let mut rows = self.lock();
+        if let Some((row, _)) = rows.get(guid) {
+            return Ok(Claim::Existing(row.clone()));
+        }
+        let row = Row {
+            guid: guid.into(),
+            tx_code: tx_code.into(),
+            fingerprint: fingerprint.into(),
+            state: State::Sending,
+            code: None,
+            answer: None,
+            attempts: 1,
+            last_attempt_ms: now_ms,
+            answered_ms: None,
+            last_error: None,
+            created_ms: now_ms,
+            updated_ms: now_ms,
+        };
+        let ev = Event {
+            at_ms: now_ms,
+            state: State::Sending,
+            code: None,
+            note: "attempt 1".into(),
+        };
+        rows.insert(guid.into(), (row, vec![ev]));
+        Ok(Claim::New)
+    }
+
+    pub fn claim_resend(&self, guid: &str, attempts: u32, now_ms: i64) -> Result<bool, JournalError> {
+        let mut rows = self.lock();
+        let Some((row, events)) = rows.get_mut(guid) else {
+            return Ok(false);
+        };
+        if row.state != State::NotSent || row.attempts != attempts {
+            return Ok(false);
+        }
+        row.state = State::Sending;
+        row.attempts += 1;
+        row.last_attempt_ms = now_ms;
+        row.updated_ms = now_ms;
+        events.push(Event {
+            at_ms: now_ms,
+            state: State::Sending,
+            code: None,
+            note: format!("attempt {}", row.attempts),
+        });
+        Ok(true)
+    }
+
+    pub fn finish(&self, guid: &str, f: Finish, now_ms: i64) -> Result<(), JournalError> {
+        self.finish_if(guid, &[], f, now_ms).map(|_| ())
+    }
+
+    pub fn finish_if(&self, guid: &str, only_if: &[State], f: Finish, now_ms: i64) -> Result<bool, JournalError> {
+        let mut rows = self.lock();
+        let Some((row, events)) = rows.get_mut(guid) else {
+            return Ok(false);
+        };
+        if !only_if.is_empty() && !only_if.contains(&row.state) {
+            return Ok(false);
+        }
+        row.state = f.state;
+        row.code = Some(f.code.clone());
+        row.answer = f.answer;
+        if f.error.is_some() {
+            row.last_error = f.error;
+        }
+        row.answered_ms = Some(now_ms);
+        row.updated_ms = now_ms;
+        events.push(Event {
+            at_ms: now_ms,
+            state: f.state,
+            code: Some(f.code),
+            note: f.note,
+        });
+        Ok(true)
+    }
+
+    pub fn get(&self, guid: &str) -> Result<Option<Row>, JournalError> {
+        Ok(self.lock().get(guid).map(|(r, _)| r.clone()))
+    }
+
+    pub fn history(&self, guid: &str) -> Result<Vec<Event>, JournalError> {
+        Ok(self.lock().get(guid).map(|(_, e)| e.clone()).unwrap_or_default())
+    }
+
+    pub fn list(&self, state: State, limit: usize) -> Result<Vec<Row>, JournalError> {
+        let mut rows: Vec<Row> = self
+            .lock()
+            .values()
+            .filter(|(r, _)| r.state == state)
+            .map(|(r, _)| r.clone())
+            .collect();
+        rows.sort_by_key(|r| r.created_ms);
+        rows.truncate(limit);
+        Ok(rows)
+    }
+
+    pub fn recover(&self, now_ms: i64) -> Result<u64, JournalError> {
+        let mut n = 0;
+        for (row, events) in self.lock().values_mut() {
+            if row.state == State::Sending {
+                row.state = State::Unknown;
+                row.updated_ms = now_ms;
+                events.push(Event {
+                    at_ms: now_ms,
+                    state: State::Unknown,
+                    code: Some("E901".into()),
+                    note: "was in flight when the hub stopped".into(),
+                });
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    pub fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
+        let mut rows = self.lock();
+        let before = rows.len();
+        rows.retain(|_, (r, _)| r.updated_ms >= before_ms || r.state == State::Sending);
+        Ok((before - rows.len()) as u64)
+    }
+}

@@ -1,0 +1,249 @@
+//! The GUID journal (protocol section 8): what the hub did with every transfer
+//! GUID, so a repeat is answered truthfully instead of paying twice.
+//!
+//! One interface, several stores: [`memory`] for tests and benchmarks, and the
+//! embedded [`sqlite`] store, crash-safe, by default. Every store gives the same
+//! guarantees, which the relay relies on:
+//!
+//! * [`Journal::claim`] is atomic: of any number of callers racing on a new GUID,
+//!   exactly one gets [`Claim::New`]; the row says `sending` durably before it
+//!   returns, so it is written ahead of the first request byte.
+//! * [`Journal::claim_resend`] is a compare-and-set on the attempt count, so two
+//!   resends of a "not sent" GUID cannot both post.
+//! * [`Journal::recover`] turns rows left `sending` by a crash into `unknown`.
+
+pub mod memory;
+pub mod sqlite;
+
+use serde::Serialize;
+
+/// Where a GUID stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Claimed; the request is about to leave or has left.
+    Sending,
+    /// A final answer (0000, B-code, E500) is known and is replayed.
+    Done,
+    /// Sent, outcome unknown (E901): a repeat is answered by inquiry.
+    Unknown,
+    /// Certainly not sent (E902/E903/E904): a repeat may post again.
+    NotSent,
+}
+
+impl State {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            State::Sending => "sending",
+            State::Done => "done",
+            State::Unknown => "unknown",
+            State::NotSent => "not_sent",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<State> {
+        Some(match s {
+            "sending" => State::Sending,
+            "done" => State::Done,
+            "unknown" => State::Unknown,
+            "not_sent" => State::NotSent,
+            _ => return None,
+        })
+    }
+}
+
+/// One GUID's row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Row {
+    pub guid: String,
+    pub tx_code: String,
+    /// SHA-256 of the request body, hex: a repeat with another body is refused.
+    pub fingerprint: String,
+    pub state: State,
+    /// The standard code last answered for it.
+    pub code: Option<String>,
+    /// The response body that goes with a final code (45 bytes for 0000).
+    #[serde(serialize_with = "serialize_lossy")]
+    pub answer: Option<Vec<u8>>,
+    /// POST attempts made (a resend after "not sent" adds one).
+    pub attempts: u32,
+    pub last_attempt_ms: i64,
+    /// When the last attempt was answered (the resend cooldown counts from here).
+    pub answered_ms: Option<i64>,
+    pub last_error: Option<String>,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+fn serialize_lossy<S: serde::Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(b) => s.serialize_some(&String::from_utf8_lossy(b)),
+        None => s.serialize_none(),
+    }
+}
+
+/// One entry of a GUID's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Event {
+    pub at_ms: i64,
+    pub state: State,
+    pub code: Option<String>,
+    pub note: String,
+}
+
+/// What [`Journal::claim`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The GUID was new: the caller owns attempt 1 and the row says `sending`.
+    New,
+    /// The GUID was known; here is its row.
+    Existing(Row),
+}
+
+/// The outcome to record for a GUID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finish {
+    pub state: State,
+    pub code: String,
+    pub answer: Option<Vec<u8>>,
+    pub error: Option<String>,
+    pub note: String,
+}
+
+/// A journal that cannot be opened, read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("journal {path}: {reason}")]
+    Open { path: String, reason: String },
+    #[error("journal write failed: {0}")]
+    Write(String),
+    #[error("journal read failed: {0}")]
+    Read(String),
+}
+
+/// The journal the hub uses, whatever its store.
+#[derive(Clone)]
+pub enum Journal {
+    Memory(memory::MemoryJournal),
+    Sqlite(sqlite::SqliteJournal),
+}
+
+impl Journal {
+    /// Opens the journal named by `--journal`: `memory`, or a database file.
+    pub fn open(spec: &str, max_batch: usize) -> Result<Journal, JournalError> {
+        if spec == "memory" {
+            return Ok(Journal::Memory(memory::MemoryJournal::default()));
+        }
+        if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+            return Err(JournalError::Open {
+                path: spec.into(),
+                reason: "this build has no PostgreSQL store; use a database file or `memory`".into(),
+            });
+        }
+        Ok(Journal::Sqlite(sqlite::SqliteJournal::open(
+            std::path::Path::new(spec),
+            max_batch,
+        )?))
+    }
+
+    /// A short name of the store, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Journal::Memory(_) => "memory",
+            Journal::Sqlite(_) => "sqlite",
+        }
+    }
+
+    /// Claims a GUID for its first attempt, or returns its row.
+    pub async fn claim(
+        &self,
+        guid: &str,
+        tx_code: &str,
+        fingerprint: &str,
+        now_ms: i64,
+    ) -> Result<Claim, JournalError> {
+        match self {
+            Journal::Memory(j) => j.claim(guid, tx_code, fingerprint, now_ms),
+            Journal::Sqlite(j) => j.claim(guid, tx_code, fingerprint, now_ms).await,
+        }
+    }
+
+    /// Claims a "not sent" GUID for attempt `attempts + 1`; false if its row
+    /// is no longer "not sent" with that many attempts (someone else resent it).
+    pub async fn claim_resend(&self, guid: &str, attempts: u32, now_ms: i64) -> Result<bool, JournalError> {
+        match self {
+            Journal::Memory(j) => j.claim_resend(guid, attempts, now_ms),
+            Journal::Sqlite(j) => j.claim_resend(guid, attempts, now_ms).await,
+        }
+    }
+
+    /// Records an outcome.
+    pub async fn finish(&self, guid: &str, f: Finish, now_ms: i64) -> Result<(), JournalError> {
+        match self {
+            Journal::Memory(j) => j.finish(guid, f, now_ms),
+            Journal::Sqlite(j) => j.finish(guid, f, now_ms).await,
+        }
+    }
+
+    /// Records an outcome only if the row is still in `only_if`, so a late or
+    /// stale writer cannot overwrite a newer truth (e.g. a final answer).
+    pub async fn finish_if(
+        &self,
+        guid: &str,
+        only_if: &[State],
+        f: Finish,
+        now_ms: i64,
+    ) -> Result<bool, JournalError> {
+        match self {
+            Journal::Memory(j) => j.finish_if(guid, only_if, f, now_ms),
+            Journal::Sqlite(j) => j.finish_if(guid, only_if, f, now_ms).await,
+        }
+    }
+
+    pub async fn get(&self, guid: &str) -> Result<Option<Row>, JournalError> {
+        match self {
+            Journal::Memory(j) => j.get(guid),
+            Journal::Sqlite(j) => j.get(guid).await,
+        }
+    }
+
+    /// A GUID's history, oldest first.
+    pub async fn history(&self, guid: &str) -> Result<Vec<Event>, JournalError> {
+        match self {
+            Journal::Memory(j) => j.history(guid),
+            Journal::Sqlite(j) => j.history(guid).await,
+        }
+    }
+
+    /// Rows in a state, oldest first, at most `limit`.
+    pub async fn list(&self, state: State, limit: usize) -> Result<Vec<Row>, JournalError> {
+        match self {
+            Journal::Memory(j) => j.list(state, limit),
+            Journal::Sqlite(j) => j.list(state, limit).await,
+        }
+    }
+
+    /// Start-up: rows left `sending` by a crash become `unknown`. Returns how many.
+    pub async fn recover(&self, now_ms: i64) -> Result<u64, JournalError> {
+        match self {
+            Journal::Memory(j) => j.recover(now_ms),
+            Journal::Sqlite(j) => j.recover(now_ms).await,
+        }
+    }
+
+    /// Deletes rows (and their history) last updated before `before_ms`.
+    pub async fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
+        match self {
+            Journal::Memory(j) => j.prune(before_ms),
+            Journal::Sqlite(j) => j.prune(before_ms).await,
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch: the journal's clock.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,1 @@
+//! The embedded, crash-safe journal store (SQLite). Being written.

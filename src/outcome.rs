@@ -1,0 +1,306 @@
+//! How a call to the core ended, and the one table from that ending to the
+//! standard response code a channel sees (protocol section 6).
+//!
+//! The core's HTTP status and its business result are read together here and
+//! nowhere else. Business results map to B-codes through a data file
+//! (`layouts/codes.json`), not through code.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// A four-character standard response code.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Code(pub [u8; 4]);
+
+impl Code {
+    pub const OK: Code = Code(*b"0000");
+    pub const NOT_ROUTED: Code = Code(*b"E101");
+    pub const FORMAT: Code = Code(*b"E102");
+    pub const CHANNEL: Code = Code(*b"E103");
+    pub const TARGET_ERROR: Code = Code(*b"E500");
+    pub const UNKNOWN: Code = Code(*b"E901");
+    pub const NOT_SENT: Code = Code(*b"E902");
+    pub const NO_CAPACITY: Code = Code(*b"E903");
+    pub const NEVER_RECEIVED: Code = Code(*b"E904");
+    pub const RESEND_REFUSED: Code = Code(*b"E905");
+
+    /// Parses a code from a table or a journal row: 4 of `[0-9A-Z]`.
+    pub fn parse(s: &str) -> Option<Code> {
+        let b: [u8; 4] = s.as_bytes().try_into().ok()?;
+        b.iter()
+            .all(|c| c.is_ascii_digit() || c.is_ascii_uppercase())
+            .then_some(Code(b))
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Constructed only from ASCII.
+        std::str::from_utf8(&self.0).unwrap_or("????")
+    }
+
+    /// Whether the answer is final: the same GUID is replayed, never resent.
+    pub fn is_final(&self) -> bool {
+        *self == Code::OK || self.0[0] == b'B' || *self == Code::TARGET_ERROR
+    }
+
+    /// What the code tells a channel (for `relayhub send` and the docs).
+    pub fn meaning(&self) -> &'static str {
+        match &self.0 {
+            b"0000" => "processed; money moved (a resend replays this answer)",
+            b"E101" => "tx code not routed; nothing recorded",
+            b"E102" => "framing, header or body format error; nothing recorded",
+            b"E103" => "channel not allowed; nothing recorded",
+            b"E500" => "the core failed or refused the request; no money moved (final)",
+            b"E901" => "sent, outcome unknown: resend the same GUID to get the answer by inquiry",
+            b"E902" => "not sent (core unreachable); safe to resend",
+            b"E903" => "not sent (hub had no capacity or is shutting down); safe to resend",
+            b"E904" => "inquiry: the core never received that GUID; safe to resend",
+            b"E905" => "resend refused (cooldown or maximum); nothing sent",
+            [b'B', ..] => "rejected by the core for a business reason; no money moved",
+            _ => "unknown code",
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Code({})", self.as_str())
+    }
+}
+
+/// The ways a call (or the attempt to make one) can end.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The core processed it; the JSON answer holds the response fields.
+    Processed(Map<String, Value>),
+    /// The core refused it for a business reason; no money moved.
+    Rejected(String),
+    /// The core (or the path to it) failed in a way that is final: nothing moved.
+    TargetError(String),
+    /// Nothing left the hub; safe to send again.
+    NotSent(String),
+    /// The hub had no capacity (or is draining); nothing was sent.
+    NoCapacity(String),
+    /// Something was sent and no readable answer came back.
+    Unknown(String),
+    /// An inquiry: the core never received that GUID.
+    NeverReceived,
+}
+
+/// A code table that could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[error("code table {file}: {reason}")]
+pub struct CodeTableError {
+    pub file: String,
+    pub reason: String,
+}
+
+/// Business result -> standard code, loaded from `layouts/codes.json`.
+#[derive(Debug, Clone)]
+pub struct CodeTable {
+    business: BTreeMap<String, Code>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CodeTableFile {
+    #[serde(default)]
+    #[allow(dead_code)]
+    description: String,
+    business: BTreeMap<String, String>,
+}
+
+const BUILTIN_CODES: &str = include_str!("../layouts/codes.json");
+
+impl CodeTable {
+    /// The shipped table, compiled in.
+    pub fn builtin() -> CodeTable {
+        CodeTable::from_json("builtin codes.json", BUILTIN_CODES).expect("shipped code table is valid")
+    }
+
+    pub fn from_file(path: &Path) -> Result<CodeTable, CodeTableError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| CodeTableError {
+            file: file.clone(),
+            reason: e.to_string(),
+        })?;
+        CodeTable::from_json(&file, &text)
+    }
+
+    /// Parses a table; every value must be a B-code (`B` and three digits).
+    pub fn from_json(file: &str, text: &str) -> Result<CodeTable, CodeTableError> {
+        let err = |reason: String| CodeTableError {
+            file: file.into(),
+            reason,
+        };
+        let parsed: CodeTableFile = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
+        let mut business = BTreeMap::new();
+        for (result, code) in parsed.business {
+            let c = Code::parse(&code)
+                .filter(|c| c.0[0] == b'B' && c.0[1..].iter().all(u8::is_ascii_digit))
+                .ok_or_else(|| err(format!("business.{result}: {code:?} is not a B-code like B201")))?;
+            business.insert(result, c);
+        }
+        Ok(CodeTable { business })
+    }
+
+    /// The B-code for a business result, if the table knows it.
+    pub fn business(&self, result: &str) -> Option<Code> {
+        self.business.get(result).copied()
+    }
+
+    /// The standard code for an outcome.
+    pub fn code(&self, outcome: &Outcome) -> Code {
+        match outcome {
+            Outcome::Processed(_) => Code::OK,
+            Outcome::Rejected(result) => self.business(result).unwrap_or(Code::TARGET_ERROR),
+            Outcome::TargetError(_) => Code::TARGET_ERROR,
+            Outcome::NotSent(_) => Code::NOT_SENT,
+            Outcome::NoCapacity(_) => Code::NO_CAPACITY,
+            Outcome::Unknown(_) => Code::UNKNOWN,
+            Outcome::NeverReceived => Code::NEVER_RECEIVED,
+        }
+    }
+}
+
+fn json_object(body: &[u8]) -> Option<Map<String, Value>> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Some(m),
+        _ => None,
+    }
+}
+
+fn result_of(m: &Map<String, Value>) -> Option<&str> {
+    m.get("result").and_then(Value::as_str)
+}
+
+/// Reads the core's answer to `POST /v1/transfers` (the request was sent).
+pub fn classify_transfer(status: u16, body: &[u8], table: &CodeTable) -> Outcome {
+    match status {
+        200 => match json_object(body) {
+            Some(m) if result_of(&m) == Some("OK") => Outcome::Processed(m),
+            Some(_) => Outcome::Unknown("200 whose result is not OK".into()),
+            None => Outcome::Unknown("200 with an unreadable body".into()),
+        },
+        201..=299 => Outcome::Unknown(format!("{status} instead of 200")),
+        422 => match json_object(body).as_ref().and_then(result_of) {
+            Some(r) if table.business(r).is_some() => Outcome::Rejected(r.to_string()),
+            Some(r) => Outcome::TargetError(format!("422 with unmapped result {r:?}")),
+            None => Outcome::TargetError("422 with an unreadable body".into()),
+        },
+        409 => Outcome::Unknown("409: the core is processing this GUID right now".into()),
+        502 | 504 => Outcome::Unknown(format!("{status} from a gateway: the core may have processed it")),
+        401 | 403 => Outcome::TargetError(format!(
+            "{status}: the core refused the hub's credentials (configuration problem)"
+        )),
+        _ => Outcome::TargetError(format!("status {status}")),
+    }
+}
+
+/// Reads the core's answer to `GET /v1/transfers/{guid}` (the request was sent).
+pub fn classify_inquiry(status: u16, body: &[u8], table: &CodeTable) -> Outcome {
+    let m = json_object(body);
+    match status {
+        200 => {
+            let Some(m) = m else {
+                return Outcome::Unknown("inquiry 200 with an unreadable body".into());
+            };
+            match (m.get("status").and_then(Value::as_str), result_of(&m)) {
+                (Some("DONE"), Some("OK")) => Outcome::Processed(m),
+                (Some("DONE"), Some(r)) if table.business(r).is_some() => Outcome::Rejected(r.to_string()),
+                (Some("DONE"), Some(r)) => Outcome::TargetError(format!("inquiry: DONE with unmapped result {r:?}")),
+                (Some("PROCESSING"), _) => Outcome::Unknown("inquiry: the core is still processing it".into()),
+                _ => Outcome::Unknown("inquiry 200 with an unreadable status".into()),
+            }
+        }
+        // Only the core's own NOT_FOUND says "never received": a proxy's 404 for
+        // a wrong path must not make a channel resend a transfer that happened.
+        404 if m.as_ref().and_then(result_of) == Some("NOT_FOUND") => Outcome::NeverReceived,
+        _ => Outcome::Unknown(format!("inquiry answered {status}")),
+    }
+}
+
+/// Whether an inquiry answer is worth another try within the budget.
+pub fn inquiry_is_retryable(status: u16) -> bool {
+    status == 429 || (status >= 500 && status != 501 && status != 505)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t() -> CodeTable {
+        CodeTable::builtin()
+    }
+
+    fn code_of_transfer(status: u16, body: &str) -> Code {
+        t().code(&classify_transfer(status, body.as_bytes(), &t()))
+    }
+
+    #[test]
+    fn transfer_table() {
+        let ok = r#"{"result":"OK","txn_id":"T1","balance":1,"processed_at":"20261129132001"}"#;
+        assert_eq!(code_of_transfer(200, ok), Code::OK);
+        assert_eq!(code_of_transfer(422, r#"{"result":"INSUFFICIENT_FUNDS"}"#).as_str(), "B201");
+        assert_eq!(code_of_transfer(422, r#"{"result":"ACCOUNT_NOT_FOUND"}"#).as_str(), "B202");
+        assert_eq!(code_of_transfer(422, r#"{"result":"LIMIT_EXCEEDED"}"#).as_str(), "B203");
+        assert_eq!(code_of_transfer(422, r#"{"result":"FROZEN"}"#), Code::TARGET_ERROR);
+        assert_eq!(code_of_transfer(422, "<html>"), Code::TARGET_ERROR);
+        for s in [500, 501, 503, 505, 400, 401, 403, 404, 429] {
+            assert_eq!(code_of_transfer(s, ""), Code::TARGET_ERROR, "{s}");
+        }
+        for s in [502, 504, 409, 201, 202, 204] {
+            assert_eq!(code_of_transfer(s, ok), Code::UNKNOWN, "{s}");
+        }
+        assert_eq!(code_of_transfer(200, "{not json"), Code::UNKNOWN);
+        assert_eq!(code_of_transfer(200, r#"{"result":"INSUFFICIENT_FUNDS"}"#), Code::UNKNOWN);
+    }
+
+    #[test]
+    fn inquiry_table() {
+        let c = |s: u16, b: &str| t().code(&classify_inquiry(s, b.as_bytes(), &t()));
+        assert_eq!(c(200, r#"{"status":"DONE","result":"OK","txn_id":"T","balance":1,"processed_at":"20261129132001"}"#), Code::OK);
+        assert_eq!(c(200, r#"{"status":"DONE","result":"LIMIT_EXCEEDED"}"#).as_str(), "B203");
+        assert_eq!(c(200, r#"{"status":"DONE","result":"ODD"}"#), Code::TARGET_ERROR);
+        assert_eq!(c(200, r#"{"status":"PROCESSING"}"#), Code::UNKNOWN);
+        assert_eq!(c(404, r#"{"result":"NOT_FOUND"}"#), Code::NEVER_RECEIVED);
+        assert_eq!(c(404, "Not Found"), Code::UNKNOWN);
+        assert_eq!(c(503, ""), Code::UNKNOWN);
+        assert_eq!(c(200, "garbage"), Code::UNKNOWN);
+    }
+
+    #[test]
+    fn retryable_inquiry_statuses() {
+        assert!(inquiry_is_retryable(503));
+        assert!(inquiry_is_retryable(429));
+        assert!(inquiry_is_retryable(502));
+        assert!(!inquiry_is_retryable(501));
+        assert!(!inquiry_is_retryable(505));
+        assert!(!inquiry_is_retryable(404));
+    }
+
+    #[test]
+    fn code_table_refuses_non_b_codes() {
+        let e = CodeTable::from_json("x.json", r#"{"business":{"X":"E901"}}"#).unwrap_err();
+        assert!(e.to_string().contains("business.X"), "{e}");
+        assert!(CodeTable::from_json("x.json", r#"{"business":{},"extra":1}"#).is_err());
+    }
+
+    #[test]
+    fn finality() {
+        assert!(Code::OK.is_final());
+        assert!(Code::parse("B201").unwrap().is_final());
+        assert!(Code::TARGET_ERROR.is_final());
+        assert!(!Code::UNKNOWN.is_final());
+        assert!(!Code::NOT_SENT.is_final());
+    }
+}
