@@ -1,1 +1,40 @@
+//! relayhub: a synchronous TCP telegram relay hub between bank channels and a
+//! JSON/HTTP core banking system.
+//!
+//! A channel sends a fixed-length telegram; the hub checks and routes it,
+//! converts it by a layout, calls the core, and answers with one standard code
+//! whose meaning does not depend on how the core answered or failed. Above all it
+//! tells "not sent" (E902, safe to resend) from "sent, don't know" (E901, answered
+//! by inquiry), and never posts a transfer twice for one GUID.
+//!
+//! # Layout: the path of one telegram, top to bottom
+//!
+//! | module | what it does |
+//! |---|---|
+//! | [`config`] | the TOML config, built-in defaults, start-up checks |
+//! | [`frame`] | the length prefix (ascii or binary): bytes <-> telegrams, pure |
+//! | [`header`] | the 64-byte header: parse, check, echo, write |
+//! | [`layout`] | layout files and field types: body bytes <-> JSON |
+//! | [`rules`] | routes, layouts, channels and codes as one reloadable snapshot |
+//! | [`core_client`] | HTTP calls whose result type says "not sent" or "may have been sent" |
+//! | [`outcome`] | the core's answer -> standard code, from a table |
+//! | [`journal`] | the GUID journal: one interface, memory and SQLite stores |
+//! | [`relay`] | one telegram end to end: checks, journal, call, answer |
+//! | [`server`] | accept loop, connections, pipelining, timeouts, draining |
+//! | [`admin`] | metrics and health endpoints |
+//! | [`daemon`] | start-up, reload and shutdown |
+//! | [`client`] | the channel side: build, send, decode (for `send`, `bench`, tests) |
 
+pub mod admin;
+pub mod client;
+pub mod config;
+pub mod core_client;
+pub mod daemon;
+pub mod frame;
+pub mod header;
+pub mod journal;
+pub mod layout;
+pub mod outcome;
+pub mod relay;
+pub mod rules;
+pub mod server;

@@ -1,0 +1,171 @@
+//! The reloadable part of the configuration: routes, layouts, channels and the
+//! code table, checked and assembled into one immutable snapshot.
+//!
+//! A telegram takes one `Arc<Rules>` when it starts and uses it to the end, so a
+//! reload (SIGHUP) swaps the whole set at once or, when the new set is invalid,
+//! not at all.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::config::{Cidr, Config, Operation};
+use crate::layout::{self, FieldType, Layout};
+use crate::outcome::CodeTable;
+
+/// A tx code's route.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub tx_code: String,
+    pub operation: Operation,
+    /// Index into the hub's targets.
+    pub target: usize,
+    pub layout: Arc<Layout>,
+}
+
+/// Why a channel may not send a telegram (E103).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChannelRefusal {
+    UnknownChannel,
+    PeerNotAllowed(IpAddr),
+    TxNotAllowed,
+}
+
+impl std::fmt::Display for ChannelRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChannelRefusal::UnknownChannel => f.write_str("channel_id is not in the channel table"),
+            ChannelRefusal::PeerNotAllowed(ip) => write!(f, "channel not allowed from {ip}"),
+            ChannelRefusal::TxNotAllowed => f.write_str("channel may not use this tx code"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ChannelRule {
+    allow_from: Vec<Cidr>,
+    tx_codes: HashSet<String>,
+}
+
+/// One consistent version of routes, layouts, channels and codes.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    routes: HashMap<String, Route>,
+    /// None: no channel table, every channel may call.
+    channels: Option<HashMap<String, ChannelRule>>,
+    pub codes: CodeTable,
+    pub layouts: BTreeMap<String, Arc<Layout>>,
+}
+
+impl Rules {
+    /// Builds and checks the rules; `target_names` are the hub's targets in order.
+    /// The error names the file or key and the reason.
+    pub fn build(cfg: &Config, target_names: &[String]) -> Result<Rules, String> {
+        let layouts = match &cfg.server.layouts_dir {
+            Some(dir) => layout::load_dir(dir).map_err(|e| e.to_string())?,
+            None => layout::builtin(),
+        };
+        let layouts: BTreeMap<String, Arc<Layout>> =
+            layouts.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
+        let codes = match &cfg.server.codes_file {
+            Some(path) => CodeTable::from_file(path).map_err(|e| e.to_string())?,
+            None => CodeTable::builtin(),
+        };
+        let mut routes = HashMap::new();
+        for r in &cfg.routes {
+            let key = format!("route.{}", r.tx_code);
+            let target = target_names
+                .iter()
+                .position(|n| *n == r.target)
+                .ok_or_else(|| format!("{key}.target: names unknown target {:?}", r.target))?;
+            let layout_name = r.layout.as_deref().unwrap_or(&r.tx_code);
+            let layout = layouts
+                .get(layout_name)
+                .ok_or_else(|| format!("{key}: no layout {layout_name:?} (have {:?})", layouts.keys().collect::<Vec<_>>()))?
+                .clone();
+            check_layout_fits(r.operation, &layout).map_err(|reason| format!("{key}: layout {layout_name}: {reason}"))?;
+            routes.insert(
+                r.tx_code.clone(),
+                Route {
+                    tx_code: r.tx_code.clone(),
+                    operation: r.operation,
+                    target,
+                    layout,
+                },
+            );
+        }
+        let channels = if cfg.channels.is_empty() {
+            None
+        } else {
+            let mut map = HashMap::new();
+            for c in &cfg.channels {
+                let allow_from = c
+                    .allow_from
+                    .iter()
+                    .map(|a| Cidr::parse(a))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| format!("channel.{}.allow_from: {e}", c.id))?;
+                for code in &c.tx_codes {
+                    if !routes.contains_key(code) {
+                        return Err(format!("channel.{}.tx_codes: {code:?} has no route", c.id));
+                    }
+                }
+                map.insert(
+                    c.id.clone(),
+                    ChannelRule {
+                        allow_from,
+                        tx_codes: c.tx_codes.iter().cloned().collect(),
+                    },
+                );
+            }
+            Some(map)
+        };
+        Ok(Rules {
+            routes,
+            channels,
+            codes,
+            layouts,
+        })
+    }
+
+    pub fn route(&self, tx_code: &str) -> Option<&Route> {
+        self.routes.get(tx_code)
+    }
+
+    /// Routes sorted by tx code (for `relayhub check`).
+    pub fn routes(&self) -> Vec<&Route> {
+        let mut v: Vec<&Route> = self.routes.values().collect();
+        v.sort_by(|a, b| a.tx_code.cmp(&b.tx_code));
+        v
+    }
+
+    /// Check 3 of the header checks: may this channel, from this peer, use this route?
+    pub fn check_channel(&self, channel_id: &str, peer: IpAddr, tx_code: &str) -> Result<(), ChannelRefusal> {
+        let Some(channels) = &self.channels else {
+            return Ok(());
+        };
+        let rule = channels.get(channel_id).ok_or(ChannelRefusal::UnknownChannel)?;
+        if !rule.allow_from.is_empty() && !rule.allow_from.iter().any(|c| c.contains(peer)) {
+            return Err(ChannelRefusal::PeerNotAllowed(peer));
+        }
+        if !rule.tx_codes.is_empty() && !rule.tx_codes.contains(tx_code) {
+            return Err(ChannelRefusal::TxNotAllowed);
+        }
+        Ok(())
+    }
+}
+
+/// A transfer or inquiry route needs the fields its core call is built from.
+fn check_layout_fits(op: Operation, layout: &Layout) -> Result<(), String> {
+    if op == Operation::Inquiry {
+        let f = layout
+            .request
+            .iter()
+            .find(|f| f.name == "orig_guid")
+            .ok_or("an inquiry layout needs a request field `orig_guid`")?;
+        if f.kind != FieldType::AN || f.length != 32 {
+            return Err("`orig_guid` must be AN 32".into());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,264 @@
+//! The telegram listener: accept loop, one task per connection, pipelined
+//! telegrams answered in order, channel-side timeouts, and draining.
+//!
+//! Each connection has a reader (framing, timeouts) and a writer. The reader
+//! spawns one task per complete telegram and queues its handle to the writer,
+//! which writes the answers in the order the telegrams came; the queue's size is
+//! the per-connection in-flight limit.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::config::ServerConfig;
+use crate::frame::{FrameCodec, PrefixMode};
+use crate::header::{Echo, local_timestamp, write_response};
+use crate::outcome::Code;
+use crate::relay::{Hub, Reply};
+
+/// Channel-side limits, from `[server]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub prefix: PrefixMode,
+    pub max_telegram_len: usize,
+    pub idle_timeout: Duration,
+    pub read_timeout: Duration,
+    pub max_connections: usize,
+    pub max_in_flight_per_connection: usize,
+}
+
+impl From<&ServerConfig> for Limits {
+    fn from(s: &ServerConfig) -> Self {
+        Limits {
+            prefix: s.prefix,
+            max_telegram_len: s.max_telegram_len,
+            idle_timeout: Duration::from_millis(s.idle_timeout_ms),
+            read_timeout: Duration::from_millis(s.read_timeout_ms),
+            max_connections: s.max_connections,
+            max_in_flight_per_connection: s.max_in_flight_per_connection,
+        }
+    }
+}
+
+/// Binds a listener with a backlog deep enough for a burst of channel connects
+/// (a short one turns a burst into refused connects: false E902s upstream).
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
+}
+
+/// Telegrams read whole and not yet answered, across all connections.
+#[derive(Default)]
+struct InFlight {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+impl InFlight {
+    fn enter(self: &Arc<Self>) -> InFlightGuard {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        InFlightGuard(self.clone())
+    }
+
+    async fn wait_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+struct InFlightGuard(Arc<InFlight>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// Serves telegrams on `listener` until `shutdown` resolves, then drains: stops
+/// accepting, answers E903 to new telegrams, lets in-flight ones finish, returns.
+pub async fn run(listener: TcpListener, hub: Arc<Hub>, limits: Limits, shutdown: impl Future<Output = ()>) {
+    let in_flight = Arc::new(InFlight::default());
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off, keep serving.
+                        warn!(%e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    warn!(%peer, max = limits.max_connections, "connection refused: too many open connections");
+                    metrics::counter!("relayhub_connections_refused_total").increment(1);
+                    drop(stream);
+                    continue;
+                };
+                let hub = hub.clone();
+                let in_flight = in_flight.clone();
+                let span = info_span!("conn", %peer);
+                connections.spawn(async move {
+                    let _permit = permit;
+                    metrics::gauge!("relayhub_open_connections").increment(1.0);
+                    serve_connection(stream, peer, hub, limits, in_flight).await;
+                    metrics::gauge!("relayhub_open_connections").decrement(1.0);
+                }.instrument(span));
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    hub.start_draining();
+    info!("draining: listener closed, waiting for telegrams in flight");
+    in_flight.wait_idle().await;
+    connections.shutdown().await;
+    info!("drained");
+}
+
+/// What the writer sends next.
+enum Answer {
+    /// A telegram being handled; answered when its task ends.
+    Telegram(JoinHandle<(Echo, Reply)>, InFlightGuard),
+    /// A framing error: E102 with a blank header, then close.
+    Unframeable,
+}
+
+async fn serve_connection(stream: TcpStream, peer: SocketAddr, hub: Arc<Hub>, limits: Limits, in_flight: Arc<InFlight>) {
+    if let Err(e) = stream.set_nodelay(true) {
+        debug!(%e, "could not set TCP_NODELAY");
+    }
+    let (mut reader, writer) = stream.into_split();
+    let (tx, rx) = mpsc::channel(limits.max_in_flight_per_connection);
+    let stop = Arc::new(Notify::new());
+    let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
+    let writer_task = tokio::spawn(write_answers(writer, rx, codec, stop.clone()));
+    let mut buf = BytesMut::with_capacity(512);
+    let mut started: Option<Instant> = None;
+    'read: loop {
+        // Hand every complete telegram in the buffer to its own task.
+        loop {
+            match codec.decode(&mut buf) {
+                Ok(Some(telegram)) => {
+                    let read_at = Instant::now();
+                    started = None;
+                    let guard = in_flight.enter();
+                    let hub = hub.clone();
+                    let task = tokio::spawn(async move { hub.handle(&telegram, peer.ip(), read_at).await }.in_current_span());
+                    if tx.send(Answer::Telegram(task, guard)).await.is_err() {
+                        break 'read;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    warn!(error = %e, "unframeable input; answering E102 and closing");
+                    let _ = tx.send(Answer::Unframeable).await;
+                    break 'read;
+                }
+            }
+        }
+        if !buf.is_empty() && started.is_none() {
+            started = Some(Instant::now());
+        }
+        let deadline = match started {
+            Some(t) => t + limits.read_timeout,
+            None => Instant::now() + limits.idle_timeout,
+        };
+        tokio::select! {
+            read = tokio::time::timeout_at(deadline, reader.read_buf(&mut buf)) => match read {
+                Ok(Ok(0)) => {
+                    if !buf.is_empty() {
+                        info!(buffered = buf.len(), "connection closed in the middle of a telegram; nothing forwarded");
+                    }
+                    break;
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    debug!(%e, "read failed");
+                    break;
+                }
+                Err(_) => {
+                    if started.is_some() {
+                        warn!(buffered = buf.len(), "telegram not completed within the read timeout; closing without an answer");
+                    } else {
+                        debug!("idle timeout; closing");
+                    }
+                    break;
+                }
+            },
+            _ = stop.notified() => break,
+        }
+    }
+    drop(tx);
+    let _ = writer_task.await;
+}
+
+async fn write_answers(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Answer>, codec: FrameCodec, stop: Arc<Notify>) {
+    let mut telegram = Vec::with_capacity(128);
+    let mut framed = BytesMut::with_capacity(160);
+    while let Some(answer) = rx.recv().await {
+        telegram.clear();
+        framed.clear();
+        let (close, _guard) = match answer {
+            Answer::Telegram(task, guard) => {
+                let (echo, reply) = match task.await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // A bug, not an input: the channel still gets a truthful
+                        // "don't know" rather than silence.
+                        warn!(%e, "telegram task failed");
+                        (Echo::blank(), Reply { code: Code::UNKNOWN, body: Vec::new(), close: true })
+                    }
+                };
+                write_response(&echo, &local_timestamp(), reply.code.as_str(), &reply.body, &mut telegram);
+                (reply.close, Some(guard))
+            }
+            Answer::Unframeable => {
+                write_response(&Echo::blank(), &local_timestamp(), Code::FORMAT.as_str(), &[], &mut telegram);
+                (true, None)
+            }
+        };
+        if let Err(e) = codec.encode(&telegram, &mut framed) {
+            warn!(%e, "answer cannot be framed");
+            break;
+        }
+        if let Err(e) = writer.write_all(&framed).await {
+            debug!(%e, "write failed; channel gone");
+            break;
+        }
+        if close {
+            break;
+        }
+    }
+    let _ = writer.shutdown().await;
+    stop.notify_one();
+}
