@@ -17,3 +17,4 @@
 //!   JSON.
 
 pub mod frame;
+pub mod header;
