@@ -18,3 +18,4 @@
 
 pub mod frame;
 pub mod header;
+pub mod layout;
