@@ -1,0 +1,321 @@
+//! Layout files and the four field types (PROTOCOL.md section 4): body bytes <-> JSON.
+//!
+//! A layout names a transaction's request and response bodies field by field. The
+//! files are data (`layouts/*.json`, format in `layouts/README.md`) and are checked
+//! hard when loaded, so a mistake in one is a start-up error rather than a wrong
+//! telegram at run time. The conversion itself lives in [`field`] and is re-exported
+//! here.
+//!
+//! - [`Layout::from_json`], [`load_dir`], [`builtin`]: load and validate.
+//! - [`decode_fields`], [`encode_fields`]: one body <-> one JSON object.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+mod field;
+
+pub use field::{decode_fields, encode_fields};
+
+/// The four field types of section 4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+pub enum FieldType {
+    /// Printable ASCII, left-aligned, space-padded -> string, trailing spaces trimmed.
+    AN,
+    /// ASCII digits, exactly `length` of them -> string kept as is (leading zeros
+    /// matter in dates and codes).
+    N,
+    /// ASCII digits, right-aligned, zero-padded -> JSON number (u64).
+    U,
+    /// EUC-KR (CP949) text, left-aligned, space-padded -> UTF-8 string, trimmed.
+    H,
+}
+
+/// The longest `U` field: 19 digits always fit in a `u64`, 20 may not.
+pub const MAX_U_DIGITS: usize = 19;
+
+/// One field of a body, as written in a layout file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Field {
+    /// The JSON key.
+    pub name: String,
+    /// The field type.
+    #[serde(rename = "type")]
+    pub kind: FieldType,
+    /// Width in bytes.
+    pub length: usize,
+    /// Must not be blank (`AN`, `H`); must be present when encoding.
+    #[serde(default)]
+    pub required: bool,
+    /// Smallest value allowed (`U` only).
+    #[serde(default)]
+    pub min: Option<u64>,
+    /// Largest value allowed (`U` only).
+    #[serde(default)]
+    pub max: Option<u64>,
+}
+
+/// A validated layout: the request and response bodies of one transaction code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// `[A-Z0-9]{6}`, the header's `tx_code`.
+    pub tx_code: String,
+    /// Free text for operators.
+    pub description: String,
+    /// Request body fields, in byte order.
+    pub request: Vec<Field>,
+    /// Response body fields (sent on `0000` only), in byte order.
+    pub response: Vec<Field>,
+}
+
+/// Why a layout could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    /// The file is not a valid layout; `reason` names the key or field at fault.
+    #[error("layout {file}: {reason}")]
+    Invalid {
+        /// Path, or builtin name.
+        file: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The file or directory could not be read.
+    #[error("layout {file}: {source}")]
+    Io {
+        /// Path.
+        file: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// An error converting a field. `offset` is the byte offset in the whole telegram
+/// (the caller passes the body's base, e.g. 64 right after the header).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("field `{field}` at byte {offset}: {reason}")]
+pub struct FieldError {
+    /// The field's name, or `body` when the body as a whole is wrong.
+    pub field: String,
+    /// Byte offset within the telegram.
+    pub offset: usize,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// The file as written; checked further by [`Layout::from_json`].
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LayoutFile {
+    tx_code: String,
+    #[serde(default)]
+    description: String,
+    request_length: usize,
+    request: Vec<Field>,
+    response_length: usize,
+    response: Vec<Field>,
+}
+
+impl Layout {
+    /// Parses and validates one layout file; `file` (a path or a name) is only used
+    /// in errors.
+    pub fn from_json(file: &str, text: &str) -> Result<Layout, LayoutError> {
+        let invalid = |reason: String| LayoutError::Invalid {
+            file: file.to_owned(),
+            reason,
+        };
+        let raw: LayoutFile = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        if !is_tx_code(&raw.tx_code) {
+            return Err(invalid(format!(
+                "tx_code {:?} must be 6 characters of A-Z and 0-9",
+                raw.tx_code
+            )));
+        }
+        check_fields("request", &raw.request, raw.request_length).map_err(invalid)?;
+        check_fields("response", &raw.response, raw.response_length).map_err(invalid)?;
+        Ok(Layout {
+            tx_code: raw.tx_code,
+            description: raw.description,
+            request: raw.request,
+            response: raw.response,
+        })
+    }
+
+    /// Request body length in bytes.
+    pub fn request_len(&self) -> usize {
+        field::total_len(&self.request)
+    }
+
+    /// Response body length in bytes.
+    pub fn response_len(&self) -> usize {
+        field::total_len(&self.response)
+    }
+
+    /// [`decode_fields`] for the request body; a length mismatch names this layout
+    /// ("body is 60 bytes, layout TRF001 request needs 68").
+    pub fn decode_request(
+        &self,
+        body: &[u8],
+        base: usize,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, FieldError> {
+        field::decode_in(&self.request, body, base, Some((&self.tx_code, "request")))
+    }
+
+    /// [`decode_fields`] for the response body.
+    pub fn decode_response(
+        &self,
+        body: &[u8],
+        base: usize,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, FieldError> {
+        field::decode_in(
+            &self.response,
+            body,
+            base,
+            Some((&self.tx_code, "response")),
+        )
+    }
+
+    /// [`encode_fields`] for the request body.
+    pub fn encode_request(
+        &self,
+        values: &serde_json::Map<String, serde_json::Value>,
+        base: usize,
+    ) -> Result<Vec<u8>, FieldError> {
+        encode_fields(&self.request, values, base)
+    }
+
+    /// [`encode_fields`] for the response body.
+    pub fn encode_response(
+        &self,
+        values: &serde_json::Map<String, serde_json::Value>,
+        base: usize,
+    ) -> Result<Vec<u8>, FieldError> {
+        encode_fields(&self.response, values, base)
+    }
+}
+
+fn is_tx_code(s: &str) -> bool {
+    s.len() == 6
+        && s.bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+}
+
+/// The checks on one field list; the error names the list, the field and the key.
+fn check_fields(list: &str, fields: &[Field], declared: usize) -> Result<(), String> {
+    let mut names = BTreeSet::new();
+    let mut total = 0usize;
+    for (i, f) in fields.iter().enumerate() {
+        let name = &f.name;
+        if name.is_empty() {
+            return Err(format!("{list} field #{} has an empty name", i + 1));
+        }
+        if !names.insert(name.as_str()) {
+            return Err(format!("{list} field `{name}` is listed twice"));
+        }
+        if f.length == 0 {
+            return Err(format!("{list} field `{name}`: length must be at least 1"));
+        }
+        if f.kind != FieldType::U && (f.min.is_some() || f.max.is_some()) {
+            return Err(format!(
+                "{list} field `{name}`: min/max only apply to type U, not {:?}",
+                f.kind
+            ));
+        }
+        if f.kind == FieldType::U {
+            if f.length > MAX_U_DIGITS {
+                return Err(format!(
+                    "{list} field `{name}`: type U is at most {MAX_U_DIGITS} digits (to fit a u64), not {}",
+                    f.length
+                ));
+            }
+            let limit = 10u64.pow(f.length as u32); // length <= 19, so this fits.
+            for (key, v) in [("min", f.min), ("max", f.max)] {
+                if let Some(v) = v.filter(|&v| v >= limit) {
+                    return Err(format!(
+                        "{list} field `{name}`: {key} {v} does not fit in {} digits",
+                        f.length
+                    ));
+                }
+            }
+            if let (Some(min), Some(max)) = (f.min, f.max) {
+                if min > max {
+                    return Err(format!(
+                        "{list} field `{name}`: min {min} is greater than max {max}"
+                    ));
+                }
+            }
+        }
+        total = total
+            .checked_add(f.length)
+            .ok_or_else(|| format!("{list} field lengths add up to more than usize"))?;
+    }
+    if total != declared {
+        return Err(format!(
+            "{list}_length is {declared} but the {list} fields add up to {total}"
+        ));
+    }
+    Ok(())
+}
+
+/// Loads every `*.json` file directly in `dir` (subfolders are not read, so
+/// `layouts/invalid/` stays out), keyed by tx code. Files are read in name order so
+/// errors are reproducible; a tx code defined twice is an error.
+pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Layout>, LayoutError> {
+    let io = |file: &Path, source| LayoutError::Io {
+        file: file.display().to_string(),
+        source,
+    };
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+        let path = entry.map_err(|e| io(dir, e))?.path();
+        if path.extension().is_some_and(|e| e == "json") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+
+    let mut layouts = BTreeMap::new();
+    let mut origin: BTreeMap<String, String> = BTreeMap::new();
+    for path in paths {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
+        let layout = Layout::from_json(&file, &text)?;
+        if let Some(first) = origin.get(&layout.tx_code) {
+            return Err(LayoutError::Invalid {
+                reason: format!("tx_code {} is already defined in {first}", layout.tx_code),
+                file,
+            });
+        }
+        origin.insert(layout.tx_code.clone(), file);
+        layouts.insert(layout.tx_code.clone(), layout);
+    }
+    Ok(layouts)
+}
+
+/// The shipped layout files, compiled in.
+const BUILTIN: [(&str, &str); 2] = [
+    (
+        "builtin TRF001.json",
+        include_str!("../layouts/TRF001.json"),
+    ),
+    (
+        "builtin INQ001.json",
+        include_str!("../layouts/INQ001.json"),
+    ),
+];
+
+/// The shipped layouts (TRF001, INQ001), compiled in so the hub runs from any
+/// directory without `--config`.
+pub fn builtin() -> BTreeMap<String, Layout> {
+    BUILTIN
+        .iter()
+        .map(|(name, text)| {
+            // The files are checked by this crate's tests; a broken one cannot ship.
+            let layout = Layout::from_json(name, text)
+                .unwrap_or_else(|e| panic!("shipped layout is invalid: {e}"));
+            (layout.tx_code.clone(), layout)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
