@@ -465,6 +465,25 @@ impl Hub {
         (reply, note)
     }
 
+    /// Asks the core about every unknown transfer and journals what it says
+    /// (`relayhub journal reconcile`). Returns each GUID with its code now.
+    pub async fn reconcile(&self) -> Result<Vec<(String, Code)>, crate::journal::JournalError> {
+        let rows = self.journal.list(State::Unknown, usize::MAX).await?;
+        let rules = self.rules();
+        let mut report = Vec::with_capacity(rows.len());
+        for row in rows {
+            let Some(route) = rules.route(&row.tx_code) else {
+                warn!(guid = %row.guid, tx = %row.tx_code, "no route for this tx code any more; skipped");
+                continue;
+            };
+            let deadline = Instant::now() + self.budget;
+            let (reply, note) = self.resolve_unknown(&row.guid, route, &rules, deadline).await;
+            info!(guid = %row.guid, code = %reply.code, "{note}");
+            report.push((row.guid, reply.code));
+        }
+        Ok(report)
+    }
+
     fn call_still_running(&self, guid: &str) -> bool {
         self.late_calls.lock().unwrap_or_else(|p| p.into_inner()).contains(guid)
     }

@@ -1,1 +1,416 @@
-fn main() {}
+//! The `relayhub` command: parses flags, sets up logging, calls the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::{Map, Value};
+
+use relayhub::client::{Answer, Channel, build_telegram, new_guid};
+use relayhub::config::{Config, LogFormat, Operation, Overrides};
+use relayhub::daemon::{Daemon, Source, build_targets, open_journal};
+use relayhub::frame::PrefixMode;
+use relayhub::header::local_timestamp;
+use relayhub::journal::State;
+use relayhub::layout::{self, Layout};
+use relayhub::outcome::Code;
+use relayhub::rules::Rules;
+
+#[derive(Parser)]
+#[command(name = "relayhub", version, about = "A TCP telegram relay hub between bank channels and a JSON/HTTP core.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the hub in the foreground until SIGTERM/SIGINT (SIGHUP reloads).
+    Serve(ServeArgs),
+    /// Build a telegram from JSON by the layouts, send it, print the decoded answer.
+    Send(SendArgs),
+    /// Validate a config and its layouts and print the route table.
+    Check(ConfigArgs),
+    /// Inspect the GUID journal and reconcile unknown transfers.
+    Journal(JournalArgs),
+}
+
+/// Flags shared by `serve` and `check` (section 10 of the protocol).
+#[derive(Args, Clone)]
+struct ConfigArgs {
+    /// Telegram listener address (HOST:PORT; port 0 picks a free one).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Base URL of the core that the default routes (TRF001, INQ001) use.
+    #[arg(long)]
+    core_url: Option<String>,
+    /// TOML config file; flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The hub answers every telegram within this many ms.
+    #[arg(long)]
+    budget_ms: Option<u64>,
+    /// TCP connect timeout to the core, in ms (must fit the budget).
+    #[arg(long)]
+    connect_timeout_ms: Option<u64>,
+    /// The journal: a database file, `memory`, or a postgres:// URL.
+    #[arg(long)]
+    journal: Option<String>,
+    /// Address of the admin endpoints (/metrics, /healthz, /readyz).
+    #[arg(long)]
+    admin_listen: Option<String>,
+}
+
+impl ConfigArgs {
+    fn source(&self) -> Source {
+        Source {
+            file: self.config.clone(),
+            overrides: Overrides {
+                listen: self.listen.clone(),
+                core_url: self.core_url.clone(),
+                budget_ms: self.budget_ms,
+                connect_timeout_ms: self.connect_timeout_ms,
+                journal: self.journal.clone(),
+                admin_listen: self.admin_listen.clone(),
+            },
+        }
+    }
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Log format: `human` or `json` (overrides [logging] format).
+    #[arg(long)]
+    log_format: Option<String>,
+}
+
+#[derive(Args)]
+struct SendArgs {
+    /// The hub's telegram address.
+    #[arg(long, default_value = "127.0.0.1:9100")]
+    to: String,
+    /// Tx code (its layout builds the body).
+    #[arg(long, default_value = "TRF001")]
+    tx: String,
+    /// Body fields as a JSON object, e.g. '{"from_account":"1002003004001",...}'.
+    #[arg(long)]
+    json: Option<String>,
+    /// A file of JSON objects, one per line, each sent as a telegram; a line may
+    /// also carry "tx", "guid" and "channel".
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// GUID (32 of [0-9A-Za-z_-]); a fresh one when absent.
+    #[arg(long)]
+    guid: Option<String>,
+    /// Channel id (1-8 characters).
+    #[arg(long, default_value = "IBANK")]
+    channel: String,
+    /// Send the same telegram this many times (same GUID: shows the replay).
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
+    /// Length prefix: ascii or binary.
+    #[arg(long, default_value = "ascii")]
+    prefix: String,
+    /// Folder of layout files; the shipped layouts when absent.
+    #[arg(long)]
+    layouts_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct JournalArgs {
+    /// The journal file (or postgres:// URL).
+    #[arg(long, default_value = "relayhub-journal.db")]
+    journal: String,
+    #[command(subcommand)]
+    action: JournalAction,
+}
+
+#[derive(Subcommand)]
+enum JournalAction {
+    /// List transfers in a state (default: unknown, i.e. answered E901).
+    List {
+        #[arg(long, default_value = "unknown")]
+        state: String,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Show one GUID's row and history.
+    Show { guid: String },
+    /// Ask the core about every unknown transfer and record the answers.
+    Reconcile {
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(4096)
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("relayhub: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve(args).await,
+            Command::Send(args) => send(args).await,
+            Command::Check(args) => check(args),
+            Command::Journal(args) => journal(args).await,
+        }
+    });
+    // Late-answer calls may still be running on blocking threads; do not wait.
+    runtime.shutdown_background();
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("relayhub: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(config: &Config, format: Option<&str>) -> Result<(), String> {
+    let format = match format {
+        Some("json") => LogFormat::Json,
+        Some("human") => LogFormat::Human,
+        Some(other) => return Err(format!("--log-format {other:?}: use human or json")),
+        None => config.logging.format,
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.logging.filter))
+        .map_err(|e| format!("logging.filter: {e}"))?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let result = match format {
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).try_init(),
+        LogFormat::Human => builder.try_init(),
+    };
+    result.map_err(|e| e.to_string())
+}
+
+async fn serve(args: ServeArgs) -> Result<ExitCode, String> {
+    let source = args.config.source();
+    let config = source.load().map_err(|e| e.to_string())?;
+    init_logging(&config, args.log_format.as_deref())?;
+    let daemon = Daemon::start(source).await.map_err(|e| e.to_string())?;
+    if let Some(admin) = daemon.admin_addr {
+        tracing::info!(%admin, "admin endpoints listening");
+    }
+    println!("relayhub listening on {}", daemon.addr);
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    wait_for_signals(&daemon).await;
+    tracing::info!("stopping: draining telegrams in flight");
+    daemon.shutdown().await;
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(unix)]
+async fn wait_for_signals(daemon: &Daemon) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+            _ = hup.recv() => { let _ = daemon.reload(); }
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signals(_daemon: &Daemon) {
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn load_layouts(dir: Option<&PathBuf>) -> Result<std::collections::BTreeMap<String, Layout>, String> {
+    match dir {
+        Some(d) => layout::load_dir(d).map_err(|e| e.to_string()),
+        None => Ok(layout::builtin()),
+    }
+}
+
+async fn send(args: SendArgs) -> Result<ExitCode, String> {
+    let prefix = match args.prefix.as_str() {
+        "ascii" => PrefixMode::Ascii,
+        "binary" => PrefixMode::Binary,
+        other => return Err(format!("--prefix {other:?}: use ascii or binary")),
+    };
+    let layouts = load_layouts(args.layouts_dir.as_ref())?;
+    // Each item: (tx, guid, channel, fields).
+    let mut items: Vec<(String, String, String, Map<String, Value>)> = Vec::new();
+    let parse_obj = |text: &str, what: &str| -> Result<Map<String, Value>, String> {
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(m)) => Ok(m),
+            Ok(_) => Err(format!("{what}: not a JSON object")),
+            Err(e) => Err(format!("{what}: {e}")),
+        }
+    };
+    if let Some(path) = &args.file {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let mut m = parse_obj(line, &format!("{} line {}", path.display(), n + 1))?;
+            let take = |m: &mut Map<String, Value>, k: &str| m.remove(k).and_then(|v| v.as_str().map(str::to_string));
+            let tx = take(&mut m, "tx").unwrap_or_else(|| args.tx.clone());
+            let guid = take(&mut m, "guid").unwrap_or_else(|| new_guid("CLI"));
+            let channel = take(&mut m, "channel").unwrap_or_else(|| args.channel.clone());
+            items.push((tx, guid, channel, m));
+        }
+    } else {
+        let m = parse_obj(args.json.as_deref().unwrap_or("{}"), "--json")?;
+        let guid = args.guid.clone().unwrap_or_else(|| new_guid("CLI"));
+        items.push((args.tx.clone(), guid, args.channel.clone(), m));
+    }
+    let mut channel = Channel::connect(&args.to, prefix)
+        .await
+        .map_err(|e| format!("cannot connect to {}: {e}", args.to))?;
+    let mut all_ok = true;
+    for (tx, guid, ch, fields) in items {
+        let layout = layouts.get(&tx).ok_or_else(|| format!("no layout for tx code {tx}"))?;
+        let telegram = build_telegram(layout, &guid, &ch, &local_timestamp(), &fields).map_err(|e| e.to_string())?;
+        for _ in 0..args.repeat.max(1) {
+            println!(">> {}", String::from_utf8_lossy(&telegram));
+            let answer = match channel.exchange(&telegram).await {
+                Ok(a) => a,
+                Err(e) => {
+                    // The hub closed the connection (e.g. after E102 on framing):
+                    // reconnect for the next telegram.
+                    eprintln!("relayhub: {e}");
+                    channel = Channel::connect(&args.to, prefix)
+                        .await
+                        .map_err(|e| format!("cannot reconnect to {}: {e}", args.to))?;
+                    all_ok = false;
+                    continue;
+                }
+            };
+            print_answer(&answer, layout);
+            all_ok &= answer.code == "0000";
+        }
+    }
+    Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::from(2) })
+}
+
+fn print_answer(answer: &Answer, layout: &Layout) {
+    let meaning = Code::parse(&answer.code).map(|c| c.meaning()).unwrap_or("unreadable code");
+    println!(
+        "<< {} {} {} {}  {}  {}",
+        answer.tx_code, answer.guid, answer.channel_id, answer.sent_at, answer.code, meaning
+    );
+    if answer.code == "0000" {
+        match answer.fields(layout) {
+            Ok(fields) => println!("   {}", Value::Object(fields)),
+            Err(e) => println!("   body does not decode: {e}"),
+        }
+    }
+}
+
+fn check(args: ConfigArgs) -> Result<ExitCode, String> {
+    let source = args.source();
+    let config = source.load().map_err(|e| e.to_string())?;
+    let names: Vec<String> = config.targets.iter().map(|t| t.name.clone()).collect();
+    let rules = Rules::build(&config, &names)?;
+    build_targets(&config).map_err(|e| e.to_string())?;
+    println!("config OK: budget {} ms, journal {}", config.server.budget_ms, config.journal.path);
+    println!("{:<8} {:<10} {:<10} {:>8} {:>9}", "TX", "OPERATION", "TARGET", "REQUEST", "RESPONSE");
+    for r in rules.routes() {
+        let op = match r.operation {
+            Operation::Transfer => "transfer",
+            Operation::Inquiry => "inquiry",
+        };
+        println!(
+            "{:<8} {:<10} {:<10} {:>8} {:>9}",
+            r.tx_code,
+            op,
+            names[r.target],
+            r.layout.request_len(),
+            r.layout.response_len()
+        );
+    }
+    for t in &config.targets {
+        let budget = std::time::Duration::from_millis(config.server.budget_ms);
+        println!(
+            "target {}: {} (connect timeout {} ms, late-answer window {} ms, {} slots)",
+            t.name,
+            t.urls.join(", "),
+            t.effective_connect_timeout(budget).as_millis(),
+            t.late_answer_window_ms,
+            t.max_concurrency
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn journal(args: JournalArgs) -> Result<ExitCode, String> {
+    match args.action {
+        JournalAction::List { state, limit } => {
+            let state = State::parse(&state).ok_or_else(|| format!("--state {state:?}: use sending, done, unknown or not_sent"))?;
+            let j = relayhub::journal::Journal::open(&args.journal, 16).map_err(|e| e.to_string())?;
+            let rows = j.list(state, limit).await.map_err(|e| e.to_string())?;
+            for r in &rows {
+                println!(
+                    "{}  {}  {:<8}  {}  attempts={}  {}",
+                    r.guid,
+                    r.tx_code,
+                    r.state.as_str(),
+                    r.code.as_deref().unwrap_or("----"),
+                    r.attempts,
+                    r.last_error.as_deref().unwrap_or("")
+                );
+            }
+            eprintln!("{} row(s)", rows.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        JournalAction::Show { guid } => {
+            let j = relayhub::journal::Journal::open(&args.journal, 16).map_err(|e| e.to_string())?;
+            let Some(row) = j.get(&guid).await.map_err(|e| e.to_string())? else {
+                eprintln!("{guid}: not in the journal");
+                return Ok(ExitCode::from(3));
+            };
+            println!("{}", serde_json::to_string_pretty(&row).unwrap_or_default());
+            for e in j.history(&guid).await.map_err(|e| e.to_string())? {
+                println!("{}  {:<8}  {}  {}", e.at_ms, e.state.as_str(), e.code.as_deref().unwrap_or("----"), e.note);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        JournalAction::Reconcile { config } => {
+            let mut source = config.source();
+            source.overrides.journal = Some(args.journal.clone());
+            let config = source.load().map_err(|e| e.to_string())?;
+            let targets = build_targets(&config).map_err(|e| e.to_string())?;
+            let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
+            let rules = Rules::build(&config, &names)?;
+            let journal = open_journal(&config.journal.path, config.journal.max_batch)
+                .await
+                .map_err(|e| e.to_string())?;
+            let hub = relayhub::relay::Hub::new(
+                rules,
+                targets,
+                journal,
+                std::time::Duration::from_millis(config.server.budget_ms),
+                relayhub::relay::ResendPolicy::from(&config.journal),
+            );
+            let report = hub.reconcile().await.map_err(|e| e.to_string())?;
+            for (guid, code) in &report {
+                println!("{guid}  {code}  {}", code.meaning());
+            }
+            let open = report.iter().filter(|(_, c)| *c == Code::UNKNOWN).count();
+            eprintln!("{} unknown transfer(s) asked; {} still unknown", report.len(), open);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
