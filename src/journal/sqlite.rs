@@ -24,6 +24,8 @@
 //! acknowledged before it, with no second connection to open or keep healthy.
 
 mod open;
+#[cfg(test)]
+mod tests;
 mod writer;
 
 use std::path::Path;
