@@ -1,0 +1,160 @@
+//! Opening a journal file: refuse anything that is not (or cannot become) a
+//! healthy journal of a schema this build knows, before the hub takes traffic.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+/// Marks the file as a relayhub journal (`PRAGMA application_id`), so another
+/// program's database that happens to carry a `user_version` is not mistaken
+/// for one. ASCII "rhjl".
+pub(super) const APPLICATION_ID: i32 = 0x7268_6a6c;
+
+/// Schema migrations; migration `n` (1-based) brings `user_version` to `n`.
+const MIGRATIONS: &[&str] = &[include_str!("../../../migrations/sqlite/0001_init.sql")];
+
+/// The newest schema version this build reads and writes.
+pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// How long a statement waits for a lock held by another connection (an
+/// operator's `relayhub journal` session, or the previous hub still closing)
+/// before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Opens, checks and migrates the journal at `path`. The error is the reason,
+/// in words meant for the operator.
+pub(super) fn open(path: &Path) -> Result<Connection, String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if dir.exists() && !dir.is_dir() {
+            return Err(format!("{} is not a directory", dir.display()));
+        }
+        if !dir.is_dir() {
+            return Err(format!("directory {} does not exist", dir.display()));
+        }
+    }
+    if path.is_dir() {
+        return Err("is a directory, not a database file".into());
+    }
+    // No URI parsing: the path is a file name, whatever it looks like.
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| format!("cannot open: {e}"))?;
+    // SQLite silently falls back to read-only when it may not write the file.
+    if conn.is_readonly("main").unwrap_or(true) {
+        return Err("the file is read-only; the journal must be writable".into());
+    }
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|e| format!("cannot set busy timeout: {e}"))?;
+
+    // The first statement that reads the file: random bytes fail here.
+    let check: Vec<String> = conn
+        .prepare("PRAGMA quick_check")
+        .and_then(|mut s| s.query_map([], |r| r.get::<_, String>(0))?.collect())
+        .map_err(not_a_database)?;
+    if check != ["ok"] {
+        // Skip SQLite's "*** in database main ***" banner; keep the findings.
+        let first: Vec<&str> = check
+            .iter()
+            .map(String::as_str)
+            .filter(|l| !l.starts_with("***"))
+            .take(3)
+            .collect();
+        return Err(format!(
+            "database is corrupt (quick_check: {})",
+            first.join("; ")
+        ));
+    }
+
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(|e| format!("cannot switch to WAL: {e}"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(format!("cannot switch to WAL (journal_mode stays {mode})"));
+    }
+    // See the module doc of `sqlite` for why FULL and not NORMAL.
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(|e| format!("cannot set synchronous=FULL: {e}"))?;
+
+    migrate(&conn)?;
+    Ok(conn)
+}
+
+fn not_a_database(e: rusqlite::Error) -> String {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => {
+            format!("not a SQLite database, or its header is corrupt ({e})")
+        }
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) => format!("database is corrupt ({e})"),
+        _ => format!("cannot read: {e}"),
+    }
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`], inside one write transaction so
+/// two hubs starting on one file cannot both migrate, and so that a file we
+/// cannot write is refused now rather than at the first telegram.
+fn migrate(conn: &Connection) -> Result<(), String> {
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(|e| format!("cannot take the write lock: {e}"))?;
+    let result = migrate_locked(conn);
+    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    let ended = conn.execute_batch(end);
+    result?;
+    ended.map_err(|e| format!("cannot commit the schema: {e}"))
+}
+
+fn migrate_locked(conn: &Connection) -> Result<(), String> {
+    let read = |pragma: &str| -> Result<i64, String> {
+        conn.query_row(&format!("PRAGMA {pragma}"), [], |r| r.get(0))
+            .map_err(|e| format!("cannot read {pragma}: {e}"))
+    };
+    let version = read("user_version")?;
+    let app_id = read("application_id")?;
+    let objects: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+        .map_err(|e| format!("cannot read the schema: {e}"))?;
+
+    if version == 0 && app_id == 0 {
+        if objects > 0 {
+            return Err(format!(
+                "not a relayhub journal: the database already holds another schema ({objects} tables/indexes)"
+            ));
+        }
+    } else if app_id != i64::from(APPLICATION_ID) {
+        return Err(format!(
+            "not a relayhub journal (application_id {app_id:#x}, user_version {version})"
+        ));
+    }
+    if version > SCHEMA_VERSION {
+        return Err(format!(
+            "journal schema version {version} is newer than this build knows ({SCHEMA_VERSION}); \
+             run a newer relayhub or point --journal at another file"
+        ));
+    }
+    if version < 0 {
+        return Err(format!("invalid journal schema version {version}"));
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let to = i + 1;
+        conn.execute_batch(sql)
+            .map_err(|e| format!("migration to schema version {to} failed: {e}"))?;
+        conn.execute_batch(&format!(
+            "PRAGMA user_version = {to}; PRAGMA application_id = {APPLICATION_ID};"
+        ))
+        .map_err(|e| format!("cannot record schema version {to}: {e}"))?;
+    }
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN ('journal', 'journal_events')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| format!("cannot read the schema: {e}"))?;
+    if tables != 2 {
+        return Err(
+            "journal tables are missing although the schema version says they exist".into(),
+        );
+    }
+    Ok(())
+}

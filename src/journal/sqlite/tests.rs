@@ -1,0 +1,721 @@
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+fn db(dir: &tempfile::TempDir) -> PathBuf {
+    dir.path().join("journal.db")
+}
+
+fn open(path: &Path) -> SqliteJournal {
+    SqliteJournal::open(path, 64).expect("open journal")
+}
+
+fn fresh() -> (tempfile::TempDir, SqliteJournal) {
+    let dir = tempfile::tempdir().unwrap();
+    let j = open(&db(&dir));
+    (dir, j)
+}
+
+fn finish(
+    state: State,
+    code: &str,
+    answer: Option<&[u8]>,
+    error: Option<&str>,
+    note: &str,
+) -> Finish {
+    Finish {
+        state,
+        code: code.into(),
+        answer: answer.map(<[u8]>::to_vec),
+        error: error.map(str::to_owned),
+        note: note.into(),
+    }
+}
+
+fn open_err(path: &Path) -> String {
+    match SqliteJournal::open(path, 8) {
+        Ok(_) => panic!("{} opened, expected an error", path.display()),
+        Err(JournalError::Open { path: p, reason }) => {
+            assert_eq!(p, path.display().to_string());
+            reason
+        }
+        Err(e) => panic!("expected JournalError::Open, got {e:?}"),
+    }
+}
+
+/// Holds the writer inside a batch until the returned sender is dropped or
+/// signalled, so a test can queue commands and know they share later batches.
+async fn pause(j: &SqliteJournal) -> std::sync::mpsc::Sender<()> {
+    let (started_tx, started_rx) = oneshot::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let j2 = j.clone();
+    tokio::spawn(async move {
+        j2.call(false, move |_| {
+            let _ = started_tx.send(());
+            let _ = release_rx.recv();
+            Ok(())
+        })
+        .await
+    });
+    started_rx.await.expect("writer paused");
+    release_tx
+}
+
+/// Commands waiting in the writer's queue.
+fn queued(j: &SqliteJournal) -> usize {
+    j.tx.max_capacity() - j.tx.capacity()
+}
+
+/// Waits (yielding, not sleeping) until `n` commands are queued.
+async fn until_queued(j: &SqliteJournal, n: usize) {
+    while queued(j) < n {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claim_new_then_existing() {
+    let (_dir, j) = fresh();
+    assert_eq!(
+        j.claim("g1", "TRF001", "fp", 100).await.unwrap(),
+        Claim::New
+    );
+    let row = j.get("g1").await.unwrap().unwrap();
+    assert_eq!(
+        row,
+        Row {
+            guid: "g1".into(),
+            tx_code: "TRF001".into(),
+            fingerprint: "fp".into(),
+            state: State::Sending,
+            code: None,
+            answer: None,
+            attempts: 1,
+            last_attempt_ms: 100,
+            answered_ms: None,
+            last_error: None,
+            created_ms: 100,
+            updated_ms: 100,
+        }
+    );
+    // A repeat, even with another body, gets the stored row untouched.
+    match j.claim("g1", "TRF001", "other", 200).await.unwrap() {
+        Claim::Existing(r) => assert_eq!(r, row),
+        Claim::New => panic!("second claim must not be new"),
+    }
+    assert_eq!(j.get("g1").await.unwrap().unwrap(), row);
+    assert_eq!(j.get("nope").await.unwrap(), None);
+    assert_eq!(
+        j.history("g1").await.unwrap(),
+        vec![Event {
+            at_ms: 100,
+            state: State::Sending,
+            code: None,
+            note: "attempt 1".into()
+        }]
+    );
+    assert!(j.history("nope").await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn finish_records_outcome_and_history() {
+    let (_dir, j) = fresh();
+    j.claim("g", "TRF001", "fp", 100).await.unwrap();
+    j.finish(
+        "g",
+        finish(
+            State::NotSent,
+            "E902",
+            None,
+            Some("refused"),
+            "connect refused",
+        ),
+        150,
+    )
+    .await
+    .unwrap();
+    let row = j.get("g").await.unwrap().unwrap();
+    assert_eq!(row.state, State::NotSent);
+    assert_eq!(row.code.as_deref(), Some("E902"));
+    assert_eq!(row.last_error.as_deref(), Some("refused"));
+    assert_eq!(row.answered_ms, Some(150));
+    assert_eq!(row.updated_ms, 150);
+
+    // No error given: the last one is kept, as in the memory store.
+    let body = b"0000 answer body".as_slice();
+    j.finish(
+        "g",
+        finish(State::Done, "0000", Some(body), None, "answered"),
+        300,
+    )
+    .await
+    .unwrap();
+    let row = j.get("g").await.unwrap().unwrap();
+    assert_eq!(row.state, State::Done);
+    assert_eq!(row.code.as_deref(), Some("0000"));
+    assert_eq!(row.answer.as_deref(), Some(body));
+    assert_eq!(row.last_error.as_deref(), Some("refused"));
+    assert_eq!(
+        (row.answered_ms, row.updated_ms, row.created_ms),
+        (Some(300), 300, 100)
+    );
+
+    let h = j.history("g").await.unwrap();
+    assert_eq!(h.len(), 3);
+    assert_eq!(
+        h[1],
+        Event {
+            at_ms: 150,
+            state: State::NotSent,
+            code: Some("E902".into()),
+            note: "connect refused".into()
+        }
+    );
+    assert_eq!(
+        h[2],
+        Event {
+            at_ms: 300,
+            state: State::Done,
+            code: Some("0000".into()),
+            note: "answered".into()
+        }
+    );
+
+    // Finishing an unknown GUID is a no-op, not an error.
+    j.finish("ghost", finish(State::Done, "0000", None, None, "x"), 1)
+        .await
+        .unwrap();
+    assert_eq!(j.get("ghost").await.unwrap(), None);
+    assert!(j.history("ghost").await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn finish_if_only_in_listed_states() {
+    let (_dir, j) = fresh();
+    j.claim("g", "TRF001", "fp", 100).await.unwrap();
+    let unknown = finish(
+        State::Unknown,
+        "E901",
+        None,
+        Some("timeout"),
+        "read timeout",
+    );
+    assert!(
+        !j.finish_if("g", &[State::Unknown], unknown.clone(), 110)
+            .await
+            .unwrap()
+    );
+    assert_eq!(j.get("g").await.unwrap().unwrap().state, State::Sending);
+    assert_eq!(j.history("g").await.unwrap().len(), 1);
+
+    assert!(
+        j.finish_if("g", &[State::Sending], unknown.clone(), 120)
+            .await
+            .unwrap()
+    );
+    // A late answer may land on `unknown`, but not overwrite a final one.
+    let done = finish(State::Done, "0000", Some(b"ok"), None, "late answer");
+    assert!(
+        j.finish_if("g", &[State::Sending, State::Unknown], done.clone(), 130)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !j.finish_if("g", &[State::Sending, State::Unknown], unknown, 140)
+            .await
+            .unwrap()
+    );
+    let row = j.get("g").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.code.as_deref()),
+        (State::Done, Some("0000"))
+    );
+    assert_eq!(row.last_error.as_deref(), Some("timeout"));
+
+    // Empty list: any state.
+    assert!(
+        j.finish_if(
+            "g",
+            &[],
+            finish(State::NotSent, "E903", None, None, "x"),
+            150
+        )
+        .await
+        .unwrap()
+    );
+    assert!(!j.finish_if("ghost", &[], done, 160).await.unwrap());
+    let states: Vec<State> = j
+        .history("g")
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.state)
+        .collect();
+    assert_eq!(
+        states,
+        [State::Sending, State::Unknown, State::Done, State::NotSent]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claim_resend_is_compare_and_set() {
+    let (_dir, j) = fresh();
+    assert!(!j.claim_resend("ghost", 1, 100).await.unwrap());
+    j.claim("g", "TRF001", "fp", 100).await.unwrap();
+    // Still sending: no resend.
+    assert!(!j.claim_resend("g", 1, 110).await.unwrap());
+    j.finish(
+        "g",
+        finish(State::NotSent, "E902", None, None, "refused"),
+        120,
+    )
+    .await
+    .unwrap();
+    // Wrong attempt count: someone else resent it.
+    assert!(!j.claim_resend("g", 2, 130).await.unwrap());
+    assert!(j.claim_resend("g", 1, 140).await.unwrap());
+    let row = j.get("g").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.attempts, row.last_attempt_ms, row.updated_ms),
+        (State::Sending, 2, 140, 140)
+    );
+    // Like the memory store, the previous answer stays until the next finish.
+    assert_eq!(
+        (row.code.as_deref(), row.answered_ms),
+        (Some("E902"), Some(120))
+    );
+    assert!(!j.claim_resend("g", 1, 150).await.unwrap());
+    assert_eq!(
+        j.history("g").await.unwrap().last().unwrap(),
+        &Event {
+            at_ms: 140,
+            state: State::Sending,
+            code: None,
+            note: "attempt 2".into()
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn list_by_state_oldest_first_with_limit() {
+    let (_dir, j) = fresh();
+    for (g, t) in [("c", 30), ("a", 10), ("b", 20), ("d", 40)] {
+        j.claim(g, "TRF001", "fp", t).await.unwrap();
+    }
+    j.finish("d", finish(State::Done, "0000", None, None, "ok"), 50)
+        .await
+        .unwrap();
+    let guids = |rows: Vec<Row>| rows.into_iter().map(|r| r.guid).collect::<Vec<_>>();
+    assert_eq!(
+        guids(j.list(State::Sending, 10).await.unwrap()),
+        ["a", "b", "c"]
+    );
+    assert_eq!(guids(j.list(State::Sending, 2).await.unwrap()), ["a", "b"]);
+    assert_eq!(guids(j.list(State::Done, usize::MAX).await.unwrap()), ["d"]);
+    assert!(j.list(State::Unknown, 10).await.unwrap().is_empty());
+    assert!(j.list(State::Sending, 0).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn recover_turns_sending_into_unknown() {
+    let (_dir, j) = fresh();
+    j.claim("a", "TRF001", "fp", 10).await.unwrap();
+    j.claim("b", "TRF001", "fp", 20).await.unwrap();
+    j.finish("b", finish(State::Done, "0000", None, None, "ok"), 30)
+        .await
+        .unwrap();
+    assert_eq!(j.recover(1000).await.unwrap(), 1);
+    let a = j.get("a").await.unwrap().unwrap();
+    assert_eq!((a.state, a.updated_ms), (State::Unknown, 1000));
+    // As in the memory store, only the history carries the E901.
+    assert_eq!(a.code, None);
+    assert_eq!(
+        j.history("a").await.unwrap().last().unwrap(),
+        &Event {
+            at_ms: 1000,
+            state: State::Unknown,
+            code: Some("E901".into()),
+            note: "was in flight when the hub stopped".into()
+        }
+    );
+    assert_eq!(j.get("b").await.unwrap().unwrap().state, State::Done);
+    assert_eq!(j.history("b").await.unwrap().len(), 2);
+    assert_eq!(j.recover(2000).await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prune_keeps_sending_and_recent_rows() {
+    let (_dir, j) = fresh();
+    j.claim("old-done", "TRF001", "fp", 10).await.unwrap();
+    j.finish(
+        "old-done",
+        finish(State::Done, "0000", None, None, "ok"),
+        20,
+    )
+    .await
+    .unwrap();
+    j.claim("old-sending", "TRF001", "fp", 10).await.unwrap();
+    j.claim("recent", "TRF001", "fp", 10).await.unwrap();
+    j.finish(
+        "recent",
+        finish(State::NotSent, "E902", None, None, "x"),
+        500,
+    )
+    .await
+    .unwrap();
+    // Exactly at the cut-off is kept: only `updated_ms < before` goes.
+    j.claim("edge", "TRF001", "fp", 100).await.unwrap();
+    j.finish("edge", finish(State::Unknown, "E901", None, None, "x"), 100)
+        .await
+        .unwrap();
+
+    assert_eq!(j.prune(100).await.unwrap(), 1);
+    assert_eq!(j.get("old-done").await.unwrap(), None);
+    assert!(j.history("old-done").await.unwrap().is_empty());
+    for g in ["old-sending", "recent", "edge"] {
+        assert!(j.get(g).await.unwrap().is_some(), "{g} pruned");
+        assert!(
+            !j.history(g).await.unwrap().is_empty(),
+            "{g} history pruned"
+        );
+    }
+    assert_eq!(j.prune(i64::MAX).await.unwrap(), 2);
+    assert!(j.get("old-sending").await.unwrap().is_some());
+    // A pruned GUID is new again.
+    assert_eq!(
+        j.claim("old-done", "TRF001", "fp", 600).await.unwrap(),
+        Claim::New
+    );
+    assert_eq!(j.history("old-done").await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_claims_of_one_guid_yield_one_new() {
+    let (_dir, j) = fresh();
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let j = j.clone();
+            tokio::spawn(async move { j.claim("race", "TRF001", "fp", i).await.unwrap() })
+        })
+        .collect();
+    let mut new = 0;
+    for t in tasks {
+        if t.await.unwrap() == Claim::New {
+            new += 1;
+        }
+    }
+    assert_eq!(new, 1);
+    assert_eq!(j.history("race").await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_resends_yield_one_winner() {
+    let (_dir, j) = fresh();
+    j.claim("g", "TRF001", "fp", 1).await.unwrap();
+    j.finish(
+        "g",
+        finish(State::NotSent, "E902", None, None, "refused"),
+        2,
+    )
+    .await
+    .unwrap();
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let j = j.clone();
+            tokio::spawn(async move { j.claim_resend("g", 1, 3).await.unwrap() })
+        })
+        .collect();
+    let mut won = 0;
+    for t in tasks {
+        won += usize::from(t.await.unwrap());
+    }
+    assert_eq!(won, 1);
+    let row = j.get("g").await.unwrap().unwrap();
+    assert_eq!((row.state, row.attempts), (State::Sending, 2));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn survives_reopen_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    {
+        let j = open(&path);
+        assert_eq!(j.claim("g", "TRF001", "fp", 100).await.unwrap(), Claim::New);
+        j.claim("h", "TRF001", "fp", 100).await.unwrap();
+        j.finish(
+            "h",
+            finish(State::Done, "0000", Some(b"body"), None, "ok"),
+            110,
+        )
+        .await
+        .unwrap();
+        // Dropped without any shutdown step, as a crash would.
+    }
+    let j = open(&path);
+    let row = j.get("g").await.unwrap().unwrap();
+    assert_eq!((row.state, row.attempts), (State::Sending, 1));
+    assert_eq!(
+        j.get("h").await.unwrap().unwrap().answer.as_deref(),
+        Some(b"body".as_slice())
+    );
+    assert_eq!(j.recover(500).await.unwrap(), 1);
+    assert_eq!(j.get("g").await.unwrap().unwrap().state, State::Unknown);
+    let last = j.history("g").await.unwrap().pop().unwrap();
+    assert_eq!(
+        (last.state, last.code.as_deref(), last.at_ms),
+        (State::Unknown, Some("E901"), 500)
+    );
+    drop(j);
+    // And a third start sees the recovery.
+    let j = open(&path);
+    assert_eq!(j.get("g").await.unwrap().unwrap().state, State::Unknown);
+    assert_eq!(j.recover(600).await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_claims_share_commits() {
+    let (_dir, j) = fresh();
+    let before = j.commits();
+    let release = pause(&j).await;
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let j = j.clone();
+            tokio::spawn(async move { j.claim(&format!("g{i}"), "TRF001", "fp", i).await.unwrap() })
+        })
+        .collect();
+    until_queued(&j, 200).await;
+    drop(release);
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), Claim::New);
+    }
+    // 200 claims in batches of at most 64.
+    assert_eq!(j.commits() - before, 4);
+    assert_eq!(j.list(State::Sending, 1000).await.unwrap().len(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unpaused_concurrent_claims_all_commit() {
+    let (_dir, j) = fresh();
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let j = j.clone();
+            tokio::spawn(async move { j.claim(&format!("g{i}"), "TRF001", "fp", i).await.unwrap() })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), Claim::New);
+    }
+    // How far commits group here depends on timing (a handful on a quiet
+    // machine); what must hold is at most one per claim and no lost claim.
+    assert!(j.commits() <= 200, "{} commits", j.commits());
+    assert_eq!(j.list(State::Sending, 1000).await.unwrap().len(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_command_fails_alone_in_its_batch() {
+    let (_dir, j) = fresh();
+    let before = j.commits();
+    let release = pause(&j).await;
+    let a = tokio::spawn({
+        let j = j.clone();
+        async move { j.claim("a", "TRF001", "fp", 1).await }
+    });
+    until_queued(&j, 1).await;
+    let bad = tokio::spawn({
+        let j = j.clone();
+        async move {
+            j.call(true, |c| {
+                // Writes a row, then violates NOT NULL: the row must go too.
+                c.execute(
+                    "INSERT INTO journal_events (guid, at_ms, state, note) VALUES ('bad', 1, 'done', 'x')",
+                    [],
+                )?;
+                c.execute("INSERT INTO journal (guid) VALUES ('bad')", [])
+            })
+            .await
+        }
+    });
+    until_queued(&j, 2).await;
+    let b = tokio::spawn({
+        let j = j.clone();
+        async move { j.claim("b", "TRF001", "fp", 1).await }
+    });
+    until_queued(&j, 3).await;
+    drop(release);
+
+    assert_eq!(a.await.unwrap().unwrap(), Claim::New);
+    assert_eq!(b.await.unwrap().unwrap(), Claim::New);
+    match bad.await.unwrap() {
+        Err(JournalError::Write(reason)) => assert!(reason.contains("NOT NULL"), "{reason}"),
+        other => panic!("expected a write error, got {other:?}"),
+    }
+    assert_eq!(j.commits() - before, 1, "one batch, one commit");
+    assert!(j.history("bad").await.unwrap().is_empty());
+    assert!(j.get("a").await.unwrap().is_some() && j.get("b").await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stopped_writer_is_an_error_not_a_hang() {
+    let (_dir, j) = fresh();
+    j.claim("g", "TRF001", "fp", 1).await.unwrap();
+    let release = pause(&j).await;
+    let queued_claim = tokio::spawn({
+        let j = j.clone();
+        async move { j.claim("h", "TRF001", "fp", 1).await }
+    });
+    until_queued(&j, 1).await;
+    j.tx.send(Msg::Stop).await.unwrap();
+    drop(release);
+    let stopped = |r: Result<_, JournalError>| matches!(r, Err(JournalError::Write(m)) if m == "journal writer stopped");
+    assert!(stopped(queued_claim.await.unwrap().map(|_| ())));
+    assert!(stopped(j.claim("i", "TRF001", "fp", 2).await.map(|_| ())));
+    assert!(stopped(j.get("g").await.map(|_| ())));
+    assert!(stopped(
+        j.finish("g", finish(State::Done, "0000", None, None, "x"), 3)
+            .await
+    ));
+}
+
+#[test]
+fn open_twice_in_sequence_and_concurrently() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    let a = open(&path);
+    let b = open(&path);
+    drop((a, b));
+    open(&path);
+}
+
+#[test]
+fn open_refuses_random_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    let junk: Vec<u8> = (0..8192u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&path, &junk).unwrap();
+    let reason = open_err(&path);
+    assert!(reason.contains("not a SQLite database"), "{reason}");
+    // Left as it was.
+    assert_eq!(std::fs::read(&path).unwrap(), junk);
+}
+
+#[test]
+fn open_refuses_a_corrupt_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    {
+        let conn = Connection::open(&path).unwrap();
+        // A table big enough to span many pages, in rollback mode so the
+        // file alone holds it.
+        conn.execute_batch(
+            "CREATE TABLE t (x TEXT); CREATE INDEX tx ON t (x);
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+             INSERT INTO t SELECT printf('%0500d', i) FROM n;",
+        )
+        .unwrap();
+    }
+    let mut bytes = std::fs::read(&path).unwrap();
+    // Scribble over everything after the first two pages (header and schema).
+    let page = 4096;
+    for (i, b) in bytes.iter_mut().enumerate().skip(2 * page) {
+        *b = (i % 251) as u8;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let reason = open_err(&path);
+    assert!(
+        reason.contains("database is corrupt (quick_check: "),
+        "{reason}"
+    );
+    assert!(!reason.contains("***"), "{reason}");
+}
+
+#[test]
+fn open_refuses_missing_directory_and_unwritable_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let reason = open_err(&dir.path().join("missing").join("journal.db"));
+    assert!(reason.contains("does not exist"), "{reason}");
+
+    // A "directory" that is a file: cannot hold a journal, even for root.
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    let reason = open_err(&file.join("journal.db"));
+    assert!(reason.contains("is not a directory"), "{reason}");
+
+    let reason = open_err(dir.path());
+    assert!(reason.contains("directory"), "{reason}");
+}
+
+#[test]
+fn open_refuses_another_programs_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+        .unwrap();
+    let reason = open_err(&path);
+    assert!(reason.contains("not a relayhub journal"), "{reason}");
+
+    // One that uses user_version for its own schema.
+    let other = dir.path().join("other.db");
+    Connection::open(&other)
+        .unwrap()
+        .execute_batch("PRAGMA user_version = 1")
+        .unwrap();
+    let reason = open_err(&other);
+    assert!(reason.contains("not a relayhub journal"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn open_refuses_a_newer_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    let j = open(&path);
+    j.claim("g", "TRF001", "fp", 1).await.unwrap();
+    drop(j);
+    Connection::open(&path)
+        .unwrap()
+        .pragma_update(None, "user_version", open::SCHEMA_VERSION + 1)
+        .unwrap();
+    let reason = open_err(&path);
+    assert!(reason.contains("newer than this build knows"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn open_sets_wal_and_full_sync_and_schema() {
+    let (dir, j) = fresh();
+    j.claim("g", "TRF001", "fp", 1).await.unwrap();
+    let (mode, sync) = j
+        .call(false, |c| {
+            let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+            let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+            Ok((mode, sync))
+        })
+        .await
+        .unwrap();
+    assert_eq!(mode, "wal");
+    assert_eq!(sync, 2, "synchronous=FULL");
+    drop(j);
+    let conn = Connection::open(db(&dir)).unwrap();
+    let v: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    let app: i32 = conn
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!((v, app), (open::SCHEMA_VERSION, open::APPLICATION_ID));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn journal_enum_dispatches_to_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = db(&dir).display().to_string();
+    let j = crate::journal::Journal::open(&spec, 16).unwrap();
+    assert_eq!(j.kind(), "sqlite");
+    assert_eq!(j.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    assert!(matches!(
+        j.claim("g", "TRF001", "fp", 2).await.unwrap(),
+        Claim::Existing(_)
+    ));
+}

@@ -1,0 +1,198 @@
+//! The writer thread: group commit over one connection.
+//!
+//! Every command is a [`Task`] sent over a bounded channel. The thread takes
+//! whatever is queued (up to `max_batch`), runs the writes in one
+//! `BEGIN IMMEDIATE ... COMMIT`, each inside its own `SAVEPOINT` so a failing
+//! command is undone alone, and answers only after the `COMMIT` is durable.
+//! Concurrent telegrams therefore share one fsync instead of queueing for one
+//! each, and no caller hears "ok" for a change that could still be lost.
+//!
+//! Reads run after the batch's commit, outside any transaction: they see every
+//! write acknowledged before them (and the ones of their own batch), and never
+//! an uncommitted one.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::journal::JournalError;
+
+/// What callers send to the writer thread.
+pub(super) enum Msg {
+    Task(Box<dyn Task>),
+    /// Ends the thread as if it had died, leaving queued tasks unanswered.
+    #[cfg(test)]
+    Stop,
+}
+
+/// One command: run against the connection, answered after the commit.
+pub(super) trait Task: Send {
+    /// Whether the command changes the database (runs inside the batch's transaction).
+    fn writes(&self) -> bool;
+    /// Runs the command. Returns whether it succeeded (so its savepoint is kept)
+    /// and how to answer the caller once the batch's fate is known.
+    fn run(self: Box<Self>, conn: &Connection) -> (bool, Box<dyn Reply>);
+    /// Answers the caller with an error without running the command.
+    fn fail(self: Box<Self>, reason: String);
+}
+
+/// The answer of a command that ran, waiting for the batch's commit.
+pub(super) trait Reply: Send {
+    /// `commit` is `Err` when the batch was not committed: a command that itself
+    /// succeeded must then not report success.
+    fn send(self: Box<Self>, commit: Result<(), String>);
+}
+
+/// A command built from a closure; its result goes back through a oneshot.
+pub(super) struct FnTask<T, F> {
+    pub writes: bool,
+    pub f: F,
+    pub reply: oneshot::Sender<Result<T, JournalError>>,
+}
+
+struct FnReply<T> {
+    writes: bool,
+    result: rusqlite::Result<T>,
+    reply: oneshot::Sender<Result<T, JournalError>>,
+}
+
+fn error(writes: bool, reason: String) -> JournalError {
+    if writes {
+        JournalError::Write(reason)
+    } else {
+        JournalError::Read(reason)
+    }
+}
+
+impl<T, F> Task for FnTask<T, F>
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+{
+    fn writes(&self) -> bool {
+        self.writes
+    }
+
+    fn run(self: Box<Self>, conn: &Connection) -> (bool, Box<dyn Reply>) {
+        let result = (self.f)(conn);
+        let ok = result.is_ok();
+        let reply = FnReply {
+            writes: self.writes,
+            result,
+            reply: self.reply,
+        };
+        (ok, Box::new(reply))
+    }
+
+    fn fail(self: Box<Self>, reason: String) {
+        // The caller may have gone away; nothing to do then.
+        let _ = self.reply.send(Err(error(self.writes, reason)));
+    }
+}
+
+impl<T: Send> Reply for FnReply<T> {
+    fn send(self: Box<Self>, commit: Result<(), String>) {
+        let out = match (self.result, commit) {
+            (Err(e), _) => Err(error(self.writes, e.to_string())),
+            (Ok(_), Err(reason)) => Err(error(self.writes, reason)),
+            (Ok(v), Ok(())) => Ok(v),
+        };
+        let _ = self.reply.send(out);
+    }
+}
+
+/// The thread's body: returns when every sender is gone.
+pub(super) fn run(
+    conn: Connection,
+    mut rx: mpsc::Receiver<Msg>,
+    max_batch: usize,
+    commits: Arc<AtomicU64>,
+) {
+    let max_batch = max_batch.max(1);
+    let mut batch: Vec<Box<dyn Task>> = Vec::with_capacity(max_batch);
+    while let Some(first) = rx.blocking_recv() {
+        let mut next = Some(first);
+        while let Some(msg) = next.take() {
+            match msg {
+                Msg::Task(t) => batch.push(t),
+                #[cfg(test)]
+                Msg::Stop => return,
+            }
+            if batch.len() < max_batch {
+                next = rx.try_recv().ok();
+            }
+        }
+        run_batch(&conn, batch.drain(..), &commits);
+    }
+}
+
+/// Runs one batch: writes in one transaction, then reads.
+fn run_batch(conn: &Connection, batch: impl Iterator<Item = Box<dyn Task>>, commits: &AtomicU64) {
+    let (writes, reads): (Vec<_>, Vec<_>) = batch.partition(|t| t.writes());
+    if !writes.is_empty() {
+        run_writes(conn, writes, commits);
+    }
+    for task in reads {
+        let (_, reply) = task.run(conn);
+        reply.send(Ok(()));
+    }
+}
+
+fn run_writes(conn: &Connection, writes: Vec<Box<dyn Task>>, commits: &AtomicU64) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let reason = format!("cannot start a transaction: {e}");
+        for task in writes {
+            task.fail(reason.clone());
+        }
+        return;
+    }
+    // Set once the transaction is gone (SQLite rolls it back by itself on some
+    // errors, e.g. a full disk): the rest of the batch is then refused.
+    let mut lost: Option<String> = None;
+    let mut replies = Vec::with_capacity(writes.len());
+    for task in writes {
+        if let Some(reason) = &lost {
+            task.fail(reason.clone());
+            continue;
+        }
+        if let Err(e) = conn.execute_batch("SAVEPOINT cmd") {
+            lost = Some(format!("cannot start a savepoint: {e}"));
+            task.fail(lost.clone().unwrap_or_default());
+            continue;
+        }
+        let (ok, reply) = task.run(conn);
+        let end = if ok {
+            conn.execute_batch("RELEASE cmd")
+        } else {
+            conn.execute_batch("ROLLBACK TO cmd; RELEASE cmd")
+        };
+        if let Err(e) = end {
+            lost = Some(format!("transaction aborted: {e}"));
+        } else if conn.is_autocommit() {
+            lost = Some("transaction rolled back by SQLite after an error".into());
+        }
+        replies.push(reply);
+    }
+    let commit = match lost {
+        Some(reason) => Err(reason),
+        None => conn
+            .execute_batch("COMMIT")
+            .map_err(|e| format!("commit failed: {e}")),
+    };
+    match &commit {
+        Ok(()) => {
+            commits.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(_) => {
+            if !conn.is_autocommit() {
+                // Nothing of this batch was acknowledged; undo all of it.
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+        }
+    }
+    for reply in replies {
+        reply.send(commit.clone());
+    }
+}
