@@ -3,8 +3,8 @@
 //! A layout names a transaction's request and response bodies field by field. The
 //! files are data (`layouts/*.json`, format in `layouts/README.md`) and are checked
 //! hard when loaded, so a mistake in one is a start-up error rather than a wrong
-//! telegram at run time. The conversion itself lives in [`field`] and is re-exported
-//! here.
+//! telegram at run time. The conversion itself lives in the private `field` module,
+//! re-exported here.
 //!
 //! - [`Layout::from_json`], [`load_dir`], [`builtin`]: load and validate.
 //! - [`decode_fields`], [`encode_fields`]: one body <-> one JSON object.

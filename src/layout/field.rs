@@ -235,10 +235,8 @@ fn encode_one(
             };
             return match f.kind {
                 _ if f.required => Err(fail(format!("{what} but required"))),
-                FieldType::N | FieldType::U => Err(fail(format!(
-                    "{what}; a {:?} field cannot be blank",
-                    f.kind
-                ))),
+                FieldType::N => Err(fail(format!("{what}; an N field cannot be blank"))),
+                FieldType::U => Err(fail(format!("{what}; a U field cannot be blank"))),
                 FieldType::AN | FieldType::H => {
                     out.resize(out.len() + f.length, b' ');
                     Ok(())

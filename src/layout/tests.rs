@@ -553,7 +553,7 @@ fn encode_missing_keys() {
     let e = encode_err(&f, json!({"r": null}));
     assert_eq!(e.reason, "is null but required");
     let e = encode_err(&[field("n", FieldType::N, 2)], json!({}));
-    assert_eq!(e.reason, "is missing; a N field cannot be blank");
+    assert_eq!(e.reason, "is missing; an N field cannot be blank");
     let e = encode_err(&[field("u", FieldType::U, 2)], json!({}));
     assert_eq!(
         (e.offset, e.reason.as_str()),
