@@ -22,7 +22,8 @@ pub fn metrics_handle() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let buckets = [
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0,
             ];
             let builder = PrometheusBuilder::new()
                 .set_buckets(&buckets)
@@ -62,7 +63,9 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .with_state(state);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 async fn metrics(State(s): State<AdminState>) -> String {

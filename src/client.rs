@@ -45,7 +45,10 @@ impl Answer {
     /// Splits an answer telegram (without prefix) into its header fields and body.
     pub fn parse(raw: &[u8]) -> Result<Answer, String> {
         if raw.len() < HEADER_LEN {
-            return Err(format!("answer is {} bytes, shorter than the 64-byte header", raw.len()));
+            return Err(format!(
+                "answer is {} bytes, shorter than the 64-byte header",
+                raw.len()
+            ));
         }
         let s = |a: usize, b: usize| String::from_utf8_lossy(&raw[a..b]).to_string();
         Ok(Answer {
@@ -97,7 +100,12 @@ impl Channel {
             match self.codec.decode(&mut self.buf) {
                 Ok(Some(t)) => return Ok(Some(t.to_vec())),
                 Ok(None) => {}
-                Err(e) => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())),
+                Err(e) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        e.to_string(),
+                    ));
+                }
             }
             if self.stream.read_buf(&mut self.buf).await? == 0 {
                 return Ok(None);
@@ -109,7 +117,10 @@ impl Channel {
     pub async fn exchange(&mut self, telegram: &[u8]) -> std::io::Result<Answer> {
         self.send(telegram).await?;
         let raw = self.recv().await?.ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "hub closed the connection without an answer")
+            std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "hub closed the connection without an answer",
+            )
         })?;
         Answer::parse(&raw).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
     }
@@ -131,7 +142,11 @@ pub fn new_guid(prefix: &str) -> String {
             .unwrap_or(0),
     );
     let date = chrono::Local::now().format("%Y%m%d").to_string();
-    let mut g = format!("{date}{prefix}{:016X}{:016X}", h.finish(), h.finish().rotate_left(17));
+    let mut g = format!(
+        "{date}{prefix}{:016X}{:016X}",
+        h.finish(),
+        h.finish().rotate_left(17)
+    );
     g.retain(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
     g.truncate(32);
     while g.len() < 32 {

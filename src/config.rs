@@ -266,7 +266,8 @@ impl AuthConfig {
                 .map_err(|_| format!("environment variable {var} is not set"));
         }
         if let Some(var) = &self.header_env {
-            return std::env::var(var).map_err(|_| format!("environment variable {var} is not set"));
+            return std::env::var(var)
+                .map_err(|_| format!("environment variable {var} is not set"));
         }
         Err("auth needs one of bearer, bearer_env, header_env".into())
     }
@@ -406,10 +407,16 @@ impl Config {
                 "limits must be at least 1".into(),
             ));
         }
-        for (key, addr) in [("server.listen", Some(&s.listen)), ("server.admin_listen", s.admin_listen.as_ref())] {
+        for (key, addr) in [
+            ("server.listen", Some(&s.listen)),
+            ("server.admin_listen", s.admin_listen.as_ref()),
+        ] {
             if let Some(addr) = addr {
                 if addr.parse::<SocketAddr>().is_err() {
-                    return Err(bad(key, format!("{addr:?} is not HOST:PORT (an IP address and a port)")));
+                    return Err(bad(
+                        key,
+                        format!("{addr:?} is not HOST:PORT (an IP address and a port)"),
+                    ));
                 }
             }
         }
@@ -427,7 +434,10 @@ impl Config {
                 return Err(bad(&key, "target named twice".into()));
             }
             if t.urls.is_empty() {
-                return Err(bad(&format!("{key}.urls"), "needs at least one base URL".into()));
+                return Err(bad(
+                    &format!("{key}.urls"),
+                    "needs at least one base URL".into(),
+                ));
             }
             for u in &t.urls {
                 if !(u.starts_with("http://") || u.starts_with("https://")) {
@@ -439,7 +449,9 @@ impl Config {
                 if u.starts_with("https://") {
                     return Err(bad(
                         &format!("{key}.urls"),
-                        format!("{u:?}: this build speaks plain HTTP to the core; terminate TLS in front of it"),
+                        format!(
+                            "{u:?}: this build speaks plain HTTP to the core; terminate TLS in front of it"
+                        ),
                     ));
                 }
             }
@@ -457,11 +469,17 @@ impl Config {
             if t.queue_wait_ms >= s.budget_ms {
                 return Err(bad(
                     &format!("{key}.queue_wait_ms"),
-                    format!("{} ms does not fit the {} ms budget", t.queue_wait_ms, s.budget_ms),
+                    format!(
+                        "{} ms does not fit the {} ms budget",
+                        t.queue_wait_ms, s.budget_ms
+                    ),
                 ));
             }
             if t.max_concurrency == 0 || t.connect_attempts == 0 || t.inquiry_attempts == 0 {
-                return Err(bad(&key, "max_concurrency and attempts must be at least 1".into()));
+                return Err(bad(
+                    &key,
+                    "max_concurrency and attempts must be at least 1".into(),
+                ));
             }
             if let Some(auth) = &t.auth {
                 auth.header_value()
@@ -472,7 +490,10 @@ impl Config {
         for r in &self.routes {
             let key = format!("route.{}", r.tx_code);
             if r.tx_code.len() != 6
-                || !r.tx_code.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+                || !r
+                    .tx_code
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
             {
                 return Err(bad(&key, "tx_code must be 6 of A-Z0-9".into()));
             }
@@ -488,8 +509,14 @@ impl Config {
         }
         for c in &self.channels {
             let key = format!("channel.{}", c.id);
-            if c.id.trim().is_empty() || c.id.len() > 8 || !c.id.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-                return Err(bad(&key, "id must be 1-8 printable ASCII characters without spaces".into()));
+            if c.id.trim().is_empty()
+                || c.id.len() > 8
+                || !c.id.bytes().all(|b| (0x21..=0x7e).contains(&b))
+            {
+                return Err(bad(
+                    &key,
+                    "id must be 1-8 printable ASCII characters without spaces".into(),
+                ));
             }
             for a in &c.allow_from {
                 Cidr::parse(a).map_err(|reason| bad(&format!("{key}.allow_from"), reason))?;
@@ -655,7 +682,11 @@ mod tests {
         let host = Cidr::parse("127.0.0.1").unwrap();
         assert!(host.contains("127.0.0.1".parse().unwrap()));
         assert!(!host.contains("127.0.0.2".parse().unwrap()));
-        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
+        assert!(
+            Cidr::parse("0.0.0.0/0")
+                .unwrap()
+                .contains("8.8.8.8".parse().unwrap())
+        );
         assert!(Cidr::parse("10.0.0.0/33").is_err());
         assert!(Cidr::parse("nope").is_err());
     }

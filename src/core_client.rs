@@ -269,7 +269,9 @@ impl Target {
 
     /// The backoff before retry `n` (1-based): full jitter over `backoff * 2^(n-1)`.
     pub fn backoff(&self, n: u32) -> Duration {
-        let cap = self.backoff.saturating_mul(1u32 << (n.saturating_sub(1)).min(16));
+        let cap = self
+            .backoff
+            .saturating_mul(1u32 << (n.saturating_sub(1)).min(16));
         cap.mul_f64(random_unit())
     }
 
@@ -290,8 +292,13 @@ impl Target {
         permit: OwnedSemaphorePermit,
     ) -> CallEnd {
         let now = Instant::now();
-        let Some(remaining) = deadline.checked_duration_since(now).filter(|d| !d.is_zero()) else {
-            return CallEnd::Done(Err(CallFailure::NoCapacity("no budget left to start the call".into())));
+        let Some(remaining) = deadline
+            .checked_duration_since(now)
+            .filter(|d| !d.is_zero())
+        else {
+            return CallEnd::Done(Err(CallFailure::NoCapacity(
+                "no budget left to start the call".into(),
+            )));
         };
         let call_limit = match request {
             CoreRequest::Transfer { .. } => remaining + self.late_window,
@@ -410,8 +417,13 @@ impl Job {
                 .map(str::to_string)
         };
         let retry_after = header("retry-after");
-        let replayed = header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let body = response.body_mut().with_config().limit(MAX_BODY).read_to_vec()?;
+        let replayed =
+            header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(MAX_BODY)
+            .read_to_vec()?;
         Ok(HttpAnswer {
             status,
             body,
@@ -493,7 +505,10 @@ mod tests {
         assert_eq!(parse_retry_after("2"), Some(Duration::from_secs(2)));
         let later = std::time::SystemTime::now() + Duration::from_secs(30);
         let d = parse_retry_after(&httpdate::fmt_http_date(later)).unwrap();
-        assert!(d > Duration::from_secs(28) && d <= Duration::from_secs(30), "{d:?}");
+        assert!(
+            d > Duration::from_secs(28) && d <= Duration::from_secs(30),
+            "{d:?}"
+        );
         assert_eq!(
             parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
             Some(Duration::ZERO)

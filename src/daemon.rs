@@ -31,7 +31,10 @@ pub enum StartError {
     #[error(transparent)]
     Journal(#[from] JournalError),
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("target {name}: {reason}")]
     Target { name: String, reason: String },
 }
@@ -70,10 +73,12 @@ pub fn build_targets(config: &Config) -> Result<Vec<Arc<Target>>, StartError> {
         .targets
         .iter()
         .map(|t| {
-            Target::new(t, budget).map(Arc::new).map_err(|reason| StartError::Target {
-                name: t.name.clone(),
-                reason,
-            })
+            Target::new(t, budget)
+                .map(Arc::new)
+                .map_err(|reason| StartError::Target {
+                    name: t.name.clone(),
+                    reason,
+                })
         })
         .collect()
 }
@@ -119,7 +124,10 @@ impl Daemon {
             Duration::from_millis(config.server.budget_ms),
             ResendPolicy::from(&config.journal),
         ));
-        background.push(tokio::spawn(housekeeping(hub.clone(), config.journal.retention_hours)));
+        background.push(tokio::spawn(housekeeping(
+            hub.clone(),
+            config.journal.retention_hours,
+        )));
 
         let listener = bind(&config.server.listen)?;
         let addr = listener.local_addr().map_err(|source| StartError::Bind {
@@ -176,7 +184,8 @@ impl Daemon {
                 Ok(())
             }
             Err(e) => {
-                metrics::counter!("relayhub_config_reloads_total", "result" => "refused").increment(1);
+                metrics::counter!("relayhub_config_reloads_total", "result" => "refused")
+                    .increment(1);
                 warn!(error = %e, "reload refused; the previous configuration stays");
                 Err(e)
             }
@@ -221,7 +230,10 @@ pub async fn open_journal(spec: &str, max_batch: usize) -> Result<Journal, Journ
     let journal = Journal::open(spec, max_batch)?;
     let recovered = journal.recover(now_ms()).await?;
     if recovered > 0 {
-        warn!(recovered, "transfers in flight when the hub stopped are now unknown (E901); a resend is answered by inquiry");
+        warn!(
+            recovered,
+            "transfers in flight when the hub stopped are now unknown (E901); a resend is answered by inquiry"
+        );
     }
     Ok(journal)
 }
@@ -240,7 +252,8 @@ async fn housekeeping(hub: Arc<Hub>, retention_hours: u64) {
     loop {
         tick.tick().await;
         for t in hub.targets() {
-            metrics::gauge!("relayhub_core_in_flight", "target" => t.name.clone()).set(t.in_flight() as f64);
+            metrics::gauge!("relayhub_core_in_flight", "target" => t.name.clone())
+                .set(t.in_flight() as f64);
         }
         if let Ok(rows) = hub.journal().list(State::Unknown, 100_000).await {
             metrics::gauge!("relayhub_journal_unknown").set(rows.len() as f64);
@@ -250,7 +263,10 @@ async fn housekeeping(hub: Arc<Hub>, retention_hours: u64) {
             let before = now_ms() - (retention_hours as i64) * 3_600_000;
             match hub.journal().prune(before).await {
                 Ok(0) => {}
-                Ok(n) => info!(pruned = n, retention_hours, "journal rows past the retention pruned"),
+                Ok(n) => info!(
+                    pruned = n,
+                    retention_hours, "journal rows past the retention pruned"
+                ),
                 Err(e) => warn!(%e, "journal prune failed"),
             }
         }

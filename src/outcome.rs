@@ -124,7 +124,8 @@ const BUILTIN_CODES: &str = include_str!("../layouts/codes.json");
 impl CodeTable {
     /// The shipped table, compiled in.
     pub fn builtin() -> CodeTable {
-        CodeTable::from_json("builtin codes.json", BUILTIN_CODES).expect("shipped code table is valid")
+        CodeTable::from_json("builtin codes.json", BUILTIN_CODES)
+            .expect("shipped code table is valid")
     }
 
     pub fn from_file(path: &Path) -> Result<CodeTable, CodeTableError> {
@@ -147,7 +148,11 @@ impl CodeTable {
         for (result, code) in parsed.business {
             let c = Code::parse(&code)
                 .filter(|c| c.0[0] == b'B' && c.0[1..].iter().all(u8::is_ascii_digit))
-                .ok_or_else(|| err(format!("business.{result}: {code:?} is not a B-code like B201")))?;
+                .ok_or_else(|| {
+                    err(format!(
+                        "business.{result}: {code:?} is not a B-code like B201"
+                    ))
+                })?;
             business.insert(result, c);
         }
         Ok(CodeTable { business })
@@ -198,7 +203,9 @@ pub fn classify_transfer(status: u16, body: &[u8], table: &CodeTable) -> Outcome
             None => Outcome::TargetError("422 with an unreadable body".into()),
         },
         409 => Outcome::Unknown("409: the core is processing this GUID right now".into()),
-        502 | 504 => Outcome::Unknown(format!("{status} from a gateway: the core may have processed it")),
+        502 | 504 => Outcome::Unknown(format!(
+            "{status} from a gateway: the core may have processed it"
+        )),
         401 | 403 => Outcome::TargetError(format!(
             "{status}: the core refused the hub's credentials (configuration problem)"
         )),
@@ -216,9 +223,15 @@ pub fn classify_inquiry(status: u16, body: &[u8], table: &CodeTable) -> Outcome 
             };
             match (m.get("status").and_then(Value::as_str), result_of(&m)) {
                 (Some("DONE"), Some("OK")) => Outcome::Processed(m),
-                (Some("DONE"), Some(r)) if table.business(r).is_some() => Outcome::Rejected(r.to_string()),
-                (Some("DONE"), Some(r)) => Outcome::TargetError(format!("inquiry: DONE with unmapped result {r:?}")),
-                (Some("PROCESSING"), _) => Outcome::Unknown("inquiry: the core is still processing it".into()),
+                (Some("DONE"), Some(r)) if table.business(r).is_some() => {
+                    Outcome::Rejected(r.to_string())
+                }
+                (Some("DONE"), Some(r)) => {
+                    Outcome::TargetError(format!("inquiry: DONE with unmapped result {r:?}"))
+                }
+                (Some("PROCESSING"), _) => {
+                    Outcome::Unknown("inquiry: the core is still processing it".into())
+                }
                 _ => Outcome::Unknown("inquiry 200 with an unreadable status".into()),
             }
         }
@@ -250,10 +263,22 @@ mod tests {
     fn transfer_table() {
         let ok = r#"{"result":"OK","txn_id":"T1","balance":1,"processed_at":"20261129132001"}"#;
         assert_eq!(code_of_transfer(200, ok), Code::OK);
-        assert_eq!(code_of_transfer(422, r#"{"result":"INSUFFICIENT_FUNDS"}"#).as_str(), "B201");
-        assert_eq!(code_of_transfer(422, r#"{"result":"ACCOUNT_NOT_FOUND"}"#).as_str(), "B202");
-        assert_eq!(code_of_transfer(422, r#"{"result":"LIMIT_EXCEEDED"}"#).as_str(), "B203");
-        assert_eq!(code_of_transfer(422, r#"{"result":"FROZEN"}"#), Code::TARGET_ERROR);
+        assert_eq!(
+            code_of_transfer(422, r#"{"result":"INSUFFICIENT_FUNDS"}"#).as_str(),
+            "B201"
+        );
+        assert_eq!(
+            code_of_transfer(422, r#"{"result":"ACCOUNT_NOT_FOUND"}"#).as_str(),
+            "B202"
+        );
+        assert_eq!(
+            code_of_transfer(422, r#"{"result":"LIMIT_EXCEEDED"}"#).as_str(),
+            "B203"
+        );
+        assert_eq!(
+            code_of_transfer(422, r#"{"result":"FROZEN"}"#),
+            Code::TARGET_ERROR
+        );
         assert_eq!(code_of_transfer(422, "<html>"), Code::TARGET_ERROR);
         for s in [500, 501, 503, 505, 400, 401, 403, 404, 429] {
             assert_eq!(code_of_transfer(s, ""), Code::TARGET_ERROR, "{s}");
@@ -262,15 +287,30 @@ mod tests {
             assert_eq!(code_of_transfer(s, ok), Code::UNKNOWN, "{s}");
         }
         assert_eq!(code_of_transfer(200, "{not json"), Code::UNKNOWN);
-        assert_eq!(code_of_transfer(200, r#"{"result":"INSUFFICIENT_FUNDS"}"#), Code::UNKNOWN);
+        assert_eq!(
+            code_of_transfer(200, r#"{"result":"INSUFFICIENT_FUNDS"}"#),
+            Code::UNKNOWN
+        );
     }
 
     #[test]
     fn inquiry_table() {
         let c = |s: u16, b: &str| t().code(&classify_inquiry(s, b.as_bytes(), &t()));
-        assert_eq!(c(200, r#"{"status":"DONE","result":"OK","txn_id":"T","balance":1,"processed_at":"20261129132001"}"#), Code::OK);
-        assert_eq!(c(200, r#"{"status":"DONE","result":"LIMIT_EXCEEDED"}"#).as_str(), "B203");
-        assert_eq!(c(200, r#"{"status":"DONE","result":"ODD"}"#), Code::TARGET_ERROR);
+        assert_eq!(
+            c(
+                200,
+                r#"{"status":"DONE","result":"OK","txn_id":"T","balance":1,"processed_at":"20261129132001"}"#
+            ),
+            Code::OK
+        );
+        assert_eq!(
+            c(200, r#"{"status":"DONE","result":"LIMIT_EXCEEDED"}"#).as_str(),
+            "B203"
+        );
+        assert_eq!(
+            c(200, r#"{"status":"DONE","result":"ODD"}"#),
+            Code::TARGET_ERROR
+        );
         assert_eq!(c(200, r#"{"status":"PROCESSING"}"#), Code::UNKNOWN);
         assert_eq!(c(404, r#"{"result":"NOT_FOUND"}"#), Code::NEVER_RECEIVED);
         assert_eq!(c(404, "Not Found"), Code::UNKNOWN);

@@ -22,7 +22,7 @@ use crate::config::{JournalConfig, Operation};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target, parse_retry_after};
 use crate::header::{Echo, Header, parse_header};
 use crate::journal::{Claim, Finish, Journal, Row, State, now_ms};
-use crate::layout::{Layout, decode_fields, encode_fields};
+use crate::layout::{Layout, encode_fields};
 use crate::outcome::{Code, Outcome, classify_inquiry, classify_transfer, inquiry_is_retryable};
 use crate::rules::{Route, Rules};
 
@@ -83,7 +83,13 @@ pub struct Hub {
 }
 
 impl Hub {
-    pub fn new(rules: Rules, targets: Vec<Arc<Target>>, journal: Journal, budget: Duration, policy: ResendPolicy) -> Hub {
+    pub fn new(
+        rules: Rules,
+        targets: Vec<Arc<Target>>,
+        journal: Journal,
+        budget: Duration,
+        policy: ResendPolicy,
+    ) -> Hub {
         Hub {
             rules: RwLock::new(Arc::new(rules)),
             targets,
@@ -133,11 +139,15 @@ impl Hub {
         let deadline = read_at + self.budget;
         let echo = Echo::from_telegram(telegram);
         let span = info_span!("telegram", guid = echo.guid_str(), tx = echo.tx_code_str(), channel = tracing::field::Empty, %peer);
-        let (reply, note) = self.dispatch(telegram, peer, deadline).instrument(span.clone()).await;
+        let (reply, note) = self
+            .dispatch(telegram, peer, deadline)
+            .instrument(span.clone())
+            .await;
         let elapsed = read_at.elapsed();
         let tx = echo.tx_code_str().to_string();
         metrics::counter!("relayhub_telegrams_total", "tx_code" => tx.clone(), "code" => reply.code.as_str().to_string()).increment(1);
-        metrics::histogram!("relayhub_telegram_duration_seconds", "tx_code" => tx).record(elapsed.as_secs_f64());
+        metrics::histogram!("relayhub_telegram_duration_seconds", "tx_code" => tx)
+            .record(elapsed.as_secs_f64());
         span.in_scope(|| {
             info!(code = %reply.code, ms = elapsed.as_millis() as u64, "{note}");
         });
@@ -152,13 +162,16 @@ impl Hub {
         tracing::Span::current().record("channel", header.channel_id.as_str());
         let rules = self.rules();
         let Some(route) = rules.route(&header.tx_code) else {
-            return (Reply::code(Code::NOT_ROUTED), format!("tx code {} has no route", header.tx_code));
+            return (
+                Reply::code(Code::NOT_ROUTED),
+                format!("tx code {} has no route", header.tx_code),
+            );
         };
         if let Err(refusal) = rules.check_channel(&header.channel_id, peer, &header.tx_code) {
             return (Reply::code(Code::CHANNEL), refusal.to_string());
         }
         let body = &telegram[crate::header::HEADER_LEN..];
-        let fields = match decode_fields(&route.layout.request, body, crate::header::HEADER_LEN) {
+        let fields = match route.layout.decode_request(body, crate::header::HEADER_LEN) {
             Ok(f) => f,
             Err(e) => return (Reply::code(Code::FORMAT), e.to_string()),
         };
@@ -174,7 +187,10 @@ impl Hub {
         }
         info!(fields = %masked(&fields), "accepted");
         match route.operation {
-            Operation::Transfer => self.transfer(&header, route, &rules, fields, body, deadline).await,
+            Operation::Transfer => {
+                self.transfer(&header, route, &rules, fields, body, deadline)
+                    .await
+            }
             Operation::Inquiry => self.inquiry(route, &rules, &fields, deadline).await,
         }
     }
@@ -220,11 +236,15 @@ impl Hub {
                 match waited {
                     Ok(Ok(reply)) => {
                         let reply = reply.clone().expect("waited for Some");
-                        (reply, "answer of the telegram in flight with this GUID".into())
+                        (
+                            reply,
+                            "answer of the telegram in flight with this GUID".into(),
+                        )
                     }
                     _ => (
                         Reply::code(Code::UNKNOWN),
-                        "the telegram in flight with this GUID did not finish within the budget".into(),
+                        "the telegram in flight with this GUID did not finish within the budget"
+                            .into(),
                     ),
                 }
             }
@@ -256,9 +276,15 @@ impl Hub {
         // is in flight elsewhere, which the `Sending` arm handles.
         for _ in 0..2 {
             let now = now_ms();
-            let row = match self.journal.claim(guid, &header.tx_code, fingerprint, now).await {
+            let row = match self
+                .journal
+                .claim(guid, &header.tx_code, fingerprint, now)
+                .await
+            {
                 Err(e) => return (Reply::code(Code::NO_CAPACITY), format!("not sent: {e}")),
-                Ok(Claim::New) => return self.post(header, route, rules, &fields, 1, deadline).await,
+                Ok(Claim::New) => {
+                    return self.post(header, route, rules, &fields, 1, deadline).await;
+                }
                 Ok(Claim::Existing(row)) => row,
             };
             if row.fingerprint != fingerprint {
@@ -268,7 +294,15 @@ impl Hub {
                 );
             }
             match row.state {
-                State::Done => return (replay(&row), format!("replayed the stored answer {}", row.code.as_deref().unwrap_or("?"))),
+                State::Done => {
+                    return (
+                        replay(&row),
+                        format!(
+                            "replayed the stored answer {}",
+                            row.code.as_deref().unwrap_or("?")
+                        ),
+                    );
+                }
                 State::Unknown => return self.resolve_unknown(guid, route, rules, deadline).await,
                 State::Sending => return self.await_other(guid, route, rules, deadline).await,
                 State::NotSent => {
@@ -277,7 +311,10 @@ impl Hub {
                         warn!(attempts = row.attempts, "resend refused: past the maximum");
                         return (
                             Reply::code(Code::RESEND_REFUSED),
-                            format!("resend refused: {} attempts made, at most {allowed} allowed", row.attempts),
+                            format!(
+                                "resend refused: {} attempts made, at most {allowed} allowed",
+                                row.attempts
+                            ),
                         );
                     }
                     let since = now - row.answered_ms.unwrap_or(row.last_attempt_ms);
@@ -286,7 +323,9 @@ impl Hub {
                         warn!(since_ms = since, "resend refused: inside the cooldown");
                         return (
                             Reply::code(Code::RESEND_REFUSED),
-                            format!("resend refused: {since} ms after the previous answer, cooldown is {cooldown} ms"),
+                            format!(
+                                "resend refused: {since} ms after the previous answer, cooldown is {cooldown} ms"
+                            ),
                         );
                     }
                     match self.journal.claim_resend(guid, row.attempts, now).await {
@@ -296,28 +335,56 @@ impl Hub {
                                 .await;
                         }
                         Ok(false) => continue,
-                        Err(e) => return (Reply::code(Code::NO_CAPACITY), format!("not sent: {e}")),
+                        Err(e) => {
+                            return (Reply::code(Code::NO_CAPACITY), format!("not sent: {e}"));
+                        }
                     }
                 }
             }
         }
-        (Reply::code(Code::UNKNOWN), "GUID is being resent elsewhere".into())
+        (
+            Reply::code(Code::UNKNOWN),
+            "GUID is being resent elsewhere".into(),
+        )
     }
 
     /// The row is `sending` and not ours: another hub (shared journal) has it.
     /// Wait for its outcome within the budget.
-    async fn await_other(&self, guid: &str, route: &Route, rules: &Rules, deadline: Instant) -> (Reply, String) {
+    async fn await_other(
+        &self,
+        guid: &str,
+        route: &Route,
+        rules: &Rules,
+        deadline: Instant,
+    ) -> (Reply, String) {
         loop {
             if Instant::now() + Duration::from_millis(20) >= deadline {
-                return (Reply::code(Code::UNKNOWN), "GUID in flight elsewhere past the budget".into());
+                return (
+                    Reply::code(Code::UNKNOWN),
+                    "GUID in flight elsewhere past the budget".into(),
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
             match self.journal.get(guid).await {
-                Ok(Some(row)) if row.state == State::Done => return (replay(&row), "answer of the attempt in flight elsewhere".into()),
-                Ok(Some(row)) if row.state == State::Unknown => return self.resolve_unknown(guid, route, rules, deadline).await,
+                Ok(Some(row)) if row.state == State::Done => {
+                    return (
+                        replay(&row),
+                        "answer of the attempt in flight elsewhere".into(),
+                    );
+                }
+                Ok(Some(row)) if row.state == State::Unknown => {
+                    return self.resolve_unknown(guid, route, rules, deadline).await;
+                }
                 Ok(Some(row)) if row.state == State::NotSent => {
-                    let code = row.code.as_deref().and_then(Code::parse).unwrap_or(Code::NOT_SENT);
-                    return (Reply::code(code), "attempt in flight elsewhere was not sent".into());
+                    let code = row
+                        .code
+                        .as_deref()
+                        .and_then(Code::parse)
+                        .unwrap_or(Code::NOT_SENT);
+                    return (
+                        Reply::code(code),
+                        "attempt in flight elsewhere was not sent".into(),
+                    );
                 }
                 Ok(_) => continue,
                 Err(e) => return (Reply::code(Code::UNKNOWN), format!("journal: {e}")),
@@ -339,7 +406,10 @@ impl Hub {
         let target = &self.targets[route.target];
         let mut json = Map::with_capacity(fields.len() + 2);
         json.insert("guid".into(), Value::String(header.guid.clone()));
-        json.insert("channel_id".into(), Value::String(header.channel_id.clone()));
+        json.insert(
+            "channel_id".into(),
+            Value::String(header.channel_id.clone()),
+        );
         for (k, v) in fields {
             json.insert(k.clone(), v.clone());
         }
@@ -379,8 +449,15 @@ impl Hub {
                     break Outcome::NotSent(r);
                 }
                 CallEnd::Pending(late) => {
-                    self.record_late(guid.to_string(), route.layout.clone(), rules.codes.clone(), late);
-                    break Outcome::Unknown("no answer within the budget; the call goes on for late answers".into());
+                    self.record_late(
+                        guid.to_string(),
+                        route.layout.clone(),
+                        rules.codes.clone(),
+                        late,
+                    );
+                    break Outcome::Unknown(
+                        "no answer within the budget; the call goes on for late answers".into(),
+                    );
                 }
             }
         };
@@ -396,7 +473,11 @@ impl Hub {
             error: error_of(&outcome),
             note: note.clone(),
         };
-        if let Err(e) = self.journal.finish_if(guid, &[State::Sending], finish, now_ms()).await {
+        if let Err(e) = self
+            .journal
+            .finish_if(guid, &[State::Sending], finish, now_ms())
+            .await
+        {
             // The answer is still the truth; the row stays "sending" and becomes
             // "unknown" at the next start, where an inquiry settles it.
             warn!(%e, "could not journal the outcome");
@@ -405,13 +486,25 @@ impl Hub {
     }
 
     /// Waits for a call that outlived the budget and journals what it says.
-    fn record_late(&self, guid: String, layout: Arc<Layout>, codes: crate::outcome::CodeTable, late: crate::core_client::LateAnswer) {
+    fn record_late(
+        &self,
+        guid: String,
+        layout: Arc<Layout>,
+        codes: crate::outcome::CodeTable,
+        late: crate::core_client::LateAnswer,
+    ) {
         let journal = self.journal.clone();
         let late_calls = self.late_calls.clone();
-        late_calls.lock().unwrap_or_else(|p| p.into_inner()).insert(guid.clone());
+        late_calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(guid.clone());
         tokio::spawn(async move {
             let result = late.await;
-            late_calls.lock().unwrap_or_else(|p| p.into_inner()).remove(&guid);
+            late_calls
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&guid);
             let outcome = match result {
                 Ok(Ok(answer)) => classify_transfer(answer.status, &answer.body, &codes),
                 Ok(Err(f)) => Outcome::Unknown(format!("{f:?}")),
@@ -429,7 +522,10 @@ impl Hub {
                 error: error_of(&outcome),
                 note: format!("late answer: {}", describe(&outcome, 0)),
             };
-            match journal.finish_if(&guid, &[State::Sending, State::Unknown], finish, now_ms()).await {
+            match journal
+                .finish_if(&guid, &[State::Sending, State::Unknown], finish, now_ms())
+                .await
+            {
                 Ok(_) => info!(%guid, code = %reply.code, "late answer journaled"),
                 Err(e) => warn!(%guid, %e, "could not journal a late answer"),
             }
@@ -437,15 +533,23 @@ impl Hub {
     }
 
     /// A repeat of a GUID whose transfer is unknown: ask the core instead of posting.
-    async fn resolve_unknown(&self, guid: &str, route: &Route, rules: &Rules, deadline: Instant) -> (Reply, String) {
+    async fn resolve_unknown(
+        &self,
+        guid: &str,
+        route: &Route,
+        rules: &Rules,
+        deadline: Instant,
+    ) -> (Reply, String) {
         let target = &self.targets[route.target];
         let outcome = self.inquire(target, guid, rules, deadline).await;
         let outcome = match outcome {
-            Outcome::NeverReceived if self.call_still_running(guid) => {
-                Outcome::Unknown("inquiry says never received, but the hub's call is still running".into())
-            }
+            Outcome::NeverReceived if self.call_still_running(guid) => Outcome::Unknown(
+                "inquiry says never received, but the hub's call is still running".into(),
+            ),
             // Whatever stopped the inquiry, the transfer itself is still unknown.
-            Outcome::NotSent(r) | Outcome::NoCapacity(r) => Outcome::Unknown(format!("inquiry not sent: {r}")),
+            Outcome::NotSent(r) | Outcome::NoCapacity(r) => {
+                Outcome::Unknown(format!("inquiry not sent: {r}"))
+            }
             o => o,
         };
         let (reply, outcome) = self.reply_for(outcome, &route.layout, rules);
@@ -458,7 +562,11 @@ impl Hub {
                 error: error_of(&outcome),
                 note: note.clone(),
             };
-            if let Err(e) = self.journal.finish_if(guid, &[State::Unknown], finish, now_ms()).await {
+            if let Err(e) = self
+                .journal
+                .finish_if(guid, &[State::Unknown], finish, now_ms())
+                .await
+            {
                 warn!(%e, "could not journal the inquiry's answer");
             }
         }
@@ -477,7 +585,9 @@ impl Hub {
                 continue;
             };
             let deadline = Instant::now() + self.budget;
-            let (reply, note) = self.resolve_unknown(&row.guid, route, &rules, deadline).await;
+            let (reply, note) = self
+                .resolve_unknown(&row.guid, route, &rules, deadline)
+                .await;
             info!(guid = %row.guid, code = %reply.code, "{note}");
             report.push((row.guid, reply.code));
         }
@@ -485,23 +595,40 @@ impl Hub {
     }
 
     fn call_still_running(&self, guid: &str) -> bool {
-        self.late_calls.lock().unwrap_or_else(|p| p.into_inner()).contains(guid)
+        self.late_calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(guid)
     }
 
     // ---- inquiries -------------------------------------------------------
 
-    async fn inquiry(&self, route: &Route, rules: &Rules, fields: &Map<String, Value>, deadline: Instant) -> (Reply, String) {
-        let orig = fields.get("orig_guid").and_then(Value::as_str).unwrap_or("");
+    async fn inquiry(
+        &self,
+        route: &Route,
+        rules: &Rules,
+        fields: &Map<String, Value>,
+        deadline: Instant,
+    ) -> (Reply, String) {
+        let orig = fields
+            .get("orig_guid")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         if !is_guid(orig) {
             return (
                 Reply::code(Code::FORMAT),
-                format!("field `orig_guid` at byte {}: not a GUID of 32 [0-9A-Za-z_-]", crate::header::HEADER_LEN),
+                format!(
+                    "field `orig_guid` at byte {}: not a GUID of 32 [0-9A-Za-z_-]",
+                    crate::header::HEADER_LEN
+                ),
             );
         }
         let target = &self.targets[route.target];
         let mut outcome = self.inquire(target, orig, rules, deadline).await;
         if outcome == Outcome::NeverReceived && self.call_still_running(orig) {
-            outcome = Outcome::Unknown("inquiry says never received, but the hub's call is still running".into());
+            outcome = Outcome::Unknown(
+                "inquiry says never received, but the hub's call is still running".into(),
+            );
         }
         let (reply, outcome) = self.reply_for(outcome, &route.layout, rules);
         // An answer that settles an unknown transfer is journaled too.
@@ -512,7 +639,9 @@ impl Hub {
                         .rules()
                         .route(&row.tx_code)
                         .and_then(|r| match &outcome {
-                            Outcome::Processed(m) => encode_fields(&r.layout.response, m, crate::header::HEADER_LEN).ok(),
+                            Outcome::Processed(m) => {
+                                encode_fields(&r.layout.response, m, crate::header::HEADER_LEN).ok()
+                            }
                             _ => None,
                         });
                     if reply.code != Code::OK || body.is_some() {
@@ -523,17 +652,31 @@ impl Hub {
                             error: error_of(&outcome),
                             note: "settled by an inquiry telegram".into(),
                         };
-                        let _ = self.journal.finish_if(orig, &[State::Unknown], finish, now_ms()).await;
+                        let _ = self
+                            .journal
+                            .finish_if(orig, &[State::Unknown], finish, now_ms())
+                            .await;
                     }
                 }
             }
         }
-        (reply, format!("inquiry for {orig}: {}", describe(&outcome, 0)))
+        (
+            reply,
+            format!("inquiry for {orig}: {}", describe(&outcome, 0)),
+        )
     }
 
     /// `GET /v1/transfers/{guid}` with safe retries inside the budget.
-    async fn inquire(&self, target: &Target, guid: &str, rules: &Rules, deadline: Instant) -> Outcome {
-        let request = CoreRequest::Inquiry { guid: guid.to_string() };
+    async fn inquire(
+        &self,
+        target: &Target,
+        guid: &str,
+        rules: &Rules,
+        deadline: Instant,
+    ) -> Outcome {
+        let request = CoreRequest::Inquiry {
+            guid: guid.to_string(),
+        };
         let started = Instant::now();
         let mut tries = 0u32;
         let outcome = loop {
@@ -548,16 +691,29 @@ impl Hub {
                     let o = classify_inquiry(answer.status, &answer.body, &rules.codes);
                     let retry = inquiry_is_retryable(answer.status);
                     let wait = answer.retry_after.as_deref().and_then(parse_retry_after);
-                    (o, retry.then(|| wait.unwrap_or_else(|| target.backoff(tries))))
+                    (
+                        o,
+                        retry.then(|| wait.unwrap_or_else(|| target.backoff(tries))),
+                    )
                 }
-                CallEnd::Done(Err(CallFailure::NotSent(r))) => (Outcome::NotSent(r), Some(target.backoff(tries))),
-                CallEnd::Done(Err(CallFailure::MaybeSent(r))) => (Outcome::Unknown(r), Some(target.backoff(tries))),
+                CallEnd::Done(Err(CallFailure::NotSent(r))) => {
+                    (Outcome::NotSent(r), Some(target.backoff(tries)))
+                }
+                CallEnd::Done(Err(CallFailure::MaybeSent(r))) => {
+                    (Outcome::Unknown(r), Some(target.backoff(tries)))
+                }
                 CallEnd::Done(Err(CallFailure::NoCapacity(r))) => (Outcome::NoCapacity(r), None),
-                CallEnd::Pending(_) => (Outcome::Unknown("inquiry not answered within the budget".into()), None),
+                CallEnd::Pending(_) => (
+                    Outcome::Unknown("inquiry not answered within the budget".into()),
+                    None,
+                ),
             };
             match wait {
                 // Retry only what is safe (a GET) and only if the wait fits the budget.
-                Some(pause) if tries < target.inquiry_attempts && Instant::now() + pause + Duration::from_millis(5) < deadline => {
+                Some(pause)
+                    if tries < target.inquiry_attempts
+                        && Instant::now() + pause + Duration::from_millis(5) < deadline =>
+                {
                     metrics::counter!("relayhub_core_retries_total", "target" => target.name.clone(), "operation" => "inquiry").increment(1);
                     debug!(?pause, "retrying the inquiry");
                     tokio::time::sleep(pause).await;
@@ -577,7 +733,11 @@ impl Hub {
 
 /// Turns an outcome into a reply; a 0000 whose answer does not fit the response
 /// layout is "unknown" (the core did something the hub cannot report).
-fn reply_for(outcome: Outcome, layout: &Layout, codes: &crate::outcome::CodeTable) -> (Reply, Outcome) {
+fn reply_for(
+    outcome: Outcome,
+    layout: &Layout,
+    codes: &crate::outcome::CodeTable,
+) -> (Reply, Outcome) {
     if let Outcome::Processed(m) = &outcome {
         return match encode_fields(&layout.response, m, crate::header::HEADER_LEN) {
             Ok(body) => (
@@ -615,7 +775,11 @@ impl Drop for FlightGuard<'_> {
 
 fn replay(row: &Row) -> Reply {
     Reply {
-        code: row.code.as_deref().and_then(Code::parse).unwrap_or(Code::UNKNOWN),
+        code: row
+            .code
+            .as_deref()
+            .and_then(Code::parse)
+            .unwrap_or(Code::UNKNOWN),
         body: row.answer.clone().unwrap_or_default(),
         close: false,
     }
@@ -651,7 +815,10 @@ fn describe(outcome: &Outcome, attempt: u32) -> String {
 
 fn error_of(outcome: &Outcome) -> Option<String> {
     match outcome {
-        Outcome::TargetError(r) | Outcome::NotSent(r) | Outcome::NoCapacity(r) | Outcome::Unknown(r) => Some(r.clone()),
+        Outcome::TargetError(r)
+        | Outcome::NotSent(r)
+        | Outcome::NoCapacity(r)
+        | Outcome::Unknown(r) => Some(r.clone()),
         _ => None,
     }
 }
@@ -666,7 +833,9 @@ pub fn fingerprint(tx_code: &str, body: &[u8]) -> String {
 }
 
 fn is_guid(s: &str) -> bool {
-    s.len() == 32 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    s.len() == 32
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// Request fields for a log line: account numbers keep their last four characters.
@@ -681,7 +850,9 @@ pub fn masked(fields: &Map<String, Value>) -> String {
         match v {
             Value::String(s) if k.ends_with("account") => out.push_str(&mask_account(s)),
             // Free text (memos) may hold anything; keep it out of the logs.
-            Value::String(s) if k == "memo" => out.push_str(&format!("<{} chars>", s.chars().count())),
+            Value::String(s) if k == "memo" => {
+                out.push_str(&format!("<{} chars>", s.chars().count()))
+            }
             Value::String(s) => out.push_str(s),
             other => out.push_str(&other.to_string()),
         }
@@ -712,7 +883,10 @@ mod tests {
         m.insert("amount".into(), Value::from(5));
         m.insert("memo".into(), Value::String("월세".into()));
         let s = masked(&m);
-        assert!(s.contains("*********4001") && !s.contains("1002003004001") && !s.contains("월세"), "{s}");
+        assert!(
+            s.contains("*********4001") && !s.contains("1002003004001") && !s.contains("월세"),
+            "{s}"
+        );
     }
 
     #[test]

@@ -81,9 +81,15 @@ impl Rules {
             let layout_name = r.layout.as_deref().unwrap_or(&r.tx_code);
             let layout = layouts
                 .get(layout_name)
-                .ok_or_else(|| format!("{key}: no layout {layout_name:?} (have {:?})", layouts.keys().collect::<Vec<_>>()))?
+                .ok_or_else(|| {
+                    format!(
+                        "{key}: no layout {layout_name:?} (have {:?})",
+                        layouts.keys().collect::<Vec<_>>()
+                    )
+                })?
                 .clone();
-            check_layout_fits(r.operation, &layout).map_err(|reason| format!("{key}: layout {layout_name}: {reason}"))?;
+            check_layout_fits(r.operation, &layout)
+                .map_err(|reason| format!("{key}: layout {layout_name}: {reason}"))?;
             routes.insert(
                 r.tx_code.clone(),
                 Route {
@@ -140,11 +146,18 @@ impl Rules {
     }
 
     /// Check 3 of the header checks: may this channel, from this peer, use this route?
-    pub fn check_channel(&self, channel_id: &str, peer: IpAddr, tx_code: &str) -> Result<(), ChannelRefusal> {
+    pub fn check_channel(
+        &self,
+        channel_id: &str,
+        peer: IpAddr,
+        tx_code: &str,
+    ) -> Result<(), ChannelRefusal> {
         let Some(channels) = &self.channels else {
             return Ok(());
         };
-        let rule = channels.get(channel_id).ok_or(ChannelRefusal::UnknownChannel)?;
+        let rule = channels
+            .get(channel_id)
+            .ok_or(ChannelRefusal::UnknownChannel)?;
         if !rule.allow_from.is_empty() && !rule.allow_from.iter().any(|c| c.contains(peer)) {
             return Err(ChannelRefusal::PeerNotAllowed(peer));
         }
@@ -157,6 +170,19 @@ impl Rules {
 
 /// A transfer or inquiry route needs the fields its core call is built from.
 fn check_layout_fits(op: Operation, layout: &Layout) -> Result<(), String> {
+    if op == Operation::Transfer {
+        // The hub adds these two keys from the header to the core's JSON body.
+        if let Some(f) = layout
+            .request
+            .iter()
+            .find(|f| f.name == "guid" || f.name == "channel_id")
+        {
+            return Err(format!(
+                "request field `{}` clashes with the key the hub takes from the header",
+                f.name
+            ));
+        }
+    }
     if op == Operation::Inquiry {
         let f = layout
             .request

@@ -100,7 +100,12 @@ impl Drop for InFlightGuard {
 
 /// Serves telegrams on `listener` until `shutdown` resolves, then drains: stops
 /// accepting, answers E903 to new telegrams, lets in-flight ones finish, returns.
-pub async fn run(listener: TcpListener, hub: Arc<Hub>, limits: Limits, shutdown: impl Future<Output = ()>) {
+pub async fn run(
+    listener: TcpListener,
+    hub: Arc<Hub>,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+) {
     let in_flight = Arc::new(InFlight::default());
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut connections = JoinSet::new();
@@ -153,7 +158,13 @@ enum Answer {
     Unframeable,
 }
 
-async fn serve_connection(stream: TcpStream, peer: SocketAddr, hub: Arc<Hub>, limits: Limits, in_flight: Arc<InFlight>) {
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    hub: Arc<Hub>,
+    limits: Limits,
+    in_flight: Arc<InFlight>,
+) {
     if let Err(e) = stream.set_nodelay(true) {
         debug!(%e, "could not set TCP_NODELAY");
     }
@@ -173,7 +184,10 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, hub: Arc<Hub>, li
                     started = None;
                     let guard = in_flight.enter();
                     let hub = hub.clone();
-                    let task = tokio::spawn(async move { hub.handle(&telegram, peer.ip(), read_at).await }.in_current_span());
+                    let task = tokio::spawn(
+                        async move { hub.handle(&telegram, peer.ip(), read_at).await }
+                            .in_current_span(),
+                    );
                     if tx.send(Answer::Telegram(task, guard)).await.is_err() {
                         break 'read;
                     }
@@ -222,7 +236,12 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, hub: Arc<Hub>, li
     let _ = writer_task.await;
 }
 
-async fn write_answers(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Answer>, codec: FrameCodec, stop: Arc<Notify>) {
+async fn write_answers(
+    mut writer: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Answer>,
+    codec: FrameCodec,
+    stop: Arc<Notify>,
+) {
     let mut telegram = Vec::with_capacity(128);
     let mut framed = BytesMut::with_capacity(160);
     while let Some(answer) = rx.recv().await {
@@ -236,14 +255,33 @@ async fn write_answers(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Answer
                         // A bug, not an input: the channel still gets a truthful
                         // "don't know" rather than silence.
                         warn!(%e, "telegram task failed");
-                        (Echo::blank(), Reply { code: Code::UNKNOWN, body: Vec::new(), close: true })
+                        (
+                            Echo::blank(),
+                            Reply {
+                                code: Code::UNKNOWN,
+                                body: Vec::new(),
+                                close: true,
+                            },
+                        )
                     }
                 };
-                write_response(&echo, &local_timestamp(), reply.code.as_str(), &reply.body, &mut telegram);
+                write_response(
+                    &echo,
+                    &local_timestamp(),
+                    reply.code.as_str(),
+                    &reply.body,
+                    &mut telegram,
+                );
                 (reply.close, Some(guard))
             }
             Answer::Unframeable => {
-                write_response(&Echo::blank(), &local_timestamp(), Code::FORMAT.as_str(), &[], &mut telegram);
+                write_response(
+                    &Echo::blank(),
+                    &local_timestamp(),
+                    Code::FORMAT.as_str(),
+                    &[],
+                    &mut telegram,
+                );
                 (true, None)
             }
         };

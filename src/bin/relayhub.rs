@@ -17,7 +17,11 @@ use relayhub::outcome::Code;
 use relayhub::rules::Rules;
 
 #[derive(Parser)]
-#[command(name = "relayhub", version, about = "A TCP telegram relay hub between bank channels and a JSON/HTTP core.")]
+#[command(
+    name = "relayhub",
+    version,
+    about = "A TCP telegram relay hub between bank channels and a JSON/HTTP core."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -187,9 +191,15 @@ fn init_logging(config: &Config, format: Option<&str>) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.logging.filter))
         .map_err(|e| format!("logging.filter: {e}"))?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let result = match format {
-        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
         LogFormat::Human => builder.try_init(),
     };
     result.map_err(|e| e.to_string())
@@ -238,7 +248,9 @@ async fn wait_for_signals(_daemon: &Daemon) {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-fn load_layouts(dir: Option<&PathBuf>) -> Result<std::collections::BTreeMap<String, Layout>, String> {
+fn load_layouts(
+    dir: Option<&PathBuf>,
+) -> Result<std::collections::BTreeMap<String, Layout>, String> {
     match dir {
         Some(d) => layout::load_dir(d).map_err(|e| e.to_string()),
         None => Ok(layout::builtin()),
@@ -263,9 +275,15 @@ async fn send(args: SendArgs) -> Result<ExitCode, String> {
     };
     if let Some(path) = &args.file {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        for (n, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
             let mut m = parse_obj(line, &format!("{} line {}", path.display(), n + 1))?;
-            let take = |m: &mut Map<String, Value>, k: &str| m.remove(k).and_then(|v| v.as_str().map(str::to_string));
+            let take = |m: &mut Map<String, Value>, k: &str| {
+                m.remove(k).and_then(|v| v.as_str().map(str::to_string))
+            };
             let tx = take(&mut m, "tx").unwrap_or_else(|| args.tx.clone());
             let guid = take(&mut m, "guid").unwrap_or_else(|| new_guid("CLI"));
             let channel = take(&mut m, "channel").unwrap_or_else(|| args.channel.clone());
@@ -281,8 +299,11 @@ async fn send(args: SendArgs) -> Result<ExitCode, String> {
         .map_err(|e| format!("cannot connect to {}: {e}", args.to))?;
     let mut all_ok = true;
     for (tx, guid, ch, fields) in items {
-        let layout = layouts.get(&tx).ok_or_else(|| format!("no layout for tx code {tx}"))?;
-        let telegram = build_telegram(layout, &guid, &ch, &local_timestamp(), &fields).map_err(|e| e.to_string())?;
+        let layout = layouts
+            .get(&tx)
+            .ok_or_else(|| format!("no layout for tx code {tx}"))?;
+        let telegram = build_telegram(layout, &guid, &ch, &local_timestamp(), &fields)
+            .map_err(|e| e.to_string())?;
         for _ in 0..args.repeat.max(1) {
             println!(">> {}", String::from_utf8_lossy(&telegram));
             let answer = match channel.exchange(&telegram).await {
@@ -302,11 +323,17 @@ async fn send(args: SendArgs) -> Result<ExitCode, String> {
             all_ok &= answer.code == "0000";
         }
     }
-    Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::from(2) })
+    Ok(if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
 }
 
 fn print_answer(answer: &Answer, layout: &Layout) {
-    let meaning = Code::parse(&answer.code).map(|c| c.meaning()).unwrap_or("unreadable code");
+    let meaning = Code::parse(&answer.code)
+        .map(|c| c.meaning())
+        .unwrap_or("unreadable code");
     println!(
         "<< {} {} {} {}  {}  {}",
         answer.tx_code, answer.guid, answer.channel_id, answer.sent_at, answer.code, meaning
@@ -325,8 +352,14 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
     let names: Vec<String> = config.targets.iter().map(|t| t.name.clone()).collect();
     let rules = Rules::build(&config, &names)?;
     build_targets(&config).map_err(|e| e.to_string())?;
-    println!("config OK: budget {} ms, journal {}", config.server.budget_ms, config.journal.path);
-    println!("{:<8} {:<10} {:<10} {:>8} {:>9}", "TX", "OPERATION", "TARGET", "REQUEST", "RESPONSE");
+    println!(
+        "config OK: budget {} ms, journal {}",
+        config.server.budget_ms, config.journal.path
+    );
+    println!(
+        "{:<8} {:<10} {:<10} {:>8} {:>9}",
+        "TX", "OPERATION", "TARGET", "REQUEST", "RESPONSE"
+    );
     for r in rules.routes() {
         let op = match r.operation {
             Operation::Transfer => "transfer",
@@ -358,8 +391,11 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
 async fn journal(args: JournalArgs) -> Result<ExitCode, String> {
     match args.action {
         JournalAction::List { state, limit } => {
-            let state = State::parse(&state).ok_or_else(|| format!("--state {state:?}: use sending, done, unknown or not_sent"))?;
-            let j = relayhub::journal::Journal::open(&args.journal, 16).map_err(|e| e.to_string())?;
+            let state = State::parse(&state).ok_or_else(|| {
+                format!("--state {state:?}: use sending, done, unknown or not_sent")
+            })?;
+            let j =
+                relayhub::journal::Journal::open(&args.journal, 16).map_err(|e| e.to_string())?;
             let rows = j.list(state, limit).await.map_err(|e| e.to_string())?;
             for r in &rows {
                 println!(
@@ -376,14 +412,21 @@ async fn journal(args: JournalArgs) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         JournalAction::Show { guid } => {
-            let j = relayhub::journal::Journal::open(&args.journal, 16).map_err(|e| e.to_string())?;
+            let j =
+                relayhub::journal::Journal::open(&args.journal, 16).map_err(|e| e.to_string())?;
             let Some(row) = j.get(&guid).await.map_err(|e| e.to_string())? else {
                 eprintln!("{guid}: not in the journal");
                 return Ok(ExitCode::from(3));
             };
             println!("{}", serde_json::to_string_pretty(&row).unwrap_or_default());
             for e in j.history(&guid).await.map_err(|e| e.to_string())? {
-                println!("{}  {:<8}  {}  {}", e.at_ms, e.state.as_str(), e.code.as_deref().unwrap_or("----"), e.note);
+                println!(
+                    "{}  {:<8}  {}  {}",
+                    e.at_ms,
+                    e.state.as_str(),
+                    e.code.as_deref().unwrap_or("----"),
+                    e.note
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -409,7 +452,11 @@ async fn journal(args: JournalArgs) -> Result<ExitCode, String> {
                 println!("{guid}  {code}  {}", code.meaning());
             }
             let open = report.iter().filter(|(_, c)| *c == Code::UNKNOWN).count();
-            eprintln!("{} unknown transfer(s) asked; {} still unknown", report.len(), open);
+            eprintln!(
+                "{} unknown transfer(s) asked; {} still unknown",
+                report.len(),
+                open
+            );
             Ok(ExitCode::SUCCESS)
         }
     }

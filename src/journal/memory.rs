@@ -18,7 +18,13 @@ impl MemoryJournal {
         self.rows.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn claim(&self, guid: &str, tx_code: &str, fingerprint: &str, now_ms: i64) -> Result<Claim, JournalError> {
+    pub fn claim(
+        &self,
+        guid: &str,
+        tx_code: &str,
+        fingerprint: &str,
+        now_ms: i64,
+    ) -> Result<Claim, JournalError> {
         let mut rows = self.lock();
         if let Some((row, _)) = rows.get(guid) {
             return Ok(Claim::Existing(row.clone()));
@@ -47,7 +53,12 @@ impl MemoryJournal {
         Ok(Claim::New)
     }
 
-    pub fn claim_resend(&self, guid: &str, attempts: u32, now_ms: i64) -> Result<bool, JournalError> {
+    pub fn claim_resend(
+        &self,
+        guid: &str,
+        attempts: u32,
+        now_ms: i64,
+    ) -> Result<bool, JournalError> {
         let mut rows = self.lock();
         let Some((row, events)) = rows.get_mut(guid) else {
             return Ok(false);
@@ -72,7 +83,13 @@ impl MemoryJournal {
         self.finish_if(guid, &[], f, now_ms).map(|_| ())
     }
 
-    pub fn finish_if(&self, guid: &str, only_if: &[State], f: Finish, now_ms: i64) -> Result<bool, JournalError> {
+    pub fn finish_if(
+        &self,
+        guid: &str,
+        only_if: &[State],
+        f: Finish,
+        now_ms: i64,
+    ) -> Result<bool, JournalError> {
         let mut rows = self.lock();
         let Some((row, events)) = rows.get_mut(guid) else {
             return Ok(false);
@@ -102,7 +119,11 @@ impl MemoryJournal {
     }
 
     pub fn history(&self, guid: &str) -> Result<Vec<Event>, JournalError> {
-        Ok(self.lock().get(guid).map(|(_, e)| e.clone()).unwrap_or_default())
+        Ok(self
+            .lock()
+            .get(guid)
+            .map(|(_, e)| e.clone())
+            .unwrap_or_default())
     }
 
     pub fn list(&self, state: State, limit: usize) -> Result<Vec<Row>, JournalError> {

@@ -137,7 +137,8 @@ impl Journal {
         if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
             return Err(JournalError::Open {
                 path: spec.into(),
-                reason: "this build has no PostgreSQL store; use a database file or `memory`".into(),
+                reason: "this build has no PostgreSQL store; use a database file or `memory`"
+                    .into(),
             });
         }
         Ok(Journal::Sqlite(sqlite::SqliteJournal::open(
@@ -170,7 +171,12 @@ impl Journal {
 
     /// Claims a "not sent" GUID for attempt `attempts + 1`; false if its row
     /// is no longer "not sent" with that many attempts (someone else resent it).
-    pub async fn claim_resend(&self, guid: &str, attempts: u32, now_ms: i64) -> Result<bool, JournalError> {
+    pub async fn claim_resend(
+        &self,
+        guid: &str,
+        attempts: u32,
+        now_ms: i64,
+    ) -> Result<bool, JournalError> {
         match self {
             Journal::Memory(j) => j.claim_resend(guid, attempts, now_ms),
             Journal::Sqlite(j) => j.claim_resend(guid, attempts, now_ms).await,
