@@ -430,6 +430,9 @@ impl Hub {
                     if answer.replayed {
                         debug!("the core replayed its stored answer");
                     }
+                    if answer.status == 401 || answer.status == 403 {
+                        tracing::error!(target_name = %target.name, status = answer.status, "the core refused the hub's credentials: check the target's auth configuration");
+                    }
                     break classify_transfer(answer.status, &answer.body, &rules.codes);
                 }
                 CallEnd::Done(Err(CallFailure::MaybeSent(r))) => break Outcome::Unknown(r),
