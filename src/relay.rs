@@ -144,7 +144,11 @@ impl Hub {
             .instrument(span.clone())
             .await;
         let elapsed = read_at.elapsed();
-        let tx = echo.tx_code_str().to_string();
+        // Only routed tx codes become label values: garbage must not grow the metrics.
+        let tx = match self.rules().route(echo.tx_code_str()) {
+            Some(r) => r.tx_code.clone(),
+            None => "other".to_string(),
+        };
         metrics::counter!("relayhub_telegrams_total", "tx_code" => tx.clone(), "code" => reply.code.as_str().to_string()).increment(1);
         metrics::histogram!("relayhub_telegram_duration_seconds", "tx_code" => tx)
             .record(elapsed.as_secs_f64());
@@ -276,11 +280,35 @@ impl Hub {
         // is in flight elsewhere, which the `Sending` arm handles.
         for _ in 0..2 {
             let now = now_ms();
-            let row = match self
-                .journal
-                .claim(guid, &header.tx_code, fingerprint, now)
+            let claim = {
+                let (journal, g, tx, fp) = (
+                    self.journal.clone(),
+                    guid.to_string(),
+                    header.tx_code.clone(),
+                    fingerprint.to_string(),
+                );
+                within(
+                    deadline,
+                    async move { journal.claim(&g, &tx, &fp, now).await },
+                )
                 .await
-            {
+            };
+            let claim = match claim {
+                Bounded::Done(c) => c,
+                Bounded::Late(task) => {
+                    self.release_late_claim(guid, async move {
+                        matches!(task.await, Ok(Ok(Claim::New)))
+                    });
+                    return (
+                        Reply::code(Code::NO_CAPACITY),
+                        "not sent: the journal did not answer within the budget".into(),
+                    );
+                }
+                Bounded::Failed(e) => {
+                    return (Reply::code(Code::NO_CAPACITY), format!("not sent: {e}"));
+                }
+            };
+            let row = match claim {
                 Err(e) => return (Reply::code(Code::NO_CAPACITY), format!("not sent: {e}")),
                 Ok(Claim::New) => {
                     return self.post(header, route, rules, &fields, 1, deadline).await;
@@ -328,7 +356,30 @@ impl Hub {
                             ),
                         );
                     }
-                    match self.journal.claim_resend(guid, row.attempts, now).await {
+                    let resend = {
+                        let (journal, g, attempts) =
+                            (self.journal.clone(), guid.to_string(), row.attempts);
+                        within(deadline, async move {
+                            journal.claim_resend(&g, attempts, now).await
+                        })
+                        .await
+                    };
+                    let resend = match resend {
+                        Bounded::Done(r) => r,
+                        Bounded::Late(task) => {
+                            self.release_late_claim(guid, async move {
+                                matches!(task.await, Ok(Ok(true)))
+                            });
+                            return (
+                                Reply::code(Code::NO_CAPACITY),
+                                "not sent: the journal did not answer within the budget".into(),
+                            );
+                        }
+                        Bounded::Failed(e) => {
+                            return (Reply::code(Code::NO_CAPACITY), format!("not sent: {e}"));
+                        }
+                    };
+                    match resend {
                         Ok(true) => {
                             return self
                                 .post(header, route, rules, &fields, row.attempts + 1, deadline)
@@ -476,14 +527,23 @@ impl Hub {
             error: error_of(&outcome),
             note: note.clone(),
         };
-        if let Err(e) = self
-            .journal
-            .finish_if(guid, &[State::Sending], finish, now_ms())
-            .await
+        let journal = self.journal.clone();
+        let g = guid.to_string();
+        match within(deadline, async move {
+            journal
+                .finish_if(&g, &[State::Sending], finish, now_ms())
+                .await
+        })
+        .await
         {
+            Bounded::Done(Ok(_)) => {}
             // The answer is still the truth; the row stays "sending" and becomes
             // "unknown" at the next start, where an inquiry settles it.
-            warn!(%e, "could not journal the outcome");
+            Bounded::Done(Err(e)) => warn!(%e, "could not journal the outcome"),
+            Bounded::Failed(e) => warn!(%e, "could not journal the outcome"),
+            Bounded::Late(_) => {
+                warn!("journaling the outcome outlived the budget; it completes in the background")
+            }
         }
         (reply, note)
     }
@@ -595,6 +655,34 @@ impl Hub {
             report.push((row.guid, reply.code));
         }
         Ok(report)
+    }
+
+    /// A claim that completed after the hub already answered E903: nothing was
+    /// sent, so the row must say so, or the GUID would look in flight forever.
+    fn release_late_claim(
+        &self,
+        guid: &str,
+        claimed: impl std::future::Future<Output = bool> + Send + 'static,
+    ) {
+        let journal = self.journal.clone();
+        let guid = guid.to_string();
+        tokio::spawn(async move {
+            if claimed.await {
+                let finish = Finish {
+                    state: State::NotSent,
+                    code: Code::NO_CAPACITY.as_str().into(),
+                    answer: None,
+                    error: Some("journal slower than the budget".into()),
+                    note: "claimed after the budget ran out; nothing sent".into(),
+                };
+                if let Err(e) = journal
+                    .finish_if(&guid, &[State::Sending], finish, now_ms())
+                    .await
+                {
+                    warn!(%guid, %e, "could not release a late claim");
+                }
+            }
+        });
     }
 
     fn call_still_running(&self, guid: &str) -> bool {
@@ -731,6 +819,29 @@ impl Hub {
 
     fn reply_for(&self, outcome: Outcome, layout: &Layout, rules: &Rules) -> (Reply, Outcome) {
         reply_for(outcome, layout, &rules.codes)
+    }
+}
+
+/// A journal call raced against the budget.
+enum Bounded<T> {
+    Done(T),
+    /// Still running past the budget; it goes on in the background.
+    Late(tokio::task::JoinHandle<T>),
+    Failed(String),
+}
+
+/// Runs `fut` as its own task and waits for it until `deadline`: a stalled
+/// journal must not hold a channel past its answer, and a write that is under
+/// way is never cut in half (it finishes in the background).
+async fn within<T: Send + 'static>(
+    deadline: Instant,
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> Bounded<T> {
+    let mut task = tokio::spawn(fut);
+    match tokio::time::timeout_at(deadline, &mut task).await {
+        Ok(Ok(v)) => Bounded::Done(v),
+        Ok(Err(e)) => Bounded::Failed(format!("journal task failed: {e}")),
+        Err(_) => Bounded::Late(task),
     }
 }
 
