@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::config::{Config, ConfigError, Overrides};
 use crate::core_client::Target;
-use crate::journal::{Journal, JournalError, State, now_ms};
+use crate::journal::{Journal, JournalError, now_ms};
 use crate::relay::{Hub, ResendPolicy};
 use crate::rules::Rules;
 use crate::server::{self, Limits};
@@ -102,12 +102,22 @@ impl Daemon {
         let ready = Arc::new(AtomicBool::new(false));
         let mut background = Vec::new();
 
+        crate::admin::describe();
+        let hub_cell = crate::admin::HubCell::default();
+
         // The admin listener comes first, so /readyz can say "starting".
         let admin_addr = match &config.server.admin_listen {
             Some(addr) => {
                 let listener = bind(addr)?;
                 let bound = listener.local_addr().ok();
-                background.push(tokio::spawn(serve_admin(listener, ready.clone())));
+                if let Some(admin) = bound {
+                    info!(%admin, "admin endpoints listening (not ready yet)");
+                }
+                background.push(tokio::spawn(serve_admin(
+                    listener,
+                    ready.clone(),
+                    hub_cell.clone(),
+                )));
                 bound
             }
             None => None,
@@ -124,6 +134,8 @@ impl Daemon {
             Duration::from_millis(config.server.budget_ms),
             ResendPolicy::from(&config.journal),
         ));
+        crate::admin::register_targets(&hub);
+        let _ = hub_cell.set(hub.clone());
         background.push(tokio::spawn(housekeeping(
             hub.clone(),
             config.journal.retention_hours,
@@ -238,26 +250,24 @@ pub async fn open_journal(spec: &str, max_batch: usize) -> Result<Journal, Journ
     Ok(journal)
 }
 
-async fn serve_admin(listener: tokio::net::TcpListener, ready: Arc<AtomicBool>) {
-    let refresh: Arc<dyn Fn() + Send + Sync> = Arc::new(|| {});
-    if let Err(e) = crate::admin::serve(listener, ready, refresh, std::future::pending()).await {
+async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    ready: Arc<AtomicBool>,
+    hub: crate::admin::HubCell,
+) {
+    if let Err(e) = crate::admin::serve(listener, ready, hub, std::future::pending()).await {
         warn!(%e, "admin listener failed");
     }
 }
 
-/// Periodic work: gauges read from the journal, and pruning past the retention.
+/// Periodic work: the read gauges (also refreshed by each `/metrics` scrape),
+/// and pruning past the retention.
 async fn housekeeping(hub: Arc<Hub>, retention_hours: u64) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     let mut last_prune = tokio::time::Instant::now();
     loop {
         tick.tick().await;
-        for t in hub.targets() {
-            metrics::gauge!("relayhub_core_in_flight", "target" => t.name.clone())
-                .set(t.in_flight() as f64);
-        }
-        if let Ok(rows) = hub.journal().list(State::Unknown, 100_000).await {
-            metrics::gauge!("relayhub_journal_unknown").set(rows.len() as f64);
-        }
+        crate::admin::refresh(&hub).await;
         if last_prune.elapsed() >= Duration::from_secs(600) || retention_hours == 0 {
             last_prune = tokio::time::Instant::now();
             let before = now_ms() - (retention_hours as i64) * 3_600_000;
