@@ -3,7 +3,7 @@
 //!
 //! The core's HTTP status and its business result are read together here and
 //! nowhere else. Business results map to B-codes through a data file
-//! (`layouts/codes.json`), not through code.
+//! (`layouts/codes/codes.json`), not through code.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -104,7 +104,7 @@ pub struct CodeTableError {
     pub reason: String,
 }
 
-/// Business result -> standard code, loaded from `layouts/codes.json`.
+/// Business result -> standard code, loaded from `layouts/codes/codes.json`.
 #[derive(Debug, Clone)]
 pub struct CodeTable {
     business: BTreeMap<String, Code>,
@@ -119,7 +119,7 @@ struct CodeTableFile {
     business: BTreeMap<String, String>,
 }
 
-const BUILTIN_CODES: &str = include_str!("../layouts/codes.json");
+const BUILTIN_CODES: &str = include_str!("../layouts/codes/codes.json");
 
 impl CodeTable {
     /// The shipped table, compiled in.
