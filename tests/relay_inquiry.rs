@@ -1,0 +1,133 @@
+//! INQ001 end to end (PROTOCOL.md sections 4-6): the inquiry answers with the
+//! transfer's own 45-byte body, E904 for a GUID the core never received, E901
+//! while the core is still processing. An inquiry never posts.
+
+mod common;
+
+use common::*;
+use corebank::{FaultMethod, FaultRule, Phase};
+use relayhub::frame::PrefixMode;
+use relayhub::header::local_timestamp;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inquiry_for_a_processed_transfer_returns_its_body_byte_for_byte() {
+    let s = setup().await;
+    let g = guid("TRF");
+    let mut ch = s.channel().await;
+    let t = exchange(&mut ch, &transfer(&g, 50_000)).await;
+    assert_eq!(t.code, "0000");
+    assert_eq!(t.body.len(), 45);
+
+    let q = guid("INQ");
+    let before = local_timestamp();
+    let a = exchange(&mut ch, &inquiry(&q, &g)).await;
+    assert_eq!(a.code, "0000", "{a:?}");
+    assert_eq!(a.tx_code, "INQ001");
+    assert_eq!(a.guid, q, "the inquiry's own GUID is echoed");
+    assert_eq!(a.channel_id, CHANNEL);
+    assert_hub_time(&a.sent_at, &before);
+    assert_eq!(
+        String::from_utf8_lossy(&a.body),
+        String::from_utf8_lossy(&t.body),
+        "the inquiry's body is the transfer's"
+    );
+    // One POST (the transfer), one GET (the inquiry, by the original GUID).
+    s.assert_calls(1, 1);
+    assert_eq!(s.guid_stats(&g).post, 1);
+    assert_eq!(s.guid_stats(&g).get, 1);
+    assert_eq!(
+        s.guid_stats(&q),
+        Default::default(),
+        "the inquiry's own GUID is not sent"
+    );
+    assert_eq!(s.balance(ACC1), 950_000, "the inquiry moved no money");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inquiry_for_a_rejected_transfer_returns_its_business_code() {
+    let s = setup().await;
+    let g = guid("TRF");
+    let mut ch = s.channel().await;
+    let t = exchange(
+        &mut ch,
+        &trf(&g, &trf_fields(ACC3, BANK, ACC2, 600_000, MEMO)),
+    )
+    .await;
+    assert_eq!(t.code, "B201");
+    let q = guid("INQ");
+    let a = exchange(&mut ch, &inquiry(&q, &g)).await;
+    assert_header_only(&a, "INQ001", &q, "B201");
+    s.assert_calls(1, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inquiry_for_an_unknown_guid_is_e904() {
+    let s = setup().await;
+    let q = guid("INQ");
+    let never = guid("NEVER");
+    let mut ch = s.channel().await;
+    let a = exchange(&mut ch, &inquiry(&q, &never)).await;
+    assert_header_only(&a, "INQ001", &q, "E904");
+    assert_eq!(s.core.stats().post, 0, "an inquiry never posts");
+    assert!(s.guid_stats(&never).get >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inquiry_while_the_core_is_processing_is_e901() {
+    let s = setup_with(HubOpts::budget(3_000)).await;
+    let g = guid("TRF");
+    s.core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .delay_ms(1_500)
+            .phase(Phase::BeforeApply),
+    );
+    let addr = s.hub.addr;
+    let transfer_task = {
+        let t = transfer(&g, 10_000);
+        tokio::spawn(async move {
+            let mut ch = connect(addr, PrefixMode::Ascii).await;
+            exchange(&mut ch, &t).await
+        })
+    };
+    within(s.core.wait_received(&g)).await;
+
+    let q = guid("INQ");
+    let mut ch = s.channel().await;
+    let a = exchange(&mut ch, &inquiry(&q, &g)).await;
+    assert_header_only(&a, "INQ001", &q, "E901");
+    assert!(
+        !s.core.applied(&g),
+        "the inquiry's answer came after the debit"
+    );
+    assert!(s.guid_stats(&g).get >= 1);
+
+    let t = within(transfer_task).await.unwrap();
+    assert_eq!(
+        t.code, "0000",
+        "the transfer itself, within its budget: {t:?}"
+    );
+    s.assert_posts(&g, 1);
+
+    // Now that it is done, the inquiry says so, with the transfer's body.
+    let a = exchange(&mut ch, &inquiry(&guid("INQ"), &g)).await;
+    assert_eq!(a.code, "0000");
+    assert_eq!(a.body, t.body);
+    s.assert_posts(&g, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inquiry_that_keeps_failing_after_being_sent_is_e901() {
+    let s = setup().await;
+    let g = guid("TRF");
+    let mut ch = s.channel().await;
+    assert_eq!(exchange(&mut ch, &transfer(&g, 10_000)).await.code, "0000");
+    s.core
+        .add_fault(FaultRule::guid(&g).method(FaultMethod::Get).status(502));
+    let q = guid("INQ");
+    let a = exchange(&mut ch, &inquiry(&q, &g)).await;
+    assert_header_only(&a, "INQ001", &q, "E901");
+    let gets = s.guid_stats(&g).get;
+    assert!(gets >= 1, "the inquiry was sent");
+    s.assert_posts(&g, 1);
+}
