@@ -1,0 +1,82 @@
+//! Draining (PROTOCOL.md section 10): once shutdown starts, a telegram on an
+//! open connection gets E903 and the close (a malformed one still gets E102),
+//! while a telegram already in flight gets its real answer; nothing new is sent.
+
+mod common;
+
+use common::*;
+use corebank::{FaultRule, Phase};
+use relayhub::frame::PrefixMode;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_answers_in_flight_telegrams_and_refuses_new_ones_with_e903() {
+    let core = start_core().await;
+    let (hub, _cfg) = start_hub(&core.url(), &HubOpts::budget(3_000)).await;
+    let addr = hub.addr;
+    let slow = guid("SLOW");
+    core.add_fault(
+        FaultRule::guid(&slow)
+            .delay_ms(800)
+            .phase(Phase::BeforeApply),
+    );
+
+    // Two idle connections, proven open by a first exchange each.
+    let mut idle = connect(addr, PrefixMode::Ascii).await;
+    let mut idle2 = connect(addr, PrefixMode::Ascii).await;
+    for ch in [&mut idle, &mut idle2] {
+        assert_eq!(exchange(ch, &transfer(&guid("PRE"), 10)).await.code, "0000");
+    }
+    let in_flight = {
+        let t = transfer(&slow, 1_000);
+        tokio::spawn(async move {
+            let mut ch = connect(addr, PrefixMode::Ascii).await;
+            exchange(&mut ch, &t).await
+        })
+    };
+    within(core.wait_received(&slow)).await;
+
+    let inner = hub.hub().clone();
+    let stopping = tokio::spawn(hub.shutdown());
+    // Wait for the drain to begin (a flag, not a timer).
+    within(async {
+        while !inner.is_draining() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+
+    // A malformed telegram still gets its E102 ...
+    let bad = guid("BAD");
+    let mut t = transfer(&bad, 10);
+    t[99..112].copy_from_slice(b"00000000000X0");
+    let a = exchange(&mut idle2, &t).await;
+    assert_header_only(&a, "TRF001", &bad, "E102");
+
+    // ... a valid one gets E903, and the connection is closed.
+    let late = guid("LATE");
+    let a = exchange(&mut idle, &transfer(&late, 10)).await;
+    assert_header_only(&a, "TRF001", &late, "E903");
+    assert!(
+        within(idle.recv()).await.expect("read").is_none(),
+        "the connection stays open after E903"
+    );
+
+    // The telegram in flight gets its real answer.
+    let a = within(in_flight).await.unwrap();
+    assert_eq!(a.code, "0000", "in-flight transfer during the drain: {a:?}");
+    within(stopping).await.unwrap();
+
+    let stats = core.stats();
+    assert_eq!(stats.by_guid.get(&slow).map(|g| g.post), Some(1));
+    assert!(
+        !stats.by_guid.contains_key(&late),
+        "E903 but the core saw it: {stats:?}"
+    );
+    assert!(!stats.by_guid.contains_key(&bad));
+    assert_eq!(stats.post, 3, "{stats:?}");
+    // The listener is gone.
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "still accepting after the drain"
+    );
+}
