@@ -1,0 +1,299 @@
+//! The real `relayhub serve` process and its signals (PROTOCOL.md section 10):
+//! SIGTERM drains (in-flight transfers get their real answers, new telegrams on
+//! open connections get E903 and their connection is closed, exit 0); SIGHUP
+//! reloads routes, layouts and channels, and refuses a broken version while the
+//! old one keeps working. The fixture runs in-process.
+
+mod common;
+mod resilience_support;
+
+use std::path::Path;
+
+use common::*;
+use corebank::{FaultMethod, FaultRule};
+use resilience_support::*;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+async fn raw(addr: &str) -> TcpStream {
+    let s = within(TcpStream::connect(addr)).await.expect("connect");
+    s.set_nodelay(true).unwrap();
+    s
+}
+
+async fn raw_exchange(s: &mut TcpStream, telegram: &[u8]) -> relayhub::client::Answer {
+    s.write_all(&framed(telegram)).await.expect("write");
+    let (_, t) = read_raw_answer(s).await;
+    relayhub::client::Answer::parse(&t).expect("an answer telegram")
+}
+
+/// Waits until the hub's listener refuses connections (it closes it first
+/// thing when draining). Each connect that still succeeds is dropped at once.
+async fn wait_listener_closed(addr: &str) {
+    within(async {
+        loop {
+            match TcpStream::connect(addr).await {
+                Ok(s) => drop(s),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return,
+                Err(e) => panic!("connect to the draining hub: {e}"),
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_transfers_in_flight_finish_refuses_new_ones_and_exits_0() {
+    let core = start_core().await;
+    // The core holds every transfer 2 s, inside the 5 s budget.
+    core.add_fault(
+        FaultRule::guid_prefix("")
+            .method(FaultMethod::Post)
+            .delay_ms(2_000),
+    );
+    let mut hub = HubProcess::spawn(&["--core-url", &core.url(), "--budget-ms", "5000"]);
+
+    // Two open, idle connections, each proven served before the signal.
+    let mut idle = raw(&hub.addr).await;
+    let mut idle2 = raw(&hub.addr).await;
+    for s in [&mut idle, &mut idle2] {
+        let g = guid("DRAINUNR");
+        let a = raw_exchange(s, &transfer_as("ZZZ999", &g, CHANNEL, 1)).await;
+        assert_eq!(a.code, "E101");
+    }
+
+    // Three transfers in flight, held by the core.
+    let mut flights = Vec::new();
+    for _ in 0..3 {
+        let g = guid("DRAIN");
+        let mut ch = connect(hub.addr.parse().unwrap(), Default::default()).await;
+        flights.push(tokio::spawn(async move {
+            let a = exchange(&mut ch, &transfer(&g, 1_000)).await;
+            (g, a)
+        }));
+    }
+    within(core.wait_stats(|s| s.post >= 3)).await;
+    let in_flight: Vec<String> = core.stats().by_guid.keys().cloned().collect();
+    assert!(
+        in_flight.iter().all(|g| !core.applied(g)),
+        "the core finished before the signal: the test would prove nothing"
+    );
+
+    hub.signal("TERM");
+    wait_listener_closed(&hub.addr).await;
+
+    // A new telegram on an open connection: E903, then the hub closes it.
+    let g = guid("DRAINNEW");
+    let a = raw_exchange(&mut idle, &transfer(&g, 1_000)).await;
+    assert_answer(&a, "TRF001", &g, CHANNEL, "E903");
+    assert!(
+        read_until_closed(&mut idle).await.is_empty(),
+        "bytes after the E903"
+    );
+    // A malformed one still gets its own code (bad sent_at: E102).
+    let g2 = guid("DRAINBAD");
+    let mut bad = transfer(&g2, 1_000);
+    bad[46..60].copy_from_slice(b"20261399999999");
+    let a = raw_exchange(&mut idle2, &bad).await;
+    assert_answer(&a, "TRF001", &g2, CHANNEL, "E102");
+
+    // Every transfer in flight gets its real answer.
+    for f in flights {
+        let (g, a) = within(f).await.unwrap();
+        assert_answer(&a, "TRF001", &g, CHANNEL, "0000");
+        assert!(core.applied(&g));
+    }
+    let status = hub.wait_exit().await;
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "exit status; stderr:\n{}",
+        hub.stderr()
+    );
+
+    let stats = core.stats();
+    assert_eq!(
+        stats.post, 3,
+        "only the in-flight transfers were posted: {stats:?}"
+    );
+    assert!(
+        !stats.by_guid.contains_key(&g),
+        "the E903 telegram was posted"
+    );
+    assert_eq!(core.balance(ACC1), Some(1_000_000 - 3_000));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_on_an_idle_hub_exits_0() {
+    let core = start_core().await;
+    let mut hub = HubProcess::spawn(&["--core-url", &core.url()]);
+    let mut ch = connect(hub.addr.parse().unwrap(), Default::default()).await;
+    let g = guid("IDLETERM");
+    assert_eq!(exchange(&mut ch, &transfer(&g, 1_000)).await.code, "0000");
+    hub.signal("TERM");
+    let status = hub.wait_exit().await;
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", hub.stderr());
+    assert!(
+        !hub.stderr().contains("panicked"),
+        "stderr:\n{}",
+        hub.stderr()
+    );
+}
+
+// ---- SIGHUP ---------------------------------------------------------------------
+
+fn shipped_layout(tx: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("layouts")
+            .join(format!("{tx}.json")),
+    )
+    .expect("shipped layout")
+}
+
+/// The config under test: layouts from `dir/layouts`, the given routes and
+/// channels, the `core` target from `--core-url`.
+fn config(dir: &Path, routes: &[&str], channels: &[&str], extra: &str) -> String {
+    let mut s = format!(
+        "[server]\nlayouts_dir = {:?}\n{extra}\n\n",
+        dir.join("layouts").display().to_string()
+    );
+    for r in routes {
+        let op = if r.starts_with("INQ") {
+            "inquiry"
+        } else {
+            "transfer"
+        };
+        s.push_str(&route_toml(r, op, "core", None));
+    }
+    for c in channels {
+        s.push_str(&format!(
+            "[[channel]]\nid = {c:?}\nallow_from = [\"127.0.0.1/32\"]\n\n"
+        ));
+    }
+    s
+}
+
+fn reload_lines(hub: &HubProcess) -> (usize, usize) {
+    let all = hub.log_count(|l| l.contains("reload"));
+    let refused = hub.log_count(|l| l.contains("reload") && l.contains("refused"));
+    (all, refused)
+}
+
+/// Sends SIGHUP and waits for the hub to log the outcome; true if refused.
+async fn hup(hub: &HubProcess) -> bool {
+    let (all, refused) = reload_lines(hub);
+    hub.signal("HUP");
+    hub.wait_log(all, |l| l.contains("reload")).await;
+    reload_lines(hub).1 > refused
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_applies_a_changed_config_and_refuses_a_broken_one() {
+    let core = start_core().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("layouts")).unwrap();
+    let layouts = dir.path().join("layouts");
+    write_file(&layouts, "TRF001.json", &shipped_layout("TRF001"));
+    write_file(&layouts, "INQ001.json", &shipped_layout("INQ001"));
+    let cfg = write_file(
+        dir.path(),
+        "relayhub.toml",
+        &config(dir.path(), &["TRF001", "INQ001"], &["IBANK"], ""),
+    );
+    let mut hub =
+        HubProcess::spawn(&["--config", cfg.to_str().unwrap(), "--core-url", &core.url()]);
+    let mut ch = connect(hub.addr.parse().unwrap(), Default::default()).await;
+    let send = |tx: &'static str, channel: &'static str| {
+        let g = guid("HUP");
+        (g.clone(), transfer_as(tx, &g, channel, 1_000))
+    };
+
+    // Before: TRF002 has no route, MBANK is not in the channel table.
+    let (g, t) = send("TRF002", "IBANK");
+    assert_answer(&exchange(&mut ch, &t).await, "TRF002", &g, "IBANK", "E101");
+    let (g, t) = send("TRF001", "MBANK");
+    assert_answer(&exchange(&mut ch, &t).await, "TRF001", &g, "MBANK", "E103");
+
+    // A new layout file, a route for it and a new channel; then SIGHUP.
+    write_file(
+        &layouts,
+        "TRF002.json",
+        &shipped_layout("TRF001").replace("\"TRF001\"", "\"TRF002\""),
+    );
+    std::fs::write(
+        &cfg,
+        config(
+            dir.path(),
+            &["TRF001", "TRF002", "INQ001"],
+            &["IBANK", "MBANK"],
+            "",
+        ),
+    )
+    .unwrap();
+    assert!(!hup(&hub).await, "valid config refused:\n{}", hub.stderr());
+    let (g, t) = send("TRF002", "IBANK");
+    assert_answer(&exchange(&mut ch, &t).await, "TRF002", &g, "IBANK", "0000");
+    let (g, t) = send("TRF001", "MBANK");
+    assert_answer(&exchange(&mut ch, &t).await, "TRF001", &g, "MBANK", "0000");
+
+    // Broken versions, each refused as a whole: the old one stays in force.
+    let broken: [(&str, Box<dyn Fn()>); 3] = [
+        ("an unreadable layout file", {
+            let (layouts, cfg, root) = (layouts.clone(), cfg.clone(), dir.path().to_path_buf());
+            Box::new(move || {
+                write_file(&layouts, "TRF003.json", "{ not json");
+                let c = config(
+                    &root,
+                    &["TRF001", "TRF002", "TRF003", "INQ001"],
+                    &["IBANK", "NEWCH"],
+                    "",
+                );
+                std::fs::write(&cfg, c).unwrap();
+            })
+        }),
+        ("an unknown key", {
+            let (layouts, cfg, root) = (layouts.clone(), cfg.clone(), dir.path().to_path_buf());
+            Box::new(move || {
+                std::fs::remove_file(layouts.join("TRF003.json")).unwrap();
+                let c = config(
+                    &root,
+                    &["TRF001", "INQ001"],
+                    &["IBANK", "NEWCH"],
+                    "no_such_key = 1",
+                );
+                std::fs::write(&cfg, c).unwrap();
+            })
+        }),
+        ("a route with no layout", {
+            let (cfg, root) = (cfg.clone(), dir.path().to_path_buf());
+            Box::new(move || {
+                let c = config(&root, &["TRF001", "TRF009", "INQ001"], &["NEWCH"], "");
+                std::fs::write(&cfg, c).unwrap();
+            })
+        }),
+    ];
+    for (what, breaks) in broken {
+        breaks();
+        assert!(
+            hup(&hub).await,
+            "{what}: reload not refused:\n{}",
+            hub.stderr()
+        );
+        let (g, t) = send("TRF002", "IBANK");
+        assert_answer(&exchange(&mut ch, &t).await, "TRF002", &g, "IBANK", "0000");
+        let (g, t) = send("TRF001", "MBANK");
+        assert_answer(&exchange(&mut ch, &t).await, "TRF001", &g, "MBANK", "0000");
+        let (g, t) = send("TRF001", "NEWCH");
+        assert_answer(&exchange(&mut ch, &t).await, "TRF001", &g, "NEWCH", "E103");
+        let (g, t) = send("TRF003", "IBANK");
+        assert_answer(&exchange(&mut ch, &t).await, "TRF003", &g, "IBANK", "E101");
+    }
+
+    hub.signal("TERM");
+    let status = hub.wait_exit().await;
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", hub.stderr());
+    // Every 0000 above was one POST.
+    assert_eq!(core.stats().post, 2 + 3 * 2);
+}
