@@ -6,13 +6,16 @@ use std::sync::{Arc, Mutex};
 
 use super::{Claim, Event, Finish, JournalError, Row, State};
 
+/// Each GUID's row with its history.
+type Rows = HashMap<String, (Row, Vec<Event>)>;
+
 #[derive(Clone, Default)]
 pub struct MemoryJournal {
-    rows: Arc<Mutex<HashMap<String, (Row, Vec<Event>)>>>,
+    rows: Arc<Mutex<Rows>>,
 }
 
 impl MemoryJournal {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Row, Vec<Event>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Rows> {
         // A panic while holding the lock cannot leave a row half-written: every
         // update below replaces whole values.
         self.rows.lock().unwrap_or_else(|p| p.into_inner())
