@@ -302,8 +302,12 @@ impl HubProcess {
         std::fs::read_to_string(&self.log.0).unwrap_or_default()
     }
 
+    pub async fn channel(&self) -> Channel {
+        connect(self.addr, PrefixMode::Ascii).await
+    }
+
     pub async fn send(&self, telegram: &[u8]) -> Answer {
-        let mut ch = connect(self.addr, PrefixMode::Ascii).await;
+        let mut ch = self.channel().await;
         exchange(&mut ch, telegram).await
     }
 }
