@@ -34,7 +34,15 @@ async fn wait_listener_closed(addr: &str) {
         loop {
             match TcpStream::connect(addr).await {
                 Ok(s) => drop(s),
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return,
+                // A reset: the listener went away in the middle of the handshake.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    return;
+                }
                 Err(e) => panic!("connect to the draining hub: {e}"),
             }
             tokio::task::yield_now().await;
@@ -138,6 +146,73 @@ async fn sigterm_on_an_idle_hub_exits_0() {
         !hub.stderr().contains("panicked"),
         "stderr:\n{}",
         hub.stderr()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_the_telegram_in_flight_before_the_pipelined_e903_then_closes() {
+    let core = start_core().await;
+    let held = guid("PIPEHELD");
+    core.add_fault(
+        FaultRule::guid(&held)
+            .method(FaultMethod::Post)
+            .delay_ms(1_500),
+    );
+    let mut hub = HubProcess::spawn(&["--core-url", &core.url(), "--budget-ms", "5000"]);
+    let mut s = raw(&hub.addr).await;
+    s.write_all(&framed(&transfer(&held, 1_000))).await.unwrap();
+    within(core.wait_received(&held)).await;
+
+    hub.signal("TERM");
+    wait_listener_closed(&hub.addr).await;
+    // Behind the held transfer, on the same connection.
+    let late = guid("PIPENEW");
+    s.write_all(&framed(&transfer(&late, 1_000))).await.unwrap();
+
+    let (_, first) = read_raw_answer(&mut s).await;
+    let first = relayhub::client::Answer::parse(&first).unwrap();
+    assert_answer(&first, "TRF001", &held, CHANNEL, "0000");
+    let (_, second) = read_raw_answer(&mut s).await;
+    let second = relayhub::client::Answer::parse(&second).unwrap();
+    assert_answer(&second, "TRF001", &late, CHANNEL, "E903");
+    assert!(read_until_closed(&mut s).await.is_empty());
+
+    assert_eq!(hub.wait_exit().await.code(), Some(0), "{}", hub.stderr());
+    assert_eq!(core.stats().post, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_does_not_wait_out_the_late_answer_window() {
+    let core = start_core().await;
+    let held = guid("LATEHELD");
+    // Held far past the budget and past any patience of this test; the late-answer
+    // window (default 30 s) would keep the call open that long.
+    core.add_fault(
+        FaultRule::guid(&held)
+            .method(FaultMethod::Post)
+            .delay_ms(60_000),
+    );
+    let budget = 1_000u64;
+    let mut hub = HubProcess::spawn(&[
+        "--core-url",
+        &core.url(),
+        "--budget-ms",
+        &budget.to_string(),
+    ]);
+    let mut ch = connect(hub.addr.parse().unwrap(), Default::default()).await;
+    let telegram = transfer(&held, 1_000);
+    let flight = tokio::spawn(async move { exchange(&mut ch, &telegram).await });
+    within(core.wait_received(&held)).await;
+
+    hub.signal("TERM");
+    let signalled = std::time::Instant::now();
+    let a = within(flight).await.unwrap();
+    assert_answer(&a, "TRF001", &held, CHANNEL, "E901");
+    assert_eq!(hub.wait_exit().await.code(), Some(0), "{}", hub.stderr());
+    assert!(
+        signalled.elapsed() < std::time::Duration::from_millis(budget * 4),
+        "exit {:?} after SIGTERM with a {budget} ms budget",
+        signalled.elapsed()
     );
 }
 

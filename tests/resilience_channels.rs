@@ -284,3 +284,28 @@ async fn a_sender_trickling_bytes_is_cut_off_at_the_read_timeout() {
     );
     assert_eq!(core.stats().post, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_an_answer_is_not_idling() {
+    let core = start_core().await;
+    let idle = 300u64;
+    // The budget (3 s) is longer than the idle timeout: a slow answer must
+    // not cost the channel its connection.
+    let hub = hub_with_server(&core, &format!("idle_timeout_ms = {idle}")).await;
+    let g = guid("NOTIDLE");
+    core.add_fault(
+        corebank::FaultRule::guid(&g)
+            .method(corebank::FaultMethod::Post)
+            .delay_ms(idle * 3),
+    );
+    let mut s = hub.raw().await;
+    s.write_all(&framed(&transfer(&g, 1_000))).await.unwrap();
+    let (_, answer) = read_raw_answer(&mut s).await;
+    assert_eq!(&answer[60..64], b"0000");
+    // The idle clock starts with the answer: the next telegram is served.
+    let (g2, t) = unrouted("NOTIDLE2");
+    s.write_all(&framed(&t)).await.unwrap();
+    let (_, answer) = read_raw_answer(&mut s).await;
+    assert_eq!(&answer[6..38], g2.as_bytes());
+    assert_eq!(&answer[60..64], b"E101");
+}

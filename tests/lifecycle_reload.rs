@@ -1,0 +1,194 @@
+//! Reloading in-process (`Daemon::reload`, what SIGHUP calls): routes and the
+//! channel table are swapped as one unit; a broken version is refused with its
+//! reason and the old one stays; a telegram keeps the rules it started with.
+
+mod common;
+mod resilience_support;
+
+use common::*;
+use corebank::{FaultMethod, FaultRule};
+use resilience_support::*;
+
+fn config(core_url: &str, routes: &str, channels: &str) -> String {
+    format!("{}{routes}{channels}", target_toml("core", &[core_url], ""))
+}
+
+fn trf002_route() -> String {
+    route_toml("TRF002", "transfer", "core", Some("TRF001"))
+}
+
+async fn code(hub: &FileHub, telegram: &[u8]) -> String {
+    let mut ch = hub.channel().await;
+    exchange(&mut ch, telegram).await.code
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_brings_in_a_channel_table_and_takes_it_away() {
+    let core = start_core().await;
+    let routes = default_routes_toml("core");
+    let hub = start_file_hub(&config(&core.url(), &routes, "")).await;
+    let t = |ch: &str| transfer_as("TRF001", &guid("RLCH"), ch, 1_000);
+
+    // No table: any well-formed channel may call.
+    assert_eq!(code(&hub, &t("WHOEVER")).await, "0000");
+
+    hub.rewrite(&config(
+        &core.url(),
+        &routes,
+        "[[channel]]\nid = \"IBANK\"\nallow_from = [\"127.0.0.1\"]\n",
+    ));
+    hub.daemon.reload().expect("valid config");
+    assert_eq!(code(&hub, &t("WHOEVER")).await, "E103");
+    assert_eq!(code(&hub, &t("IBANK")).await, "0000");
+
+    hub.rewrite(&config(&core.url(), &routes, ""));
+    hub.daemon.reload().expect("valid config");
+    assert_eq!(code(&hub, &t("WHOEVER")).await, "0000");
+    assert_eq!(core.stats().post, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_reload_says_why_and_changes_nothing() {
+    let core = start_core().await;
+    let good_routes = default_routes_toml("core") + &trf002_route();
+    let channels = "[[channel]]\nid = \"IBANK\"\n";
+    let hub = start_file_hub(&config(&core.url(), &good_routes, channels)).await;
+
+    let broken = [
+        (
+            "an unknown key",
+            format!(
+                "[server]\nno_such_key = 1\n{}",
+                config(&core.url(), &good_routes, channels)
+            ),
+            "no_such_key",
+        ),
+        (
+            "a route with no layout",
+            config(
+                &core.url(),
+                &(good_routes.clone() + &route_toml("TRF009", "transfer", "core", None)),
+                channels,
+            ),
+            "TRF009",
+        ),
+        (
+            "a route to an unknown target",
+            config(
+                &core.url(),
+                &(good_routes.clone()
+                    + &route_toml("TRF008", "transfer", "nowhere", Some("TRF001"))),
+                channels,
+            ),
+            "nowhere",
+        ),
+        (
+            "a channel allowed an unrouted tx code",
+            config(
+                &core.url(),
+                &good_routes,
+                "[[channel]]\nid = \"IBANK\"\ntx_codes = [\"TRF777\"]\n",
+            ),
+            "TRF777",
+        ),
+        (
+            "a transfer route on an inquiry layout",
+            config(
+                &core.url(),
+                &(default_routes_toml("core")
+                    + &route_toml("TRF002", "inquiry", "core", Some("TRF001"))),
+                channels,
+            ),
+            "TRF002",
+        ),
+        (
+            "a missing layouts folder",
+            format!(
+                "[server]\nlayouts_dir = \"/nonexistent/relayhub-layouts\"\n{}",
+                config(&core.url(), &good_routes, channels)
+            ),
+            "relayhub-layouts",
+        ),
+    ];
+    for (what, text, names) in broken {
+        hub.rewrite(&text);
+        let err = hub
+            .daemon
+            .reload()
+            .expect_err(&format!("{what}: reload accepted"));
+        assert!(
+            err.contains(names),
+            "{what}: the reason names {names:?}: {err}"
+        );
+        // The previous version is whole and in force.
+        let g = guid("RLBAD");
+        assert_eq!(
+            code(&hub, &transfer_as("TRF002", &g, "IBANK", 1_000)).await,
+            "0000",
+            "{what}"
+        );
+        let g = guid("RLBAD");
+        assert_eq!(
+            code(&hub, &transfer_as("TRF001", &g, "OTHER", 1_000)).await,
+            "E103",
+            "{what}"
+        );
+        for tx in ["TRF009", "TRF008"] {
+            let g = guid("RLBAD");
+            assert_eq!(
+                code(&hub, &transfer_as(tx, &g, "IBANK", 1_000)).await,
+                "E101",
+                "{what}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_telegram_in_flight_keeps_the_rules_it_started_with() {
+    let core = start_core().await;
+    let hub = start_file_hub(&config(
+        &core.url(),
+        &(default_routes_toml("core") + &trf002_route()),
+        "",
+    ))
+    .await;
+    let held = guid("RLHELD");
+    core.add_fault(
+        FaultRule::guid(&held)
+            .method(FaultMethod::Post)
+            .delay_ms(1_000),
+    );
+    let mut ch = hub.channel().await;
+    let telegram = transfer_as("TRF002", &held, CHANNEL, 1_000);
+    let flight = tokio::spawn(async move { exchange(&mut ch, &telegram).await });
+    within(core.wait_received(&held)).await;
+
+    // TRF002 goes away while its transfer is at the core.
+    hub.rewrite(&config(&core.url(), &default_routes_toml("core"), ""));
+    hub.daemon.reload().expect("valid config");
+    let g = guid("RLNEW");
+    assert_eq!(
+        code(&hub, &transfer_as("TRF002", &g, CHANNEL, 1_000)).await,
+        "E101"
+    );
+    let a = within(flight).await.unwrap();
+    assert_answer(&a, "TRF002", &held, CHANNEL, "0000");
+    assert_eq!(core.stats().post, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_stay_as_started_across_a_reload() {
+    let core = start_core().await;
+    let routes = default_routes_toml("core");
+    let hub = start_file_hub(&config(&core.url(), &routes, "")).await;
+    // The documented choice: endpoints and bulkheads are fixed at start-up.
+    let dead = refused_port();
+    hub.rewrite(&config(&dead.url, &routes, ""));
+    hub.daemon
+        .reload()
+        .expect("a target change is not an error");
+    let g = guid("RLTGT");
+    assert_eq!(code(&hub, &transfer(&g, 1_000)).await, "0000");
+    assert_eq!(core.stats().by_guid[&g].post, 1);
+}
