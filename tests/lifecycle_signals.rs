@@ -314,7 +314,8 @@ async fn sighup_applies_a_changed_config_and_refuses_a_broken_one() {
     assert_answer(&exchange(&mut ch, &t).await, "TRF001", &g, "MBANK", "0000");
 
     // Broken versions, each refused as a whole: the old one stays in force.
-    let broken: [(&str, Box<dyn Fn()>); 3] = [
+    type Breaks = Box<dyn Fn()>;
+    let broken: [(&str, Breaks); 3] = [
         ("an unreadable layout file", {
             let (layouts, cfg, root) = (layouts.clone(), cfg.clone(), dir.path().to_path_buf());
             Box::new(move || {
