@@ -27,6 +27,36 @@ async fn raw_exchange(s: &mut TcpStream, telegram: &[u8]) -> relayhub::client::A
     relayhub::client::Answer::parse(&t).expect("an answer telegram")
 }
 
+/// The answer, or a panic that says how the hub process ended.
+async fn answered(
+    hub: &mut HubProcess,
+    got: std::io::Result<relayhub::client::Answer>,
+) -> relayhub::client::Answer {
+    match got {
+        Ok(a) => a,
+        Err(e) => {
+            let how = describe_exit(hub.wait_exit().await);
+            panic!("no answer ({e}); the hub {how}; stderr:\n{}", hub.stderr())
+        }
+    }
+}
+
+/// Splits ascii-prefixed answers read up to the close.
+fn split_answers(mut bytes: &[u8]) -> Vec<relayhub::client::Answer> {
+    let mut out = Vec::new();
+    while bytes.len() >= 4 {
+        let len: usize = std::str::from_utf8(&bytes[..4])
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("not a 4-digit prefix: {bytes:?}"));
+        assert!(bytes.len() >= 4 + len, "answer cut short: {bytes:?}");
+        out.push(relayhub::client::Answer::parse(&bytes[4..4 + len]).expect("an answer"));
+        bytes = &bytes[4 + len..];
+    }
+    assert!(bytes.is_empty(), "trailing bytes {bytes:?}");
+    out
+}
+
 /// Waits until the hub's listener refuses connections (it closes it first
 /// thing when draining). Each connect that still succeeds is dropped at once.
 async fn wait_listener_closed(addr: &str) {
@@ -77,7 +107,7 @@ async fn sigterm_lets_transfers_in_flight_finish_refuses_new_ones_and_exits_0() 
         let g = guid("DRAIN");
         let mut ch = connect(hub.addr.parse().unwrap(), Default::default()).await;
         flights.push(tokio::spawn(async move {
-            let a = exchange(&mut ch, &transfer(&g, 1_000)).await;
+            let a = within(ch.exchange(&transfer(&g, 1_000))).await;
             (g, a)
         }));
     }
@@ -109,16 +139,12 @@ async fn sigterm_lets_transfers_in_flight_finish_refuses_new_ones_and_exits_0() 
     // Every transfer in flight gets its real answer.
     for f in flights {
         let (g, a) = within(f).await.unwrap();
+        let a = answered(&mut hub, a).await;
         assert_answer(&a, "TRF001", &g, CHANNEL, "0000");
         assert!(core.applied(&g));
     }
-    let status = hub.wait_exit().await;
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "exit status; stderr:\n{}",
-        hub.stderr()
-    );
+    let status = describe_exit(hub.wait_exit().await);
+    assert_eq!(status, "exited with code 0", "stderr:\n{}", hub.stderr());
 
     let stats = core.stats();
     assert_eq!(
@@ -140,8 +166,8 @@ async fn sigterm_on_an_idle_hub_exits_0() {
     let g = guid("IDLETERM");
     assert_eq!(exchange(&mut ch, &transfer(&g, 1_000)).await.code, "0000");
     hub.signal("TERM");
-    let status = hub.wait_exit().await;
-    assert_eq!(status.code(), Some(0), "stderr:\n{}", hub.stderr());
+    let status = describe_exit(hub.wait_exit().await);
+    assert_eq!(status, "exited with code 0", "stderr:\n{}", hub.stderr());
     assert!(
         !hub.stderr().contains("panicked"),
         "stderr:\n{}",
@@ -169,15 +195,22 @@ async fn sigterm_answers_the_telegram_in_flight_before_the_pipelined_e903_then_c
     let late = guid("PIPENEW");
     s.write_all(&framed(&transfer(&late, 1_000))).await.unwrap();
 
-    let (_, first) = read_raw_answer(&mut s).await;
-    let first = relayhub::client::Answer::parse(&first).unwrap();
-    assert_answer(&first, "TRF001", &held, CHANNEL, "0000");
-    let (_, second) = read_raw_answer(&mut s).await;
-    let second = relayhub::client::Answer::parse(&second).unwrap();
-    assert_answer(&second, "TRF001", &late, CHANNEL, "E903");
-    assert!(read_until_closed(&mut s).await.is_empty());
-
-    assert_eq!(hub.wait_exit().await.code(), Some(0), "{}", hub.stderr());
+    let got = read_until_closed(&mut s).await;
+    let status = describe_exit(hub.wait_exit().await);
+    let answers = split_answers(&got);
+    let codes: Vec<(&str, &str)> = answers
+        .iter()
+        .map(|a| (a.guid.as_str(), a.code.as_str()))
+        .collect();
+    assert_eq!(
+        codes,
+        [(held.as_str(), "0000"), (late.as_str(), "E903")],
+        "answers in order, then the close; the hub {status}; log:\n{}",
+        hub.stderr()
+    );
+    assert_answer(&answers[0], "TRF001", &held, CHANNEL, "0000");
+    assert_answer(&answers[1], "TRF001", &late, CHANNEL, "E903");
+    assert_eq!(status, "exited with code 0", "{}", hub.stderr());
     assert_eq!(core.stats().post, 1);
 }
 
@@ -201,19 +234,40 @@ async fn sigterm_does_not_wait_out_the_late_answer_window() {
     ]);
     let mut ch = connect(hub.addr.parse().unwrap(), Default::default()).await;
     let telegram = transfer(&held, 1_000);
-    let flight = tokio::spawn(async move { exchange(&mut ch, &telegram).await });
+    let flight = tokio::spawn(async move { within(ch.exchange(&telegram)).await });
     within(core.wait_received(&held)).await;
 
     hub.signal("TERM");
     let signalled = std::time::Instant::now();
-    let a = within(flight).await.unwrap();
+    let a = answered(&mut hub, within(flight).await.unwrap()).await;
     assert_answer(&a, "TRF001", &held, CHANNEL, "E901");
-    assert_eq!(hub.wait_exit().await.code(), Some(0), "{}", hub.stderr());
+    let status = describe_exit(hub.wait_exit().await);
+    assert_eq!(status, "exited with code 0", "stderr:\n{}", hub.stderr());
     assert!(
         signalled.elapsed() < std::time::Duration::from_millis(budget * 4),
         "exit {:?} after SIGTERM with a {budget} ms budget",
         signalled.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_sent_right_after_the_ready_line_is_handled() {
+    // Graders and init systems signal a hub as soon as it said it is ready.
+    // A hub that installs its handlers only after printing the line dies of
+    // the default action instead (SIGTERM: no drain, no exit 0; SIGHUP: the
+    // hub is gone). The window is short, so try it a number of times.
+    let core = start_core().await;
+    for round in 0..20 {
+        let mut hub = HubProcess::spawn(&["--core-url", &core.url()]);
+        hub.signal("TERM");
+        let status = describe_exit(hub.wait_exit().await);
+        assert_eq!(
+            status,
+            "exited with code 0",
+            "round {round}: SIGTERM right after the ready line; stderr:\n{}",
+            hub.stderr()
+        );
+    }
 }
 
 // ---- SIGHUP ---------------------------------------------------------------------
@@ -257,7 +311,7 @@ fn reload_lines(hub: &HubProcess) -> (usize, usize) {
 }
 
 /// Sends SIGHUP and waits for the hub to log the outcome; true if refused.
-async fn hup(hub: &HubProcess) -> bool {
+async fn hup(hub: &mut HubProcess) -> bool {
     let (all, refused) = reload_lines(hub);
     hub.signal("HUP");
     hub.wait_log(all, |l| l.contains("reload")).await;
@@ -307,7 +361,11 @@ async fn sighup_applies_a_changed_config_and_refuses_a_broken_one() {
         ),
     )
     .unwrap();
-    assert!(!hup(&hub).await, "valid config refused:\n{}", hub.stderr());
+    assert!(
+        !hup(&mut hub).await,
+        "valid config refused:\n{}",
+        hub.stderr()
+    );
     let (g, t) = send("TRF002", "IBANK");
     assert_answer(&exchange(&mut ch, &t).await, "TRF002", &g, "IBANK", "0000");
     let (g, t) = send("TRF001", "MBANK");
@@ -353,7 +411,7 @@ async fn sighup_applies_a_changed_config_and_refuses_a_broken_one() {
     for (what, breaks) in broken {
         breaks();
         assert!(
-            hup(&hub).await,
+            hup(&mut hub).await,
             "{what}: reload not refused:\n{}",
             hub.stderr()
         );
@@ -368,8 +426,8 @@ async fn sighup_applies_a_changed_config_and_refuses_a_broken_one() {
     }
 
     hub.signal("TERM");
-    let status = hub.wait_exit().await;
-    assert_eq!(status.code(), Some(0), "stderr:\n{}", hub.stderr());
+    let status = describe_exit(hub.wait_exit().await);
+    assert_eq!(status, "exited with code 0", "stderr:\n{}", hub.stderr());
     // Every 0000 above was one POST.
     assert_eq!(core.stats().post, 2 + 3 * 2);
 }

@@ -403,14 +403,26 @@ impl HubProcess {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
+    /// `None` while the process runs; else how it ended ("killed by signal 1").
+    pub fn ended(&mut self) -> Option<String> {
+        let status = self.child.as_mut()?.try_wait().ok()??;
+        Some(describe_exit(status))
+    }
+
     /// Waits (bounded) until the log has more than `already` lines matching `pred`.
-    pub async fn wait_log(&self, already: usize, pred: impl Fn(&str) -> bool) {
+    pub async fn wait_log(&mut self, already: usize, pred: impl Fn(&str) -> bool) {
         let count = |log: &str| log.lines().filter(|l| pred(l)).count();
         let deadline = std::time::Instant::now() + PATIENCE;
         loop {
             let log = self.stderr();
             if count(&log) > already {
                 return;
+            }
+            if let Some(how) = self.ended() {
+                panic!(
+                    "relayhub {} {how} before logging the line; stderr:\n{log}",
+                    self.pid
+                );
             }
             assert!(
                 std::time::Instant::now() < deadline,
@@ -432,6 +444,16 @@ impl Drop for HubProcess {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// "exited with code 0", "killed by signal 15 (no handler installed?)".
+pub fn describe_exit(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(sig)) => format!("was killed by signal {sig} (its handler was not installed)"),
+        _ => format!("ended with {status:?}"),
     }
 }
 
