@@ -1,0 +1,216 @@
+//! What an operator's Prometheus sees: a real `relayhub serve` process in front
+//! of the in-process corebank fixture, a mixed run of telegrams, then scrapes
+//! of `/metrics` on the admin address the hub printed on stdout.
+//!
+//! A real process, so the counters are this run's alone (the recorder is
+//! process-wide).
+
+mod common;
+mod ops_support;
+
+use common::{ACC2, ACC3, BANK, exchange, guid, start_core, transfer, trf, trf_fields};
+use corebank::FaultRule;
+use ops_support::{Hub, Metrics};
+use relayhub::admin;
+use relayhub::client::Channel;
+use relayhub::frame::PrefixMode;
+use serde_json::json;
+
+/// Every metric the hub describes, with the Prometheus type it must have.
+const DESCRIBED: &[(&str, &str)] = &[
+    (admin::TELEGRAMS, "counter"),
+    (admin::TELEGRAM_DURATION, "histogram"),
+    (admin::CORE_CALL_DURATION, "histogram"),
+    (admin::CORE_IN_FLIGHT, "gauge"),
+    (admin::BULKHEAD_REJECTIONS, "counter"),
+    (admin::CORE_RETRIES, "counter"),
+    (admin::OPEN_CONNECTIONS, "gauge"),
+    (admin::CONNECTIONS_REFUSED, "counter"),
+    (admin::JOURNAL_UNKNOWN, "gauge"),
+    (admin::CONFIG_RELOADS, "counter"),
+];
+
+fn telegrams(m: &Metrics, tx: &str, code: &str) -> f64 {
+    m.value(admin::TELEGRAMS, &[("tx_code", tx), ("code", code)])
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_after_a_mixed_run_count_what_happened() {
+    let core = start_core().await;
+    let core_url = core.url();
+    let hub = tokio::task::spawn_blocking(move || {
+        Hub::spawn(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--core-url",
+            &core_url,
+            "--journal",
+            "memory",
+            "--budget-ms",
+            "800",
+        ])
+    })
+    .await
+    .unwrap();
+
+    // Before any telegram: every series without labels, and the per-target
+    // ones, read 0 rather than being missing.
+    let m = scrape(&hub).await;
+    for (name, labels) in [
+        (admin::OPEN_CONNECTIONS, vec![]),
+        (admin::CONNECTIONS_REFUSED, vec![]),
+        (admin::JOURNAL_UNKNOWN, vec![]),
+        (admin::BULKHEAD_REJECTIONS, vec![("target", "core")]),
+        (
+            admin::CORE_RETRIES,
+            vec![("target", "core"), ("operation", "transfer")],
+        ),
+        (admin::CONFIG_RELOADS, vec![("result", "ok")]),
+        (admin::CONFIG_RELOADS, vec![("result", "refused")]),
+    ] {
+        assert_eq!(m.must(name, &labels), 0.0, "{name} {labels:?} at start");
+    }
+
+    let mut ch = Channel::connect(&hub.addr, PrefixMode::Ascii)
+        .await
+        .expect("connect to the hub");
+
+    // 3 x 0000.
+    for _ in 0..3 {
+        let a = exchange(&mut ch, &transfer(&guid("OPSOK"), 1000)).await;
+        assert_eq!(a.code, "0000", "{a:?}");
+    }
+    // 1 x B201: ACC3 holds 500,000.
+    let a = exchange(
+        &mut ch,
+        &trf(&guid("OPSB2"), &trf_fields(ACC3, BANK, ACC2, 600_000, "")),
+    )
+    .await;
+    assert_eq!(a.code, "B201", "{a:?}");
+    // 1 x E101: a tx code without a route.
+    let mut unrouted = transfer(&guid("OPS101"), 1000);
+    unrouted[..6].copy_from_slice(b"ZZZ999");
+    let a = exchange(&mut ch, &unrouted).await;
+    assert_eq!(a.code, "E101", "{a:?}");
+    // 1 x E102: a letter in the amount (U field at byte 99).
+    let mut malformed = transfer(&guid("OPS102"), 1000);
+    malformed[100] = b'X';
+    let a = exchange(&mut ch, &malformed).await;
+    assert_eq!(a.code, "E102", "{a:?}");
+    // 1 x E901: the core holds the transfer past the budget (800 ms); the call
+    // goes on in the late-answer window.
+    let slow = guid("OPS901");
+    let rule: FaultRule = serde_json::from_value(json!({
+        "match": {"guid": slow},
+        "action": {"delay_ms": 10_000},
+        "times": 1
+    }))
+    .unwrap();
+    core.add_fault(rule);
+    let a = exchange(&mut ch, &transfer(&slow, 1000)).await;
+    assert_eq!(a.code, "E901", "{a:?}");
+
+    let m = scrape(&hub).await;
+    assert_eq!(telegrams(&m, "TRF001", "0000"), 3.0);
+    assert_eq!(telegrams(&m, "TRF001", "B201"), 1.0);
+    assert_eq!(telegrams(&m, "TRF001", "E102"), 1.0);
+    assert_eq!(telegrams(&m, "TRF001", "E901"), 1.0);
+    // Unrouted tx codes share one label value: a channel cannot grow the series.
+    assert_eq!(telegrams(&m, admin::UNROUTED_TX, "E101"), 1.0);
+    assert!(
+        !m.text.contains("ZZZ999"),
+        "an unrouted tx code became a label:\n{}",
+        m.text
+    );
+    let total: f64 = m
+        .samples
+        .iter()
+        .filter(|s| s.name == admin::TELEGRAMS)
+        .map(|s| s.value)
+        .sum();
+    assert_eq!(total, 7.0, "telegrams in all");
+
+    // Latency: one observation per telegram, one core call per transfer sent.
+    let count = |name: &str, labels: &[(&str, &str)]| m.must(&format!("{name}_count"), labels);
+    assert_eq!(
+        count(admin::TELEGRAM_DURATION, &[("tx_code", "TRF001")]),
+        6.0
+    );
+    assert_eq!(
+        count(admin::TELEGRAM_DURATION, &[("tx_code", admin::UNROUTED_TX)]),
+        1.0
+    );
+    assert_eq!(
+        count(
+            admin::CORE_CALL_DURATION,
+            &[("target", "core"), ("operation", "transfer")]
+        ),
+        5.0
+    );
+    // Every telegram was answered within the 800 ms budget.
+    assert_eq!(
+        m.must(
+            &format!("{}_bucket", admin::TELEGRAM_DURATION),
+            &[("tx_code", "TRF001"), ("le", "1")]
+        ),
+        6.0
+    );
+
+    // Read gauges, refreshed by the scrape itself (not 5 s later): the E901
+    // transfer is unknown in the journal and its call still holds a slot.
+    assert_eq!(m.must(admin::JOURNAL_UNKNOWN, &[]), 1.0);
+    assert_eq!(m.must(admin::CORE_IN_FLIGHT, &[("target", "core")]), 1.0);
+    assert_eq!(m.must(admin::OPEN_CONNECTIONS, &[]), 1.0);
+    assert_eq!(
+        m.must(admin::BULKHEAD_REJECTIONS, &[("target", "core")]),
+        0.0
+    );
+
+    // Every metric is described (HELP) and typed, and named by the conventions.
+    for (name, ty) in DESCRIBED {
+        assert!(
+            m.help.get(*name).is_some_and(|h| !h.is_empty()),
+            "no HELP for {name}:\n{}",
+            m.text
+        );
+        assert_eq!(m.types.get(*name).map(String::as_str), Some(*ty), "{name}");
+    }
+    for (name, ty) in &m.types {
+        if !name.starts_with("relayhub_") {
+            continue;
+        }
+        assert!(
+            DESCRIBED.iter().any(|(n, _)| n == name),
+            "{name} is exported but not in the described list"
+        );
+        match ty.as_str() {
+            "counter" => assert!(name.ends_with("_total"), "counter {name}"),
+            "histogram" => assert!(name.ends_with("_seconds"), "histogram {name}"),
+            _ => assert!(!name.ends_with("_total"), "gauge {name}"),
+        }
+    }
+
+    // A reload (SIGHUP) is counted with its outcome.
+    hub.signal("HUP");
+    hub.stderr_line_with("reload: new routes");
+    let m = scrape(&hub).await;
+    assert_eq!(m.must(admin::CONFIG_RELOADS, &[("result", "ok")]), 1.0);
+    assert_eq!(m.must(admin::CONFIG_RELOADS, &[("result", "refused")]), 0.0);
+
+    drop(ch);
+    let mut hub = hub;
+    let status = tokio::task::spawn_blocking(move || hub.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+async fn scrape(hub: &Hub) -> Metrics {
+    let url = format!("http://{}/metrics", hub.admin);
+    let (status, text) = tokio::task::spawn_blocking(move || ops_support::http_get(&url))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "/metrics: {text}");
+    Metrics::parse(&text)
+}

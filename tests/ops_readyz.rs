@@ -1,0 +1,60 @@
+//! `/readyz` says "starting" (503) until the hub takes telegrams, then "ready"
+//! (200); `/healthz` is 200 all along. A real process.
+//!
+//! The admin listener is bound before the journal is opened (`Daemon::start`).
+//! To hold start-up at that point without a test hook, the test keeps an
+//! exclusive SQLite lock on the journal file: the hub's open waits on it
+//! (busy timeout, 5 s) until the test lets go. The hub logs the admin address
+//! when it binds, before it is ready, so the test finds it on stderr.
+
+mod ops_support;
+
+use ops_support::{Hub, http_get};
+use serde_json::Value;
+
+#[test]
+fn readyz_flips_from_503_to_200_once_the_journal_is_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal.db");
+    let lock = rusqlite::Connection::open(&journal).unwrap();
+    lock.execute_batch("BEGIN EXCLUSIVE").unwrap();
+
+    let mut hub = Hub::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--core-url",
+        "http://127.0.0.1:1",
+        "--journal",
+        journal.to_str().unwrap(),
+        "--log-format",
+        "json",
+    ]);
+    let line = hub.stderr_line_with("admin endpoints listening");
+    let entry: Value = serde_json::from_str(&line).expect("a JSON log line");
+    let admin = entry["fields"]["admin"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no admin address in {line}"))
+        .to_string();
+
+    // Start-up is held at the journal: alive, not ready.
+    let (status, body) = http_get(&format!("http://{admin}/readyz"));
+    assert_eq!((status, body.trim()), (503, "starting"));
+    let (status, _) = http_get(&format!("http://{admin}/healthz"));
+    assert_eq!(status, 200, "healthz while starting");
+
+    lock.execute_batch("COMMIT").unwrap();
+    drop(lock);
+    hub.wait_ready();
+    assert_eq!(
+        hub.admin, admin,
+        "the admin line on stdout names the same address"
+    );
+
+    let (status, body) = hub.get("/readyz");
+    assert_eq!((status, body.trim()), (200, "ready"));
+    let (status, _) = hub.get("/healthz");
+    assert_eq!(status, 200, "healthz when ready");
+
+    let status = hub.terminate();
+    assert!(status.success(), "exit status {status:?}");
+}

@@ -1,0 +1,316 @@
+//! What the operations suites share: `relayhub serve` as a real process with
+//! its admin endpoints, plain HTTP GETs, and a reader for the Prometheus text
+//! format.
+//!
+//! The hub prints `relayhub listening on HOST:PORT` and then
+//! `admin listening on HOST:PORT` on stdout; [`Hub::spawn`] waits for both.
+//! Waits are bounded by [`PATIENCE`]; nothing sleeps to order events.
+
+#![allow(dead_code)] // each suite uses a different part of it
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Upper bound for any wait; never used to order events.
+pub const PATIENCE: Duration = Duration::from_secs(15);
+
+pub fn relayhub_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_relayhub"))
+}
+
+/// The repository root (where `config/` and `docs/` live).
+pub fn repo(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// A `relayhub serve` process, killed if the test ends without stopping it.
+pub struct Hub {
+    child: Option<Child>,
+    pub addr: String,
+    pub admin: String,
+    /// Everything written to stderr so far (read by a thread).
+    stderr: Arc<Mutex<String>>,
+    stderr_lines: mpsc::Receiver<String>,
+}
+
+impl Hub {
+    /// Starts `relayhub serve ARGS --admin-listen 127.0.0.1:0` and waits for
+    /// its two ready lines.
+    pub fn spawn(args: &[&str]) -> Hub {
+        let mut hub = Hub::start(args);
+        hub.wait_ready();
+        hub
+    }
+
+    /// Starts the process without waiting for anything.
+    pub fn start(args: &[&str]) -> Hub {
+        let mut child = Command::new(relayhub_bin())
+            .arg("serve")
+            .args(args)
+            .args(["--admin-listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn relayhub serve");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        {
+            let pipe = child.stderr.take().unwrap();
+            let all = stderr.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    let mut all = all.lock().unwrap();
+                    all.push_str(&line);
+                    all.push('\n');
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        Hub {
+            child: Some(child),
+            addr: String::new(),
+            admin: String::new(),
+            stderr,
+            stderr_lines: rx,
+        }
+    }
+
+    /// Reads the two stdout lines: the hub's, then the admin endpoints'.
+    pub fn wait_ready(&mut self) {
+        let stdout = self
+            .child
+            .as_mut()
+            .and_then(|c| c.stdout.take())
+            .expect("stdout not read yet");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            // Keep draining so the child never blocks on a full pipe.
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let next = || match rx.recv_timeout(PATIENCE) {
+            Ok(line) => line,
+            Err(e) => panic!("no ready line ({e}); stderr:\n{}", self.stderr()),
+        };
+        let first = next();
+        let second = next();
+        self.addr = after(&first, "relayhub listening on ")
+            .unwrap_or_else(|| panic!("first stdout line is not the hub's: {first:?}"));
+        self.admin = after(&second, "admin listening on ")
+            .unwrap_or_else(|| panic!("second stdout line is not the admin's: {second:?}"));
+        assert!(!self.addr.ends_with(":0") && !self.admin.ends_with(":0"));
+    }
+
+    /// The next stderr line that contains `needle` (bounded wait).
+    pub fn stderr_line_with(&self, needle: &str) -> String {
+        let until = Instant::now() + PATIENCE;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.stderr_lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("no stderr line with {needle:?}; stderr:\n{}", self.stderr()),
+            }
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Sends a signal by name (`TERM`, `HUP`).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// SIGTERM, then the exit status (bounded wait); stderr is complete after it.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.signal("TERM");
+        let pid = self.pid();
+        let mut child = self.child.take().expect("running");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        match rx.recv_timeout(PATIENCE) {
+            Ok(Ok(status)) => {
+                // Let the stderr reader catch up with the last lines.
+                let _ = self.stderr_line_with_eof();
+                status
+            }
+            other => {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+                panic!("relayhub did not exit within {PATIENCE:?} of SIGTERM: {other:?}");
+            }
+        }
+    }
+
+    /// Drains stderr lines until the pipe closes (the reader thread ends).
+    fn stderr_line_with_eof(&self) -> Option<()> {
+        let until = Instant::now() + PATIENCE;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.stderr_lines.recv_timeout(left) {
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Some(()),
+                Err(mpsc::RecvTimeoutError::Timeout) => return None,
+            }
+        }
+    }
+
+    /// `GET http://ADMIN{path}`: status and body.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_get(&format!("http://{}{path}", self.admin))
+    }
+
+    /// One scrape of `/metrics`, parsed.
+    pub fn scrape(&self) -> Metrics {
+        let (status, text) = self.get("/metrics");
+        assert_eq!(status, 200, "/metrics status; body:\n{text}");
+        Metrics::parse(&text)
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn after(line: &str, prefix: &str) -> Option<String> {
+    line.split(prefix)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+}
+
+/// A GET with a bounded wait; any status is an answer.
+pub fn http_get(url: &str) -> (u16, String) {
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(PATIENCE))
+        .build()
+        .new_agent();
+    let mut resp = agent
+        .get(url)
+        .call()
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let status = resp.status().as_u16();
+    let body = resp.body_mut().read_to_string().unwrap_or_default();
+    (status, body)
+}
+
+/// One sample line of the Prometheus text format.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// A parsed scrape: samples, and the `# HELP` / `# TYPE` lines by metric name.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub text: String,
+    pub samples: Vec<Sample>,
+    pub help: BTreeMap<String, String>,
+    pub types: BTreeMap<String, String>,
+}
+
+impl Metrics {
+    pub fn parse(text: &str) -> Metrics {
+        let mut m = Metrics {
+            text: text.to_string(),
+            ..Metrics::default()
+        };
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+                m.help.insert(name.into(), help.into());
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, ty) = rest.split_once(' ').unwrap_or((rest, ""));
+                m.types.insert(name.into(), ty.into());
+            } else if !line.starts_with('#') {
+                m.samples.push(parse_sample(line));
+            }
+        }
+        m
+    }
+
+    /// The value of the one sample named `name` whose labels include `labels`;
+    /// `None` when there is no such sample.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let found: Vec<&Sample> = self
+            .samples
+            .iter()
+            .filter(|s| s.name == name)
+            .filter(|s| {
+                labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .collect();
+        assert!(
+            found.len() <= 1,
+            "more than one sample {name} {labels:?}: {found:?}"
+        );
+        found.first().map(|s| s.value)
+    }
+
+    /// Like [`Metrics::value`], but the sample must exist.
+    pub fn must(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.value(name, labels)
+            .unwrap_or_else(|| panic!("no sample {name} {labels:?} in the scrape:\n{}", self.text))
+    }
+}
+
+fn parse_sample(line: &str) -> Sample {
+    let (head, value) = line
+        .rsplit_once(' ')
+        .unwrap_or_else(|| panic!("sample line without a value: {line:?}"));
+    let value: f64 = value
+        .parse()
+        .unwrap_or_else(|_| panic!("sample value is not a number: {line:?}"));
+    let (name, labels) = match head.split_once('{') {
+        None => (head.to_string(), BTreeMap::new()),
+        Some((name, rest)) => {
+            let body = rest
+                .strip_suffix('}')
+                .unwrap_or_else(|| panic!("unclosed labels: {line:?}"));
+            let mut labels = BTreeMap::new();
+            // Label values here never hold `,` or `"` (tx codes, codes, names).
+            for pair in body.split(',').filter(|p| !p.is_empty()) {
+                let (k, v) = pair
+                    .split_once('=')
+                    .unwrap_or_else(|| panic!("label without `=`: {line:?}"));
+                labels.insert(k.to_string(), v.trim_matches('"').to_string());
+            }
+            (name.to_string(), labels)
+        }
+    };
+    Sample {
+        name,
+        labels,
+        value,
+    }
+}
