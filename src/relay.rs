@@ -138,7 +138,7 @@ impl Hub {
     pub async fn handle(&self, telegram: &[u8], peer: IpAddr, read_at: Instant) -> (Echo, Reply) {
         let deadline = read_at + self.budget;
         let echo = Echo::from_telegram(telegram);
-        let span = info_span!("telegram", guid = echo.guid_str(), tx = echo.tx_code_str(), channel = tracing::field::Empty, %peer);
+        let span = info_span!("telegram", guid = echo.guid_str(), tx = echo.tx_code_str(), channel = tracing::field::Empty, core_ms = tracing::field::Empty, %peer);
         let (reply, note) = self
             .dispatch(telegram, peer, deadline)
             .instrument(span.clone())
@@ -517,6 +517,8 @@ impl Hub {
         };
         metrics::histogram!("relayhub_core_call_duration_seconds", "target" => target.name.clone(), "operation" => "transfer")
             .record(started.elapsed().as_secs_f64());
+        // Phase timing for the telegram's summary line (its span carries it).
+        tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
         let (reply, outcome) = self.reply_for(outcome, &route.layout, rules);
         let state = state_for(reply.code);
         let note = describe(&outcome, attempt);
@@ -814,6 +816,8 @@ impl Hub {
         };
         metrics::histogram!("relayhub_core_call_duration_seconds", "target" => target.name.clone(), "operation" => "inquiry")
             .record(started.elapsed().as_secs_f64());
+        // Phase timing for the telegram's summary line (its span carries it).
+        tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
         outcome
     }
 

@@ -96,6 +96,8 @@ async fn json_logs_carry_guid_code_and_masked_accounts_only() {
     let summary = summaries[0];
     assert_eq!(summary["fields"]["code"], "0000", "{summary}");
     assert!(summary["fields"]["ms"].is_u64(), "{summary}");
+    // Phase timing: the time spent calling the core, on the telegram's span.
+    assert!(summary["span"]["core_ms"].is_u64(), "{summary}");
     assert_eq!(summary["span"]["channel"], "IBANK", "{summary}");
     assert_eq!(summary["level"], "INFO", "{summary}");
     // The request fields, masked, on the telegram's "accepted" line.
