@@ -142,12 +142,23 @@ pub async fn run(
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
-    drop(listener);
     hub.start_draining();
+    drop(listener);
     info!("draining: listener closed, waiting for telegrams in flight");
     in_flight.wait_idle().await;
     connections.shutdown().await;
     info!("drained");
+}
+
+/// What a connection's reader and writer share.
+#[derive(Default)]
+struct Link {
+    /// Telegrams read and not yet answered on this connection.
+    pending: AtomicUsize,
+    /// Woken after each answer is written: idle time counts from there.
+    answered: Notify,
+    /// Woken when the writer stops (closing answer, or the channel went away).
+    stop: Notify,
 }
 
 /// What the writer sends next.
@@ -170,9 +181,9 @@ async fn serve_connection(
     }
     let (mut reader, writer) = stream.into_split();
     let (tx, rx) = mpsc::channel(limits.max_in_flight_per_connection);
-    let stop = Arc::new(Notify::new());
+    let link = Arc::new(Link::default());
     let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
-    let writer_task = tokio::spawn(write_answers(writer, rx, codec, stop.clone()));
+    let writer_task = tokio::spawn(write_answers(writer, rx, codec, link.clone()));
     let mut buf = BytesMut::with_capacity(512);
     let mut started: Option<Instant> = None;
     'read: loop {
@@ -183,6 +194,7 @@ async fn serve_connection(
                     let read_at = Instant::now();
                     started = None;
                     let guard = in_flight.enter();
+                    link.pending.fetch_add(1, Ordering::SeqCst);
                     let hub = hub.clone();
                     let task = tokio::spawn(
                         async move { hub.handle(&telegram, peer.ip(), read_at).await }
@@ -220,6 +232,8 @@ async fn serve_connection(
                     debug!(%e, "read failed");
                     break;
                 }
+                // Waiting for our own answers is not idling.
+                Err(_) if started.is_none() && link.pending.load(Ordering::SeqCst) > 0 => {}
                 Err(_) => {
                     if started.is_some() {
                         warn!(buffered = buf.len(), "telegram not completed within the read timeout; closing without an answer");
@@ -229,7 +243,9 @@ async fn serve_connection(
                     break;
                 }
             },
-            _ = stop.notified() => break,
+            // An answer went out: the idle time counts from now.
+            _ = link.answered.notified() => {}
+            _ = link.stop.notified() => break,
         }
     }
     drop(tx);
@@ -240,14 +256,14 @@ async fn write_answers(
     mut writer: OwnedWriteHalf,
     mut rx: mpsc::Receiver<Answer>,
     codec: FrameCodec,
-    stop: Arc<Notify>,
+    link: Arc<Link>,
 ) {
     let mut telegram = Vec::with_capacity(128);
     let mut framed = BytesMut::with_capacity(160);
     while let Some(answer) = rx.recv().await {
         telegram.clear();
         framed.clear();
-        let (close, _guard) = match answer {
+        let (close, guard) = match answer {
             Answer::Telegram(task, guard) => {
                 let (echo, reply) = match task.await {
                     Ok(x) => x,
@@ -289,7 +305,12 @@ async fn write_answers(
             warn!(%e, "answer cannot be framed");
             break;
         }
-        if let Err(e) = writer.write_all(&framed).await {
+        let written = writer.write_all(&framed).await;
+        if guard.is_some() {
+            link.pending.fetch_sub(1, Ordering::SeqCst);
+            link.answered.notify_one();
+        }
+        if let Err(e) = written {
             debug!(%e, "write failed; channel gone");
             break;
         }
@@ -298,5 +319,5 @@ async fn write_answers(
         }
     }
     let _ = writer.shutdown().await;
-    stop.notify_one();
+    link.stop.notify_one();
 }

@@ -209,6 +209,9 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     let source = args.config.source();
     let config = source.load().map_err(|e| e.to_string())?;
     init_logging(&config, args.log_format.as_deref())?;
+    // Handlers go in before anything is announced: a SIGTERM or SIGHUP sent the
+    // moment the ready line appears must drain or reload, not kill the process.
+    let mut signals = Signals::install()?;
     let daemon = Daemon::start(source).await.map_err(|e| e.to_string())?;
     // The hub's line first: graders read the first line containing `listening on`.
     println!("relayhub listening on {}", daemon.addr);
@@ -217,36 +220,59 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    wait_for_signals(&daemon).await;
+    signals.wait(&daemon).await;
     tracing::info!("stopping: draining telegrams in flight");
     daemon.shutdown().await;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
 }
 
+/// SIGTERM/SIGINT (drain and stop) and SIGHUP (reload), installed early.
 #[cfg(unix)]
-async fn wait_for_signals(daemon: &Daemon) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = term.recv() => return,
-            _ = int.recv() => return,
-            _ = hup.recv() => { let _ = daemon.reload(); }
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+#[cfg(unix)]
+impl Signals {
+    fn install() -> Result<Signals, String> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let install = |kind: SignalKind| {
+            signal(kind).map_err(|e| format!("cannot install signal handlers: {e}"))
+        };
+        Ok(Signals {
+            term: install(SignalKind::terminate())?,
+            int: install(SignalKind::interrupt())?,
+            hup: install(SignalKind::hangup())?,
+        })
+    }
+
+    /// Returns on SIGTERM or SIGINT; reloads on each SIGHUP meanwhile.
+    async fn wait(&mut self, daemon: &Daemon) {
+        loop {
+            tokio::select! {
+                _ = self.term.recv() => return,
+                _ = self.int.recv() => return,
+                _ = self.hup.recv() => { let _ = daemon.reload(); }
+            }
         }
     }
 }
 
 #[cfg(not(unix))]
-async fn wait_for_signals(_daemon: &Daemon) {
-    let _ = tokio::signal::ctrl_c().await;
+struct Signals;
+
+#[cfg(not(unix))]
+impl Signals {
+    fn install() -> Result<Signals, String> {
+        Ok(Signals)
+    }
+
+    async fn wait(&mut self, _daemon: &Daemon) {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 fn load_layouts(
