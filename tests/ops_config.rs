@@ -1,0 +1,122 @@
+//! The shipped operations files load: the example config through
+//! `relayhub check`, and the systemd unit's own `ExecStart` command line run
+//! through `relayhub check` with the example config in place of
+//! `/etc/relayhub/relayhub.toml`. Real processes.
+
+mod ops_support;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use ops_support::{relayhub_bin, repo};
+
+const UNIT: &str = "config/relayhub.service";
+const EXAMPLE: &str = "config/relayhub.example.toml";
+
+fn run_check(args: &[String]) -> String {
+    let out = Command::new(relayhub_bin())
+        .args(args)
+        .output()
+        .expect("run relayhub check");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "relayhub {args:?} failed ({:?}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    stdout
+}
+
+/// `[Service]` directives of the unit (the last value of a repeated key).
+fn unit() -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(repo(UNIT)).expect("read the unit file");
+    let mut section = String::new();
+    let mut keys = BTreeMap::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if line.starts_with('[') {
+            section = line.to_string();
+            continue;
+        }
+        let (k, v) = line
+            .split_once('=')
+            .unwrap_or_else(|| panic!("{UNIT}: not KEY=VALUE: {line:?}"));
+        keys.insert(format!("{section}{}", k.trim()), v.trim().to_string());
+    }
+    keys
+}
+
+#[test]
+fn example_config_passes_check_and_prints_the_route_table() {
+    let out = run_check(&["check".into(), "--config".into(), EXAMPLE.into()]);
+    assert!(out.contains("config OK"), "{out}");
+    for row in ["TRF001", "INQ001", "transfer", "inquiry", "target core"] {
+        assert!(out.contains(row), "no {row:?} in:\n{out}");
+    }
+}
+
+#[test]
+fn unit_file_execstart_runs_check_on_the_example_config() {
+    let unit = unit();
+    let exec = &unit["[Service]ExecStart"];
+    let argv: Vec<&str> = exec.split_whitespace().collect();
+    assert_eq!(argv[0], "/usr/local/bin/relayhub", "ExecStart: {exec}");
+    assert_eq!(argv[1], "serve", "ExecStart: {exec}");
+    let at = argv
+        .iter()
+        .position(|a| *a == "--config")
+        .unwrap_or_else(|| panic!("ExecStart has no --config: {exec}"));
+    assert_eq!(argv[at + 1], "/etc/relayhub/relayhub.toml");
+
+    // The same command line, as `check`, with the example config installed.
+    let example = repo(EXAMPLE).display().to_string();
+    let args: Vec<String> = std::iter::once("check".to_string())
+        .chain(argv[2..].iter().map(|a| {
+            if *a == "/etc/relayhub/relayhub.toml" {
+                example.clone()
+            } else {
+                a.to_string()
+            }
+        }))
+        .collect();
+    let out = run_check(&args);
+    assert!(out.contains("config OK"), "{out}");
+}
+
+#[test]
+fn unit_file_stops_reloads_and_keeps_state_as_documented() {
+    let unit = unit();
+    let get = |k: &str| {
+        unit.get(&format!("[Service]{k}"))
+            .unwrap_or_else(|| panic!("{UNIT}: no {k}="))
+            .as_str()
+    };
+    assert_eq!(get("Restart"), "on-failure");
+    assert_eq!(get("KillSignal"), "SIGTERM");
+    assert_eq!(get("ExecReload"), "/bin/kill -HUP $MAINPID");
+    assert_eq!(get("User"), "relayhub");
+    assert_eq!(get("StateDirectory"), "relayhub");
+    assert_eq!(get("NoNewPrivileges"), "yes");
+    assert_eq!(get("ProtectSystem"), "strict");
+    assert_eq!(unit["[Install]WantedBy"], "multi-user.target");
+
+    // Stopping drains for at most one budget: the stop timeout must exceed it.
+    let example = relayhub::config::Config::from_file(&repo(EXAMPLE)).unwrap();
+    let stop_s: u64 = get("TimeoutStopSec")
+        .parse()
+        .expect("TimeoutStopSec in whole seconds");
+    assert!(
+        stop_s * 1000 > 2 * example.server.budget_ms,
+        "TimeoutStopSec={stop_s} is not well above the {} ms budget",
+        example.server.budget_ms
+    );
+    // The example's journal lives in the unit's state directory.
+    assert!(
+        example.journal.path.starts_with("/var/lib/relayhub/"),
+        "example journal path {:?} is outside StateDirectory=relayhub",
+        example.journal.path
+    );
+}
