@@ -47,10 +47,9 @@
 
 mod open;
 
-use std::future::Future;
 use std::time::Duration;
 
-use deadpool_postgres::{Pool, PoolError};
+use deadpool_postgres::{Pool, PoolError, TimeoutType};
 use tokio_postgres::Row as PgRow;
 
 use super::{Claim, Event, Finish, JournalError, Row, State};
@@ -78,15 +77,8 @@ pub struct PgJournal {
 
 /// Why one call failed, before it becomes a [`JournalError`].
 enum Fail {
-    Pool(PoolError),
     Db(tokio_postgres::Error),
     Data(String),
-}
-
-impl From<PoolError> for Fail {
-    fn from(e: PoolError) -> Self {
-        Fail::Pool(e)
-    }
 }
 
 impl From<tokio_postgres::Error> for Fail {
@@ -98,7 +90,6 @@ impl From<tokio_postgres::Error> for Fail {
 impl Fail {
     fn reason(&self) -> String {
         match self {
-            Fail::Pool(e) => pool_error(e),
             Fail::Db(e) => db_error(e),
             Fail::Data(s) => s.clone(),
         }
@@ -118,7 +109,15 @@ pub(crate) fn db_error(e: &tokio_postgres::Error) -> String {
 pub(crate) fn pool_error(e: &PoolError) -> String {
     match e {
         PoolError::Backend(b) => db_error(b),
-        PoolError::Timeout(t) => format!("no database connection within the timeout ({t:?})"),
+        PoolError::Timeout(TimeoutType::Wait) => {
+            "no free database connection within the timeout (all in use)".into()
+        }
+        PoolError::Timeout(TimeoutType::Create) => {
+            "could not connect to PostgreSQL within the timeout".into()
+        }
+        PoolError::Timeout(TimeoutType::Recycle) => {
+            "a pooled connection did not pass its check within the timeout".into()
+        }
         other => other.to_string(),
     }
 }
@@ -163,11 +162,12 @@ impl PgJournal {
         })
     }
 
-    /// Runs one call within the timeout, naming failures as reads or writes.
+    /// Runs one call on a pooled connection, the wait for the connection
+    /// included, within the timeout; failures become reads or writes.
     async fn bounded<T>(
         &self,
         writes: bool,
-        call: impl Future<Output = Result<T, Fail>>,
+        call: impl AsyncFnOnce(&deadpool_postgres::Client) -> Result<T, Fail>,
     ) -> Result<T, JournalError> {
         let error = |reason: String| {
             if writes {
@@ -176,13 +176,35 @@ impl PgJournal {
                 JournalError::Read(reason)
             }
         };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(f)) => Err(error(f.reason())),
-            Err(_) => Err(error(format!(
+        let timed_out = || {
+            error(format!(
                 "no answer from PostgreSQL within {} ms",
                 self.timeout.as_millis()
-            ))),
+            ))
+        };
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let client = match tokio::time::timeout_at(deadline, self.pool.get()).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                return Err(error(format!(
+                    "{} ({} ms)",
+                    pool_error(&e),
+                    self.timeout.as_millis()
+                )));
+            }
+            Err(_) => return Err(timed_out()),
+        };
+        let result = tokio::time::timeout_at(deadline, call(&client)).await;
+        match result {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(f)) => Err(error(f.reason())),
+            Err(_) => {
+                // A server or network that stopped answering leaves the
+                // connection stuck behind this call; it must not be handed
+                // out again. Taking it from the pool closes it.
+                drop(deadpool_postgres::Object::take(client));
+                Err(timed_out())
+            }
         }
     }
 
@@ -200,8 +222,7 @@ impl PgJournal {
         fingerprint: &str,
         now_ms: i64,
     ) -> Result<Claim, JournalError> {
-        self.bounded(true, async {
-            let c = self.pool.get().await?;
+        self.bounded(true, async |c| {
             // One statement: the row and its first event, or nothing when the
             // GUID exists. A concurrent insert of the same GUID makes this one
             // wait for it, then do nothing.
@@ -275,10 +296,9 @@ impl PgJournal {
         attempts: u32,
         now_ms: i64,
     ) -> Result<bool, JournalError> {
-        self.bounded(true, async {
-            let attempts = i32::try_from(attempts)
-                .map_err(|_| Fail::Data(format!("attempt count {attempts} out of range")))?;
-            let c = self.pool.get().await?;
+        let attempts = i32::try_from(attempts)
+            .map_err(|_| JournalError::Write(format!("attempt count {attempts} out of range")))?;
+        self.bounded(true, async |c| {
             // A racing update waits for the row lock, then re-checks the
             // condition on the new row and finds it no longer `not_sent`.
             let st = c
@@ -324,8 +344,7 @@ impl PgJournal {
         now_ms: i64,
     ) -> Result<bool, JournalError> {
         let only_if: Vec<&str> = only_if.iter().map(State::as_str).collect();
-        self.bounded(true, async {
-            let c = self.pool.get().await?;
+        self.bounded(true, async |c| {
             // A final answer or "not sent" ends the owner's call: the lease
             // goes. "Unknown" keeps it: the call may go on for late answers.
             let st = c
@@ -371,8 +390,7 @@ impl PgJournal {
 
     /// A GUID's row, if journaled.
     pub async fn get(&self, guid: &str) -> Result<Option<Row>, JournalError> {
-        self.bounded(false, async {
-            let c = self.pool.get().await?;
+        self.bounded(false, async |c| {
             let st = c
                 .prepare_cached(&format!(
                     "SELECT {ROW_COLUMNS} FROM relayhub_journal WHERE guid = $1::text"
@@ -393,8 +411,7 @@ impl PgJournal {
         &self,
         guid: &str,
     ) -> Result<Option<(Option<String>, Option<i64>)>, JournalError> {
-        self.bounded(false, async {
-            let c = self.pool.get().await?;
+        self.bounded(false, async |c| {
             let st = c
                 .prepare_cached(
                     "SELECT owner, lease_until_ms FROM relayhub_journal WHERE guid = $1::text",
@@ -409,8 +426,7 @@ impl PgJournal {
 
     /// A GUID's history, oldest first (empty if unknown).
     pub async fn history(&self, guid: &str) -> Result<Vec<Event>, JournalError> {
-        self.bounded(false, async {
-            let c = self.pool.get().await?;
+        self.bounded(false, async |c| {
             let st = c
                 .prepare_cached(
                     "SELECT at_ms, state, code, note FROM relayhub_journal_events \
@@ -436,8 +452,7 @@ impl PgJournal {
     /// Rows in a state, oldest first, at most `limit`.
     pub async fn list(&self, state: State, limit: usize) -> Result<Vec<Row>, JournalError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.bounded(false, async {
-            let c = self.pool.get().await?;
+        self.bounded(false, async |c| {
             let st = c
                 .prepare_cached(&format!(
                     "SELECT {ROW_COLUMNS} FROM relayhub_journal WHERE state = $1::text \
@@ -456,8 +471,7 @@ impl PgJournal {
     /// Rows left `sending` whose lease has expired become `unknown` (E901 in
     /// their history). A live hub's rows keep their state. Returns how many.
     pub async fn recover(&self, now_ms: i64) -> Result<u64, JournalError> {
-        self.bounded(true, async {
-            let c = self.pool.get().await?;
+        self.bounded(true, async |c| {
             let st = c
                 .prepare_cached(&format!(
                     "WITH r AS ( \
@@ -483,8 +497,7 @@ impl PgJournal {
     /// Deletes rows (and their history) last updated before `before_ms`, except
     /// rows still `sending`: those are in flight, or await their lease's end.
     pub async fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
-        self.bounded(true, async {
-            let c = self.pool.get().await?;
+        self.bounded(true, async |c| {
             let st = c
                 .prepare_cached(
                     "WITH gone AS ( \

@@ -14,7 +14,6 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use relayhub::client::{Answer, Channel, build_telegram, new_guid};
@@ -110,13 +109,22 @@ pub async fn within<F: std::future::Future>(fut: F) -> F::Output {
 
 // ---- a database that goes away ------------------------------------------
 
-/// A TCP proxy in front of the database. [`Proxy::cut`] drops every
-/// connection and refuses new ones, which is what a hub sees when the
-/// database server stops or its host goes away.
+/// What the proxy does with traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Up,
+    /// Connections stay open but nothing gets through: a server or network
+    /// that stopped answering.
+    Frozen,
+    /// Connections drop and new ones are closed at once: a server that
+    /// stopped, or its host gone.
+    Cut,
+}
+
+/// A TCP proxy in front of the database, to take it away from a hub.
 pub struct Proxy {
     pub addr: std::net::SocketAddr,
-    up: Arc<std::sync::atomic::AtomicBool>,
-    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    mode: tokio::sync::watch::Sender<Mode>,
     accept: JoinHandle<()>,
 }
 
@@ -124,72 +132,78 @@ impl Proxy {
     pub async fn start(upstream: std::net::SocketAddr) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().unwrap();
-        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let (up2, conns2) = (up.clone(), conns.clone());
+        let (mode, _) = tokio::sync::watch::channel(Mode::Up);
+        let modes = mode.clone();
         let accept = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
             loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
+                let Ok((inbound, _)) = listener.accept().await else {
                     continue;
                 };
-                if !up2.load(Ordering::SeqCst) {
-                    // Closed at once: the client sees the connection end
-                    // before any byte of the server's.
-                    drop(inbound);
-                    continue;
-                }
-                let task = tokio::spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-                conns2.lock().unwrap().push(task);
+                conns.spawn(forward(inbound, upstream, modes.subscribe()));
+                // Reap the finished ones as we go.
+                while conns.try_join_next().is_some() {}
             }
         });
-        Proxy {
-            addr,
-            up,
-            conns,
-            accept,
-        }
+        Proxy { addr, mode, accept }
     }
 
     /// The URL that reaches the database through this proxy.
     pub fn url(&self, url: &str) -> String {
-        let cfg: tokio_postgres::Config = url
-            .split('?')
-            .next()
-            .unwrap()
-            .parse()
-            .expect("a postgres URL");
-        let host = match &cfg.get_hosts()[0] {
-            tokio_postgres::config::Host::Tcp(h) => h.clone(),
-            other => panic!("the test database must be reached over TCP, not {other:?}"),
-        };
-        let port = cfg.get_ports().first().copied().unwrap_or(5432);
-        url.replacen(&format!("{host}:{port}"), &self.addr.to_string(), 1)
+        let db = db_addr(url);
+        url.replacen(&db.to_string(), &self.addr.to_string(), 1)
     }
 
     /// The database "stops": connections drop, new ones are closed at once.
     pub fn cut(&self) {
-        self.up.store(false, Ordering::SeqCst);
-        for task in self.conns.lock().unwrap().drain(..) {
-            task.abort();
-        }
+        self.mode.send_replace(Mode::Cut);
     }
 
-    /// The database is back.
+    /// The database "hangs": connections stay open, nothing answers.
+    pub fn freeze(&self) {
+        self.mode.send_replace(Mode::Frozen);
+    }
+
+    /// The database is back for new connections; frozen ones stay stuck, as
+    /// a half-dead TCP connection would.
     pub fn restore(&self) {
-        self.up.store(true, Ordering::SeqCst);
+        self.mode.send_replace(Mode::Up);
+    }
+}
+
+/// One proxied connection, following the proxy's mode.
+async fn forward(
+    mut inbound: TcpStream,
+    upstream: std::net::SocketAddr,
+    mut mode: tokio::sync::watch::Receiver<Mode>,
+) {
+    let now = *mode.borrow_and_update();
+    match now {
+        Mode::Cut => return,
+        Mode::Frozen => {
+            // Hold the socket without a byte until the proxy is cut.
+            let _ = mode.wait_for(|m| *m == Mode::Cut).await;
+            return;
+        }
+        Mode::Up => {}
+    }
+    let Ok(mut outbound) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let stopped = tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => None,
+        m = mode.wait_for(|m| *m != Mode::Up) => m.ok().map(|m| *m),
+    };
+    if stopped == Some(Mode::Frozen) {
+        // Keep both sockets open, silent, until the proxy is cut.
+        let _ = mode.wait_for(|m| *m == Mode::Cut).await;
     }
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
+        self.mode.send_replace(Mode::Cut);
         self.accept.abort();
-        for task in self.conns.lock().unwrap().drain(..) {
-            task.abort();
-        }
     }
 }
 
