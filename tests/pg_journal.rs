@@ -303,7 +303,10 @@ async fn a_claim_that_finds_an_expired_lease_sees_unknown() {
     }
     let h = b.history("g").await.unwrap();
     assert_eq!(h.len(), 2, "{h:?}");
-    assert!(h[1].note.contains("lease of hub hub-a expired"), "{h:?}");
+    assert!(
+        h[1].note.contains("lease of hub hub-a#") && h[1].note.ends_with("expired while in flight"),
+        "{h:?}"
+    );
     // The owner's late answer still lands on the unknown row.
     assert!(
         a.finish_if(
@@ -368,6 +371,18 @@ async fn another_hubs_never_received_waits_for_the_owners_lease() {
             .unwrap()
     );
     assert_eq!(b.get("g").await.unwrap().unwrap().state, State::Unknown);
+    // Nor from hub a restarted under the same name: the new process does
+    // not know its predecessor's calls.
+    let a_again = PgJournal::open(&with_params(&url, "hub_id=hub-a"))
+        .await
+        .unwrap();
+    assert_ne!(a_again.hub_id(), a.hub_id());
+    assert!(
+        !a_again
+            .finish_if("g", &[State::Unknown], never.clone(), 3)
+            .await
+            .unwrap()
+    );
     // Other answers from hub b are recorded at once (here: none yet); after
     // the owner's lease, "never received" is believed.
     expire_lease(&url, "g").await;
@@ -380,7 +395,8 @@ async fn another_hubs_never_received_waits_for_the_owners_lease() {
     // Then a resend may post again, once.
     assert!(b.claim_resend("g", 1, 5).await.unwrap());
     let (owner, _) = a.lease_of("g").await.unwrap().unwrap();
-    assert_eq!(owner.as_deref(), Some("hub-b"));
+    assert_eq!(owner.as_deref(), Some(b.hub_id()));
+    assert!(b.hub_id().starts_with("hub-b#"), "{}", b.hub_id());
 }
 
 #[tokio::test(flavor = "multi_thread")]

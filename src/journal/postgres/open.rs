@@ -34,7 +34,10 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// What the hub takes from the `--journal` URL; the rest goes to the driver.
 pub(super) struct Settings {
     pub pg: tokio_postgres::Config,
-    /// This hub's id, recorded as the owner of the rows it claims.
+    /// This hub process's id, recorded as the owner of the rows it claims:
+    /// the configured `hub_id` with a random suffix (`hub-a#1f2e3d`), or
+    /// `HOST-PID-RANDOM`. Unique per process, so that a hub restarted under
+    /// the same name is not taken for the one that claimed a row before it.
     pub hub_id: String,
     /// How long a claim keeps other hubs from treating its row as abandoned.
     pub lease_ms: u64,
@@ -85,7 +88,10 @@ pub(super) fn settings(url: &str) -> Result<Settings, String> {
     };
     let mut pg = tokio_postgres::Config::from_str(&driver_url)
         .map_err(|e| format!("not a PostgreSQL URL: {e}"))?;
-    let hub_id = hub_id.unwrap_or_else(default_hub_id);
+    let hub_id = match hub_id {
+        Some(name) => format!("{name}#{:06x}", random24()),
+        None => default_hub_id(),
+    };
     let timeout = Duration::from_millis(timeout_ms);
     if pg.get_connect_timeout().is_none() {
         pg.connect_timeout(timeout);
@@ -122,7 +128,6 @@ fn number(key: &str, value: &str, min: u64, max: u64) -> Result<u64, String> {
 
 /// `HOSTNAME-PID-RANDOM`: unique per process, readable in `journal show`.
 fn default_hub_id() -> String {
-    use std::hash::{BuildHasher, Hasher};
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
@@ -135,7 +140,13 @@ fn default_hub_id() -> String {
         })
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "hub".into());
-    // RandomState is seeded from the OS's randomness per process.
+    format!("{host}-{}-{:06x}", std::process::id(), random24())
+}
+
+/// 24 random bits, from the per-process random keys of `RandomState` (no
+/// extra dependency; this is a name, not a secret).
+fn random24() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
         std::time::SystemTime::now()
@@ -143,11 +154,7 @@ fn default_hub_id() -> String {
             .map(|d| d.as_nanos())
             .unwrap_or(0),
     );
-    format!(
-        "{host}-{}-{:06x}",
-        std::process::id(),
-        h.finish() & 0xff_ffff
-    )
+    h.finish() & 0xff_ffff
 }
 
 /// Builds the pool, checks the server and migrates the schema.
@@ -273,7 +280,8 @@ mod tests {
             "postgres://u:p@127.0.0.1:5433/db?hub_id=hub-a&lease_ms=5000&application_name=x&pool_size=4&timeout_ms=250",
         )
         .unwrap();
-        assert_eq!(s.hub_id, "hub-a");
+        assert!(s.hub_id.starts_with("hub-a#"), "{}", s.hub_id);
+        assert_eq!(s.hub_id.len(), "hub-a#".len() + 6);
         assert_eq!(s.lease_ms, 5000);
         assert_eq!(s.pool_size, 4);
         assert_eq!(s.timeout, Duration::from_millis(250));
