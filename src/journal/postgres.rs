@@ -102,8 +102,12 @@ pub(crate) fn db_error(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         return format!("{} ({})", db.message(), db.code().code());
     }
-    // The driver's message already names the cause (refused, closed, ...).
-    e.to_string()
+    // The driver's own text names only the kind ("error connecting to
+    // server"); the cause says why (refused, reset, bad password, ...).
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
 }
 
 pub(crate) fn pool_error(e: &PoolError) -> String {
