@@ -127,6 +127,8 @@ impl Daemon {
         let target_names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
         let rules = Rules::build(&config, &target_names).map_err(StartError::Rules)?;
         let journal = open_journal(&config.journal.path, config.journal.max_batch).await?;
+        let longest_window = config.targets.iter().map(|t| t.late_answer_window_ms).max();
+        journal.check_lease(config.server.budget_ms + longest_window.unwrap_or(0))?;
         let hub = Arc::new(Hub::new(
             rules,
             targets,
@@ -239,7 +241,7 @@ fn bind(addr: &str) -> Result<tokio::net::TcpListener, StartError> {
 
 /// Opens the journal and settles what a crash left behind.
 pub async fn open_journal(spec: &str, max_batch: usize) -> Result<Journal, JournalError> {
-    let journal = Journal::open(spec, max_batch)?;
+    let journal = Journal::open(spec, max_batch).await?;
     let recovered = journal.recover(now_ms()).await?;
     if recovered > 0 {
         warn!(

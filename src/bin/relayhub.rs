@@ -421,8 +421,9 @@ async fn journal(args: JournalArgs) -> Result<ExitCode, String> {
             let state = State::parse(&state).ok_or_else(|| {
                 format!("--state {state:?}: use sending, done, unknown or not_sent")
             })?;
-            let j =
-                relayhub::journal::Journal::open(&args.journal, 16).map_err(|e| e.to_string())?;
+            let j = relayhub::journal::Journal::open(&args.journal, 16)
+                .await
+                .map_err(|e| e.to_string())?;
             let rows = j.list(state, limit).await.map_err(|e| e.to_string())?;
             for r in &rows {
                 println!(
@@ -439,8 +440,9 @@ async fn journal(args: JournalArgs) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         JournalAction::Show { guid } => {
-            let j =
-                relayhub::journal::Journal::open(&args.journal, 16).map_err(|e| e.to_string())?;
+            let j = relayhub::journal::Journal::open(&args.journal, 16)
+                .await
+                .map_err(|e| e.to_string())?;
             let Some(row) = j.get(&guid).await.map_err(|e| e.to_string())? else {
                 eprintln!("{guid}: not in the journal");
                 return Ok(ExitCode::from(3));

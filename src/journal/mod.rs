@@ -1,18 +1,21 @@
 //! The GUID journal (protocol section 8): what the hub did with every transfer
 //! GUID, so a repeat is answered truthfully instead of paying twice.
 //!
-//! One interface, several stores: [`memory`] for tests and benchmarks, and the
-//! embedded [`sqlite`] store, crash-safe, by default. Every store gives the same
-//! guarantees, which the relay relies on:
+//! One interface, several stores: [`memory`] for tests and benchmarks, the
+//! embedded [`sqlite`] store, crash-safe, by default, and the shared
+//! [`postgres`] store for several hubs behind one load balancer. Every store
+//! gives the same guarantees, which the relay relies on:
 //!
 //! * [`Journal::claim`] is atomic: of any number of callers racing on a new GUID,
 //!   exactly one gets [`Claim::New`]; the row says `sending` durably before it
 //!   returns, so it is written ahead of the first request byte.
 //! * [`Journal::claim_resend`] is a compare-and-set on the attempt count, so two
 //!   resends of a "not sent" GUID cannot both post.
-//! * [`Journal::recover`] turns rows left `sending` by a crash into `unknown`.
+//! * [`Journal::recover`] turns rows left `sending` by a crash into `unknown`
+//!   (in the shared store: only rows whose hub's lease has expired).
 
 pub mod memory;
+pub mod postgres;
 pub mod sqlite;
 
 use serde::Serialize;
@@ -126,20 +129,18 @@ pub enum JournalError {
 pub enum Journal {
     Memory(memory::MemoryJournal),
     Sqlite(sqlite::SqliteJournal),
+    Postgres(postgres::PgJournal),
 }
 
 impl Journal {
-    /// Opens the journal named by `--journal`: `memory`, or a database file.
-    pub fn open(spec: &str, max_batch: usize) -> Result<Journal, JournalError> {
+    /// Opens the journal named by `--journal`: `memory`, a `postgres://` (or
+    /// `postgresql://`) URL, or a database file.
+    pub async fn open(spec: &str, max_batch: usize) -> Result<Journal, JournalError> {
         if spec == "memory" {
             return Ok(Journal::Memory(memory::MemoryJournal::default()));
         }
         if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-            return Err(JournalError::Open {
-                path: spec.into(),
-                reason: "this build has no PostgreSQL store; use a database file or `memory`"
-                    .into(),
-            });
+            return Ok(Journal::Postgres(postgres::PgJournal::open(spec).await?));
         }
         Ok(Journal::Sqlite(sqlite::SqliteJournal::open(
             std::path::Path::new(spec),
@@ -152,6 +153,17 @@ impl Journal {
         match self {
             Journal::Memory(_) => "memory",
             Journal::Sqlite(_) => "sqlite",
+            Journal::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Refuses a shared journal whose lease is shorter than the hub's longest
+    /// call (`budget + late-answer window`, in ms) plus a margin. Other stores
+    /// have no leases.
+    pub fn check_lease(&self, longest_call_ms: u64) -> Result<(), JournalError> {
+        match self {
+            Journal::Postgres(j) => j.check_lease(longest_call_ms),
+            Journal::Memory(_) | Journal::Sqlite(_) => Ok(()),
         }
     }
 
@@ -166,6 +178,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.claim(guid, tx_code, fingerprint, now_ms),
             Journal::Sqlite(j) => j.claim(guid, tx_code, fingerprint, now_ms).await,
+            Journal::Postgres(j) => j.claim(guid, tx_code, fingerprint, now_ms).await,
         }
     }
 
@@ -180,6 +193,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.claim_resend(guid, attempts, now_ms),
             Journal::Sqlite(j) => j.claim_resend(guid, attempts, now_ms).await,
+            Journal::Postgres(j) => j.claim_resend(guid, attempts, now_ms).await,
         }
     }
 
@@ -188,6 +202,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.finish(guid, f, now_ms),
             Journal::Sqlite(j) => j.finish(guid, f, now_ms).await,
+            Journal::Postgres(j) => j.finish(guid, f, now_ms).await,
         }
     }
 
@@ -203,6 +218,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.finish_if(guid, only_if, f, now_ms),
             Journal::Sqlite(j) => j.finish_if(guid, only_if, f, now_ms).await,
+            Journal::Postgres(j) => j.finish_if(guid, only_if, f, now_ms).await,
         }
     }
 
@@ -210,6 +226,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.get(guid),
             Journal::Sqlite(j) => j.get(guid).await,
+            Journal::Postgres(j) => j.get(guid).await,
         }
     }
 
@@ -218,6 +235,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.history(guid),
             Journal::Sqlite(j) => j.history(guid).await,
+            Journal::Postgres(j) => j.history(guid).await,
         }
     }
 
@@ -226,6 +244,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.list(state, limit),
             Journal::Sqlite(j) => j.list(state, limit).await,
+            Journal::Postgres(j) => j.list(state, limit).await,
         }
     }
 
@@ -234,6 +253,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.recover(now_ms),
             Journal::Sqlite(j) => j.recover(now_ms).await,
+            Journal::Postgres(j) => j.recover(now_ms).await,
         }
     }
 
@@ -242,6 +262,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.prune(before_ms),
             Journal::Sqlite(j) => j.prune(before_ms).await,
+            Journal::Postgres(j) => j.prune(before_ms).await,
         }
     }
 }

@@ -711,7 +711,7 @@ async fn open_sets_wal_and_full_sync_and_schema() {
 async fn journal_enum_dispatches_to_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let spec = db(&dir).display().to_string();
-    let j = crate::journal::Journal::open(&spec, 16).unwrap();
+    let j = crate::journal::Journal::open(&spec, 16).await.unwrap();
     assert_eq!(j.kind(), "sqlite");
     assert_eq!(j.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
     assert!(matches!(

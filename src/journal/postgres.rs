@@ -1,0 +1,602 @@
+//! The shared journal store (PostgreSQL), for two or more hubs behind one load
+//! balancer: the promise of at most one POST per GUID then holds across hubs.
+//!
+//! Same semantics as [`super::sqlite::SqliteJournal`], each operation one
+//! atomic statement (its event appended by the same statement), so two hubs
+//! racing on a GUID get exactly one [`Claim::New`], and two resends of a "not
+//! sent" GUID exactly one `true` from `claim_resend`.
+//!
+//! # Leases
+//!
+//! A row that says `sending` may be in flight on another, live hub; the
+//! embedded store's "whatever is `sending` at start-up was left by a crash" is
+//! false here. So every claim records its hub (`owner`) and a lease
+//! (`lease_until_ms`, on the *database's* clock so hubs' clocks may differ):
+//! the time during which that hub's call may still be running, i.e. its
+//! budget, its late-answer window and a margin ([`LEASE_MARGIN_MS`]; the hub
+//! checks at start-up that its lease covers them, see [`PgJournal::check_lease`]).
+//!
+//! * [`PgJournal::recover`] turns only `sending` rows whose lease has expired
+//!   into `unknown`; a live hub's rows are left alone.
+//! * [`PgJournal::claim`] does the same for the one row it finds, so a resend
+//!   of a GUID whose hub died is answered by inquiry once the lease is over,
+//!   without waiting for some hub to restart. Before that, the relay sees
+//!   `sending`, waits for it within its budget and answers E901.
+//! * An inquiry's "never received" (E904 -> `not_sent`) written by a hub that
+//!   is not the owner is not recorded while the owner's lease runs: the
+//!   owner's POST may still be on its way (the relay's late-call check only
+//!   knows its own process's calls). The row stays `unknown`, so a repeat is
+//!   asked about again instead of posted.
+//!
+//! # Failures
+//!
+//! Every call is bounded (`timeout_ms`, default 1 s: pool wait, connect and
+//! statements together) and fails with [`JournalError::Write`] or
+//! [`JournalError::Read`]: with the database down or stuck, the relay answers
+//! E903 and sends nothing. A write whose answer was lost may still have
+//! committed; the relay treats every error as "not recorded" and sends
+//! nothing, so the worst case is a row `sending` that the lease settles.
+//!
+//! No TLS: the driver connects with `NoTls`. Keep the database on a trusted
+//! network or reach it through a local TLS tunnel; see `docs/scale-out.md`.
+//!
+//! # Layout
+//!
+//! * `open`: URL settings, the pool, server checks, migrations.
+//! * this file: the handle, and the SQL of each operation.
+
+mod open;
+
+use std::time::Duration;
+
+use deadpool_postgres::{Pool, PoolError, TimeoutType};
+use tokio_postgres::Row as PgRow;
+
+use super::{Claim, Event, Finish, JournalError, Row, State};
+
+/// What a lease must cover beyond the hub's longest call (budget plus
+/// late-answer window): journal writes, scheduling, and the time between the
+/// hub reading a telegram and its claim reaching the database.
+pub const LEASE_MARGIN_MS: u64 = 1_000;
+
+/// Now on the database's clock, in ms since the epoch: leases are compared
+/// with one clock whatever the hubs' clocks say.
+const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+const ROW_COLUMNS: &str = "guid, tx_code, fingerprint, state, code, answer, attempts, \
+     last_attempt_ms, answered_ms, last_error, created_ms, updated_ms";
+
+/// A handle on the shared journal; clones share one connection pool.
+#[derive(Clone)]
+pub struct PgJournal {
+    pool: Pool,
+    hub_id: String,
+    lease_ms: u64,
+    timeout: Duration,
+}
+
+/// Why one call failed, before it becomes a [`JournalError`].
+enum Fail {
+    Db(tokio_postgres::Error),
+    Data(String),
+}
+
+impl From<tokio_postgres::Error> for Fail {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Fail::Db(e)
+    }
+}
+
+impl Fail {
+    fn reason(&self) -> String {
+        match self {
+            Fail::Db(e) => db_error(e),
+            Fail::Data(s) => s.clone(),
+        }
+    }
+}
+
+/// A driver error in words: the server's SQLSTATE and message when it sent
+/// one, else the cause (connection refused, closed, ...).
+pub(crate) fn db_error(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} ({})", db.message(), db.code().code());
+    }
+    // The driver's own text names only the kind ("error connecting to
+    // server"); the cause says why (refused, reset, bad password, ...).
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
+}
+
+pub(crate) fn pool_error(e: &PoolError) -> String {
+    match e {
+        PoolError::Backend(b) => db_error(b),
+        PoolError::Timeout(TimeoutType::Wait) => {
+            "no free database connection within the timeout (all in use)".into()
+        }
+        PoolError::Timeout(TimeoutType::Create) => {
+            "could not connect to PostgreSQL within the timeout".into()
+        }
+        PoolError::Timeout(TimeoutType::Recycle) => {
+            "a pooled connection did not pass its check within the timeout".into()
+        }
+        other => other.to_string(),
+    }
+}
+
+impl PgJournal {
+    /// Opens the journal at a `postgres://` URL: builds the pool, checks the
+    /// server, creates or migrates the schema. Query keys of the hub's own:
+    /// `hub_id` (default `HOST-PID-RANDOM`), `lease_ms` (default 60000),
+    /// `pool_size` (default 16), `timeout_ms` (bound on one call, default 1000).
+    pub async fn open(url: &str) -> Result<PgJournal, JournalError> {
+        let open_error = |reason: String| JournalError::Open {
+            path: redact(url),
+            reason,
+        };
+        let s = open::settings(url).map_err(open_error)?;
+        let pool = open::open(&s).await.map_err(open_error)?;
+        Ok(PgJournal {
+            pool,
+            hub_id: s.hub_id,
+            lease_ms: s.lease_ms,
+            timeout: s.timeout,
+        })
+    }
+
+    /// This hub's id, recorded as the owner of the rows it claims.
+    pub fn hub_id(&self) -> &str {
+        &self.hub_id
+    }
+
+    /// The lease each claim takes, in ms.
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms
+    }
+
+    /// Refuses a lease shorter than the hub's longest call (`budget + late
+    /// answer window`) plus [`LEASE_MARGIN_MS`]: another hub could otherwise
+    /// settle a row whose POST is still running here.
+    pub fn check_lease(&self, longest_call_ms: u64) -> Result<(), JournalError> {
+        lease_covers(self.lease_ms, longest_call_ms).map_err(|reason| JournalError::Open {
+            path: format!("postgres (hub {})", self.hub_id),
+            reason,
+        })
+    }
+
+    /// Runs one call on a pooled connection, the wait for the connection
+    /// included, within the timeout; failures become reads or writes.
+    async fn bounded<T>(
+        &self,
+        writes: bool,
+        call: impl AsyncFnOnce(&deadpool_postgres::Client) -> Result<T, Fail>,
+    ) -> Result<T, JournalError> {
+        let error = |reason: String| {
+            if writes {
+                JournalError::Write(reason)
+            } else {
+                JournalError::Read(reason)
+            }
+        };
+        let timed_out = || {
+            error(format!(
+                "no answer from PostgreSQL within {} ms",
+                self.timeout.as_millis()
+            ))
+        };
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let client = match tokio::time::timeout_at(deadline, self.pool.get()).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                return Err(error(format!(
+                    "{} ({} ms)",
+                    pool_error(&e),
+                    self.timeout.as_millis()
+                )));
+            }
+            Err(_) => return Err(timed_out()),
+        };
+        let result = tokio::time::timeout_at(deadline, call(&client)).await;
+        match result {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(f)) => Err(error(f.reason())),
+            Err(_) => {
+                // A server or network that stopped answering leaves the
+                // connection stuck behind this call; it must not be handed
+                // out again. Taking it from the pool closes it.
+                drop(deadpool_postgres::Object::take(client));
+                Err(timed_out())
+            }
+        }
+    }
+
+    fn lease(&self) -> i64 {
+        i64::try_from(self.lease_ms).unwrap_or(i64::MAX)
+    }
+
+    /// Claims a GUID for its first attempt, or returns its row. A row left
+    /// `sending` by a hub whose lease has expired is returned as `unknown`
+    /// (and recorded so).
+    pub async fn claim(
+        &self,
+        guid: &str,
+        tx_code: &str,
+        fingerprint: &str,
+        now_ms: i64,
+    ) -> Result<Claim, JournalError> {
+        self.bounded(true, async |c| {
+            // One statement: the row and its first event, or nothing when the
+            // GUID exists. A concurrent insert of the same GUID makes this one
+            // wait for it, then do nothing.
+            let insert = c
+                .prepare_cached(&format!(
+                    "WITH ins AS ( \
+                       INSERT INTO relayhub_journal (guid, tx_code, fingerprint, state, attempts, \
+                         last_attempt_ms, created_ms, updated_ms, owner, lease_until_ms) \
+                       VALUES ($1::text, $2::text, $3::text, 'sending', 1, $4::bigint, $4, $4, \
+                         $5::text, {DB_NOW} + $6::bigint) \
+                       ON CONFLICT (guid) DO NOTHING RETURNING guid), \
+                     ev AS ( \
+                       INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
+                       SELECT guid, $4, 'sending', NULL, 'attempt 1 by hub ' || $5 FROM ins) \
+                     SELECT count(*) FROM ins"
+                ))
+                .await?;
+            let inserted: i64 = c
+                .query_one(
+                    &insert,
+                    &[
+                        &guid,
+                        &tx_code,
+                        &fingerprint,
+                        &now_ms,
+                        &self.hub_id,
+                        &self.lease(),
+                    ],
+                )
+                .await?
+                .get(0);
+            if inserted == 1 {
+                return Ok(Claim::New);
+            }
+            // Another statement, so it sees the row the insert conflicted with.
+            let existing = c
+                .prepare_cached(&format!(
+                    "WITH expired AS ( \
+                       UPDATE relayhub_journal SET state = 'unknown', updated_ms = $2::bigint, \
+                         lease_until_ms = NULL \
+                       WHERE guid = $1::text AND state = 'sending' \
+                         AND coalesce(lease_until_ms, 0) < {DB_NOW} \
+                       RETURNING {ROW_COLUMNS}, owner), \
+                     ev AS ( \
+                       INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
+                       SELECT guid, $2, 'unknown', 'E901', \
+                         'lease of hub ' || coalesce(owner, '?') || ' expired while in flight' \
+                       FROM expired) \
+                     SELECT {ROW_COLUMNS} FROM expired \
+                     UNION ALL \
+                     SELECT {ROW_COLUMNS} FROM relayhub_journal \
+                     WHERE guid = $1 AND NOT EXISTS (SELECT 1 FROM expired)"
+                ))
+                .await?;
+            let rows = c.query(&existing, &[&guid, &now_ms]).await?;
+            match rows.first() {
+                Some(r) => Ok(Claim::Existing(read_row(r)?)),
+                None => Err(Fail::Data(format!(
+                    "GUID {guid} conflicted on insert but has no row (pruned meanwhile?)"
+                ))),
+            }
+        })
+        .await
+    }
+
+    /// Claims a "not sent" GUID for attempt `attempts + 1`: false unless the row
+    /// is still "not sent" with exactly `attempts` attempts.
+    pub async fn claim_resend(
+        &self,
+        guid: &str,
+        attempts: u32,
+        now_ms: i64,
+    ) -> Result<bool, JournalError> {
+        let attempts = i32::try_from(attempts)
+            .map_err(|_| JournalError::Write(format!("attempt count {attempts} out of range")))?;
+        self.bounded(true, async |c| {
+            // A racing update waits for the row lock, then re-checks the
+            // condition on the new row and finds it no longer `not_sent`.
+            let st = c
+                .prepare_cached(&format!(
+                    "WITH up AS ( \
+                       UPDATE relayhub_journal SET state = 'sending', attempts = attempts + 1, \
+                         last_attempt_ms = $2::bigint, updated_ms = $2, owner = $4::text, \
+                         lease_until_ms = {DB_NOW} + $5::bigint \
+                       WHERE guid = $1::text AND state = 'not_sent' AND attempts = $3::integer \
+                       RETURNING guid, attempts), \
+                     ev AS ( \
+                       INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
+                       SELECT guid, $2, 'sending', NULL, \
+                         'attempt ' || attempts || ' by hub ' || $4 FROM up) \
+                     SELECT count(*) FROM up"
+                ))
+                .await?;
+            let changed: i64 = c
+                .query_one(
+                    &st,
+                    &[&guid, &now_ms, &attempts, &self.hub_id, &self.lease()],
+                )
+                .await?
+                .get(0);
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    /// Records an outcome.
+    pub async fn finish(&self, guid: &str, f: Finish, now_ms: i64) -> Result<(), JournalError> {
+        self.finish_if(guid, &[], f, now_ms).await.map(|_| ())
+    }
+
+    /// Records an outcome only if the row's state is in `only_if` (empty: any).
+    /// False if the GUID is unknown, in another state, or if this is another
+    /// hub's "not sent" while the owner's lease runs (see the module doc).
+    pub async fn finish_if(
+        &self,
+        guid: &str,
+        only_if: &[State],
+        f: Finish,
+        now_ms: i64,
+    ) -> Result<bool, JournalError> {
+        let only_if: Vec<&str> = only_if.iter().map(State::as_str).collect();
+        self.bounded(true, async |c| {
+            // A final answer or "not sent" ends the owner's call: the lease
+            // goes. "Unknown" keeps it: the call may go on for late answers.
+            let st = c
+                .prepare_cached(&format!(
+                    "WITH up AS ( \
+                       UPDATE relayhub_journal SET state = $2::text, code = $3::text, \
+                         answer = $4::bytea, last_error = coalesce($5::text, last_error), \
+                         answered_ms = $6::bigint, updated_ms = $6, \
+                         lease_until_ms = CASE WHEN $2 IN ('done', 'not_sent') THEN NULL \
+                                               ELSE lease_until_ms END \
+                       WHERE guid = $1::text \
+                         AND (cardinality($7::text[]) = 0 OR state = ANY($7)) \
+                         AND NOT ($2 = 'not_sent' AND owner IS DISTINCT FROM $8::text \
+                                  AND coalesce(lease_until_ms, 0) >= {DB_NOW}) \
+                       RETURNING guid), \
+                     ev AS ( \
+                       INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
+                       SELECT guid, $6, $2, $3, $9::text FROM up) \
+                     SELECT count(*) FROM up"
+                ))
+                .await?;
+            let changed: i64 = c
+                .query_one(
+                    &st,
+                    &[
+                        &guid,
+                        &f.state.as_str(),
+                        &f.code,
+                        &f.answer,
+                        &f.error,
+                        &now_ms,
+                        &only_if,
+                        &self.hub_id,
+                        &f.note,
+                    ],
+                )
+                .await?
+                .get(0);
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    /// A GUID's row, if journaled.
+    pub async fn get(&self, guid: &str) -> Result<Option<Row>, JournalError> {
+        self.bounded(false, async |c| {
+            let st = c
+                .prepare_cached(&format!(
+                    "SELECT {ROW_COLUMNS} FROM relayhub_journal WHERE guid = $1::text"
+                ))
+                .await?;
+            match c.query_opt(&st, &[&guid]).await? {
+                Some(r) => Ok(Some(read_row(&r)?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// Who holds a GUID's row and until when (database clock, ms): `None`
+    /// for an unknown GUID, `(owner, None)` once no lease runs. For tests and
+    /// `journal show`-like tooling.
+    pub async fn lease_of(
+        &self,
+        guid: &str,
+    ) -> Result<Option<(Option<String>, Option<i64>)>, JournalError> {
+        self.bounded(false, async |c| {
+            let st = c
+                .prepare_cached(
+                    "SELECT owner, lease_until_ms FROM relayhub_journal WHERE guid = $1::text",
+                )
+                .await?;
+            Ok(c.query_opt(&st, &[&guid])
+                .await?
+                .map(|r| (r.get(0), r.get(1))))
+        })
+        .await
+    }
+
+    /// A GUID's history, oldest first (empty if unknown).
+    pub async fn history(&self, guid: &str) -> Result<Vec<Event>, JournalError> {
+        self.bounded(false, async |c| {
+            let st = c
+                .prepare_cached(
+                    "SELECT at_ms, state, code, note FROM relayhub_journal_events \
+                     WHERE guid = $1::text ORDER BY id",
+                )
+                .await?;
+            c.query(&st, &[&guid])
+                .await?
+                .iter()
+                .map(|r| {
+                    Ok(Event {
+                        at_ms: r.try_get(0)?,
+                        state: state_at(r, 1)?,
+                        code: r.try_get(2)?,
+                        note: r.try_get(3)?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// Rows in a state, oldest first, at most `limit`.
+    pub async fn list(&self, state: State, limit: usize) -> Result<Vec<Row>, JournalError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.bounded(false, async |c| {
+            let st = c
+                .prepare_cached(&format!(
+                    "SELECT {ROW_COLUMNS} FROM relayhub_journal WHERE state = $1::text \
+                     ORDER BY created_ms, guid LIMIT $2::bigint"
+                ))
+                .await?;
+            c.query(&st, &[&state.as_str(), &limit])
+                .await?
+                .iter()
+                .map(read_row)
+                .collect()
+        })
+        .await
+    }
+
+    /// Rows left `sending` whose lease has expired become `unknown` (E901 in
+    /// their history). A live hub's rows keep their state. Returns how many.
+    pub async fn recover(&self, now_ms: i64) -> Result<u64, JournalError> {
+        self.bounded(true, async |c| {
+            let st = c
+                .prepare_cached(&format!(
+                    "WITH r AS ( \
+                       UPDATE relayhub_journal SET state = 'unknown', updated_ms = $1::bigint, \
+                         lease_until_ms = NULL \
+                       WHERE state = 'sending' AND coalesce(lease_until_ms, 0) < {DB_NOW} \
+                       RETURNING guid, owner, created_ms), \
+                     ev AS ( \
+                       INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
+                       SELECT guid, $1, 'unknown', 'E901', \
+                         'was in flight when hub ' || coalesce(owner, '?') || \
+                         ' stopped (lease expired)' \
+                       FROM r ORDER BY created_ms, guid) \
+                     SELECT count(*) FROM r"
+                ))
+                .await?;
+            let n: i64 = c.query_one(&st, &[&now_ms]).await?.get(0);
+            Ok(n as u64)
+        })
+        .await
+    }
+
+    /// Deletes rows (and their history) last updated before `before_ms`, except
+    /// rows still `sending`: those are in flight, or await their lease's end.
+    pub async fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
+        self.bounded(true, async |c| {
+            let st = c
+                .prepare_cached(
+                    "WITH gone AS ( \
+                       DELETE FROM relayhub_journal \
+                       WHERE updated_ms < $1::bigint AND state <> 'sending' RETURNING guid), \
+                     ev AS ( \
+                       DELETE FROM relayhub_journal_events e USING gone WHERE e.guid = gone.guid) \
+                     SELECT count(*) FROM gone",
+                )
+                .await?;
+            let n: i64 = c.query_one(&st, &[&before_ms]).await?.get(0);
+            Ok(n as u64)
+        })
+        .await
+    }
+}
+
+fn lease_covers(lease_ms: u64, longest_call_ms: u64) -> Result<(), String> {
+    let needed = longest_call_ms.saturating_add(LEASE_MARGIN_MS);
+    if lease_ms < needed {
+        return Err(format!(
+            "lease_ms={lease_ms} is shorter than the longest call (budget + late-answer window = \
+             {longest_call_ms} ms) plus {LEASE_MARGIN_MS} ms; set lease_ms={needed} or more in \
+             the journal URL"
+        ));
+    }
+    Ok(())
+}
+
+fn read_row(r: &PgRow) -> Result<Row, Fail> {
+    let attempts: i32 = r.try_get(6)?;
+    Ok(Row {
+        guid: r.try_get(0)?,
+        tx_code: r.try_get(1)?,
+        fingerprint: r.try_get(2)?,
+        state: state_at(r, 3)?,
+        code: r.try_get(4)?,
+        answer: r.try_get(5)?,
+        attempts: u32::try_from(attempts)
+            .map_err(|_| Fail::Data(format!("negative attempt count {attempts}")))?,
+        last_attempt_ms: r.try_get(7)?,
+        answered_ms: r.try_get(8)?,
+        last_error: r.try_get(9)?,
+        created_ms: r.try_get(10)?,
+        updated_ms: r.try_get(11)?,
+    })
+}
+
+/// A state column; the schema's CHECK makes a bad value a sign of tampering.
+fn state_at(r: &PgRow, idx: usize) -> Result<State, Fail> {
+    let s: String = r.try_get(idx)?;
+    State::parse(&s).ok_or_else(|| Fail::Data(format!("unknown journal state {s:?}")))
+}
+
+/// The URL without its password, for messages and logs.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    // The userinfo ends at the last `@` before the path.
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            let hidden = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                user.to_string()
+            };
+            format!("{scheme}://{hidden}{}", &rest[at..])
+        }
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_stay_out_of_messages() {
+        assert_eq!(
+            redact("postgres://hub:s3cr@t@db:5432/j?hub_id=a"),
+            "postgres://hub:***@db:5432/j?hub_id=a"
+        );
+        assert_eq!(redact("postgres://hub@db/j"), "postgres://hub@db/j");
+        assert_eq!(redact("postgresql://db/j"), "postgresql://db/j");
+    }
+
+    #[test]
+    fn short_leases_are_refused() {
+        assert!(lease_covers(33_999, 33_000).is_err());
+        assert!(lease_covers(34_000, 33_000).is_ok());
+        assert!(lease_covers(open::DEFAULT_LEASE_MS, 3_000 + 30_000).is_ok());
+    }
+}

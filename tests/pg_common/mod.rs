@@ -1,0 +1,400 @@
+//! Shared setup for the shared-journal suites (`tests/pg_*.rs`): the test
+//! database from `RELAYHUB_TEST_PG` (set by `scripts/with-postgres.sh`), a
+//! fresh schema per test, a TCP proxy that plays "the database is down", real
+//! `relayhub` processes, and TRF001 telegrams.
+//!
+//! Without `RELAYHUB_TEST_PG` every test prints a line and passes, so a plain
+//! `cargo test` needs no database. Nothing here sleeps to order events: waits
+//! are on answers, the fixture's counters or ready lines, each bounded by
+//! [`PATIENCE`].
+
+#![allow(dead_code)] // each suite uses a different part of it
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use relayhub::client::{Answer, Channel, build_telegram, new_guid};
+use relayhub::frame::PrefixMode;
+use relayhub::header::local_timestamp;
+use serde_json::json;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+/// Upper bound for any wait; never used to order events.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+pub const BANK: &str = "088";
+pub const ACC1: &str = "1002003004001";
+pub const ACC2: &str = "1002003004002";
+pub const CHANNEL: &str = "IBANK";
+
+/// The test database's URL, or `None` (and a line saying the test is skipped).
+pub fn test_db() -> Option<String> {
+    match std::env::var("RELAYHUB_TEST_PG") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            println!("skipped: RELAYHUB_TEST_PG not set");
+            None
+        }
+    }
+}
+
+/// Appends query parameters to a URL.
+pub fn with_params(url: &str, params: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{params}")
+}
+
+/// Creates an empty schema and returns the URL whose connections use it, so
+/// each test has journal tables of its own in the one test database.
+pub async fn fresh_schema(base: &str, tag: &str) -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let schema = format!(
+        "t_{}_{}_{}_{}",
+        tag.to_lowercase(),
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() % 1_000_000)
+            .unwrap_or(0)
+    );
+    let client = raw_client(base).await;
+    client
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .expect("create a test schema");
+    // `options=-c search_path=SCHEMA`, percent-encoded.
+    with_params(base, &format!("options=-c%20search_path%3D{schema}"))
+}
+
+/// A plain driver connection (for a test's own SQL), its task spawned.
+pub async fn raw_client(url: &str) -> tokio_postgres::Client {
+    // The driver does not know the hub's keys.
+    let driver_url: String = match url.split_once('?') {
+        Some((base, q)) => {
+            let kept: Vec<&str> = q
+                .split('&')
+                .filter(|p| {
+                    !["hub_id=", "lease_ms=", "pool_size=", "timeout_ms="]
+                        .iter()
+                        .any(|k| p.starts_with(k))
+                })
+                .collect();
+            if kept.is_empty() {
+                base.to_string()
+            } else {
+                format!("{base}?{}", kept.join("&"))
+            }
+        }
+        None => url.to_string(),
+    };
+    let (client, conn) = tokio_postgres::connect(&driver_url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test database");
+    tokio::spawn(conn);
+    client
+}
+
+/// Awaits `fut`, failing the test after [`PATIENCE`].
+pub async fn within<F: std::future::Future>(fut: F) -> F::Output {
+    match tokio::time::timeout(PATIENCE, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("no result within {PATIENCE:?}"),
+    }
+}
+
+// ---- a database that goes away ------------------------------------------
+
+/// What the proxy does with traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Up,
+    /// Connections stay open but nothing gets through: a server or network
+    /// that stopped answering.
+    Frozen,
+    /// Connections drop and new ones are closed at once: a server that
+    /// stopped, or its host gone.
+    Cut,
+}
+
+/// A TCP proxy in front of the database, to take it away from a hub.
+pub struct Proxy {
+    pub addr: std::net::SocketAddr,
+    mode: tokio::sync::watch::Sender<Mode>,
+    accept: JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: std::net::SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().unwrap();
+        let (mode, _) = tokio::sync::watch::channel(Mode::Up);
+        let modes = mode.clone();
+        let accept = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                conns.spawn(forward(inbound, upstream, modes.subscribe()));
+                // Reap the finished ones as we go.
+                while conns.try_join_next().is_some() {}
+            }
+        });
+        Proxy { addr, mode, accept }
+    }
+
+    /// The URL that reaches the database through this proxy.
+    pub fn url(&self, url: &str) -> String {
+        let db = db_addr(url);
+        url.replacen(&db.to_string(), &self.addr.to_string(), 1)
+    }
+
+    /// The database "stops": connections drop, new ones are closed at once.
+    pub fn cut(&self) {
+        self.mode.send_replace(Mode::Cut);
+    }
+
+    /// The database "hangs": connections stay open, nothing answers.
+    pub fn freeze(&self) {
+        self.mode.send_replace(Mode::Frozen);
+    }
+
+    /// The database is back for new connections; frozen ones stay stuck, as
+    /// a half-dead TCP connection would.
+    pub fn restore(&self) {
+        self.mode.send_replace(Mode::Up);
+    }
+}
+
+/// One proxied connection, following the proxy's mode.
+async fn forward(
+    mut inbound: TcpStream,
+    upstream: std::net::SocketAddr,
+    mut mode: tokio::sync::watch::Receiver<Mode>,
+) {
+    let now = *mode.borrow_and_update();
+    match now {
+        Mode::Cut => return,
+        Mode::Frozen => {
+            // Hold the socket without a byte until the proxy is cut.
+            let _ = mode.wait_for(|m| *m == Mode::Cut).await;
+            return;
+        }
+        Mode::Up => {}
+    }
+    let Ok(mut outbound) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let stopped = tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => None,
+        m = mode.wait_for(|m| *m != Mode::Up) => m.ok().map(|m| *m),
+    };
+    if stopped == Some(Mode::Frozen) {
+        // Keep both sockets open, silent, until the proxy is cut.
+        let _ = mode.wait_for(|m| *m == Mode::Cut).await;
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.mode.send_replace(Mode::Cut);
+        self.accept.abort();
+    }
+}
+
+/// The database's address from its URL (host must be an IP address).
+pub fn db_addr(url: &str) -> std::net::SocketAddr {
+    let cfg: tokio_postgres::Config = url.split('?').next().unwrap().parse().unwrap();
+    let host = match &cfg.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+        other => panic!("the test database must be reached over TCP, not {other:?}"),
+    };
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}")
+        .parse()
+        .expect("host is an IP address")
+}
+
+// ---- real hubs ------------------------------------------------------------
+
+/// The relayhub binary built for these tests.
+pub fn relayhub_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_relayhub"))
+}
+
+/// A temp file removed when dropped.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn new(ext: &str, text: &str) -> TempFile {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "relayhub-pgtest-{}-{}.{ext}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::write(&path, text).expect("write temp file");
+        TempFile(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A running `relayhub serve`, killed if the test ends without stopping it.
+pub struct Hub {
+    child: Option<Child>,
+    pub addr: String,
+    stderr: TempFile,
+    _config: Option<TempFile>,
+}
+
+/// `relayhub serve` on port 0 against `core_url` with `journal`; `toml` is
+/// given as `--config` when present. Returns once the ready line is out.
+pub fn spawn_hub(core_url: &str, journal: &str, budget_ms: u64, toml: Option<&str>) -> Hub {
+    let config = toml.map(|t| TempFile::new("toml", t));
+    let stderr = TempFile::new("log", "");
+    let budget = budget_ms.to_string();
+    let mut args = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--core-url",
+        core_url,
+        "--journal",
+        journal,
+        "--budget-ms",
+        &budget,
+    ];
+    let config_path;
+    if let Some(c) = &config {
+        config_path = c.0.display().to_string();
+        args.extend(["--config", &config_path]);
+    }
+    let mut child = Command::new(relayhub_bin())
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr.0).unwrap())
+        .spawn()
+        .expect("spawn relayhub");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = tx.send(lines.next());
+        for _ in lines {}
+    });
+    let line = match rx.recv_timeout(PATIENCE) {
+        Ok(Some(Ok(line))) => line,
+        other => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "relayhub printed no ready line: {other:?}; stderr:\n{}",
+                std::fs::read_to_string(&stderr.0).unwrap_or_default()
+            );
+        }
+    };
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("ready line without `listening on HOST:PORT`: {line:?}"))
+        .to_string();
+    Hub {
+        child: Some(child),
+        addr,
+        stderr,
+        _config: config,
+    }
+}
+
+impl Hub {
+    /// SIGKILL: the hub dies at once, mid-transfer if one is running.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL the hub");
+            child.wait().expect("reap the hub");
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr.0).unwrap_or_default()
+    }
+
+    pub async fn channel(&self) -> Channel {
+        within(Channel::connect(&self.addr, PrefixMode::Ascii))
+            .await
+            .expect("connect to the hub")
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A telegram sent on a new connection; the answer.
+pub async fn send(hub: &Hub, telegram: &[u8]) -> Answer {
+    let mut ch = hub.channel().await;
+    within(ch.exchange(telegram)).await.unwrap_or_else(|e| {
+        panic!(
+            "no answer from {}: {e}; stderr:\n{}",
+            hub.addr,
+            hub.stderr()
+        )
+    })
+}
+
+// ---- telegrams ------------------------------------------------------------
+
+/// A fresh GUID with a tag.
+pub fn guid(tag: &str) -> String {
+    let g = new_guid(tag);
+    assert_eq!(g.len(), 32);
+    g
+}
+
+/// A TRF001 telegram: ACC1 -> ACC2 (own bank) of `amount`.
+pub fn transfer(guid: &str, amount: u64) -> Vec<u8> {
+    let layouts = relayhub::layout::builtin();
+    let fields = json!({
+        "from_account": ACC1, "to_bank": BANK, "to_account": ACC2,
+        "amount": amount, "memo": "scale-out",
+    });
+    build_telegram(
+        &layouts["TRF001"],
+        guid,
+        CHANNEL,
+        &local_timestamp(),
+        fields.as_object().unwrap(),
+    )
+    .expect("valid TRF001 fields")
+}
+
+/// The corebank fixture on a free port.
+pub async fn start_core() -> corebank::CoreBank {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind fixture");
+    corebank::start(listener, corebank::default_seed()).await
+}
+
+/// POSTs and GETs the fixture counted for one GUID.
+pub fn calls(core: &corebank::CoreBank, guid: &str) -> (u64, u64) {
+    core.stats()
+        .by_guid
+        .get(guid)
+        .map(|g| (g.post, g.get))
+        .unwrap_or((0, 0))
+}

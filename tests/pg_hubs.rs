@@ -1,0 +1,368 @@
+//! Two real `relayhub serve` processes sharing one PostgreSQL journal, in front
+//! of one in-process corebank fixture: the promise of at most one POST per
+//! GUID holds across hubs, when a hub dies mid-transfer, and when the database
+//! goes away. Also the `relayhub journal` commands on a `postgres://` URL.
+//!
+//! Run through `scripts/with-postgres.sh cargo test`; without
+//! `RELAYHUB_TEST_PG` each test says it is skipped and passes.
+
+mod pg_common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use corebank::{FaultMethod, FaultRule};
+use pg_common::*;
+use relayhub::journal::postgres::PgJournal;
+use relayhub::journal::{Claim, Finish, State};
+
+/// Late-answer window short enough for a short lease (budget 1000 ms +
+/// window 500 ms + 1000 ms margin <= 3000 ms).
+const SHORT_WINDOW: &str = "[[target]]\nname = \"core\"\nlate_answer_window_ms = 500\n";
+const SHORT_LEASE_MS: u64 = 3_000;
+
+fn journal_url(url: &str, hub: &str, extra: &str) -> String {
+    with_params(url, &format!("hub_id={hub}{extra}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_guid_sent_to_two_hubs_at_once_is_posted_once() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "both").await;
+    let core = start_core().await;
+    let a = spawn_hub(&core.url(), &journal_url(&url, "hub-a", ""), 3_000, None);
+    let b = spawn_hub(&core.url(), &journal_url(&url, "hub-b", ""), 3_000, None);
+
+    for round in 0..3 {
+        let g = guid("BOTH");
+        // The core holds the POST a while, so both telegrams are in the hubs
+        // while it runs: one hub posts, the other waits for its outcome.
+        core.add_fault(FaultRule::guid(&g).method(FaultMethod::Post).delay_ms(400));
+        let t = transfer(&g, 1_000);
+        let (ra, rb) = tokio::join!(send(&a, &t), send(&b, &t));
+        assert_eq!(ra.code, "0000", "round {round}, hub a: {ra:?}");
+        assert_eq!(rb.code, "0000", "round {round}, hub b: {rb:?}");
+        assert_eq!(ra.body, rb.body, "both channels get the same answer");
+        assert_eq!(calls(&core, &g), (1, 0), "round {round}: one POST, no GET");
+    }
+    assert_eq!(core.balance(ACC1), Some(1_000_000 - 3 * 1_000));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_resend_to_another_hub_after_e901_is_an_inquiry() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "e901").await;
+    let core = start_core().await;
+    // Hub a's call ends 500 ms after its budget, before the core answers, so
+    // no late answer settles the row: the resend must ask.
+    let a = spawn_hub(
+        &core.url(),
+        &journal_url(&url, "hub-a", ""),
+        1_000,
+        Some(SHORT_WINDOW),
+    );
+    let b = spawn_hub(&core.url(), &journal_url(&url, "hub-b", ""), 3_000, None);
+
+    let g = guid("E901");
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .delay_ms(2_000),
+    );
+    let t = transfer(&g, 2_500);
+    let first = send(&a, &t).await;
+    assert_eq!(first.code, "E901", "hub a's budget ends first: {first:?}");
+
+    // The core finishes the transfer; the resend lands on the other hub.
+    assert!(
+        within(core.wait_applied(&g)).await,
+        "the transfer was applied"
+    );
+    let resend = send(&b, &t).await;
+    assert_eq!(resend.code, "0000", "answered by inquiry: {resend:?}");
+    let (posts, gets) = calls(&core, &g);
+    assert_eq!(posts, 1, "no second POST");
+    assert!(gets >= 1, "hub b asked the core (GET), got {gets}");
+    assert_eq!(core.balance(ACC1), Some(1_000_000 - 2_500));
+
+    // A further repeat, to either hub, replays the stored answer: no call.
+    let again = send(&a, &t).await;
+    assert_eq!((again.code.as_str(), &again.body), ("0000", &resend.body));
+    assert_eq!(calls(&core, &g), (posts, gets));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hub_killed_mid_transfer_is_never_posted_again() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "kill").await;
+    let core = start_core().await;
+    let lease = format!("&lease_ms={SHORT_LEASE_MS}");
+    let mut a = spawn_hub(
+        &core.url(),
+        &journal_url(&url, "hub-a", &lease),
+        1_000,
+        Some(SHORT_WINDOW),
+    );
+    let b = spawn_hub(
+        &core.url(),
+        &journal_url(&url, "hub-b", &lease),
+        1_000,
+        Some(SHORT_WINDOW),
+    );
+
+    let g = guid("KILL");
+    // Long enough that the transfer is still running at the core when the
+    // lease of the dead hub runs out.
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .delay_ms(SHORT_LEASE_MS + 2_000),
+    );
+    let t = transfer(&g, 3_000);
+    let first = {
+        let addr = a.addr.clone();
+        let t = t.clone();
+        tokio::spawn(async move {
+            let mut ch =
+                relayhub::client::Channel::connect(&addr, relayhub::frame::PrefixMode::Ascii)
+                    .await
+                    .expect("connect to hub a");
+            ch.exchange(&t).await
+        })
+    };
+    within(core.wait_received(&g)).await;
+    a.kill();
+    let killed_at = Instant::now();
+    assert!(
+        within(first).await.unwrap().is_err(),
+        "hub a died before answering"
+    );
+
+    // While hub a's lease runs, its row says `sending`: hub b waits for it
+    // within its budget and answers "unknown".
+    let during = send(&b, &t).await;
+    let waited = killed_at.elapsed();
+    assert_eq!(during.code, "E901", "{during:?}");
+    assert!(
+        waited < Duration::from_millis(2_500),
+        "answered within its budget: {waited:?}"
+    );
+    assert_eq!(calls(&core, &g), (1, 0), "no second POST, no GET yet");
+
+    // The core finishes; hub a's lease is over by then (checked, not assumed).
+    assert!(within(core.wait_applied(&g)).await);
+    let check = raw_client(&url).await;
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let expired: bool = check
+            .query_one(
+                "SELECT lease_until_ms < (extract(epoch FROM clock_timestamp()) * 1000)::bigint \
+                 FROM relayhub_journal WHERE guid = $1",
+                &[&g],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if expired {
+            break;
+        }
+        assert!(Instant::now() < deadline, "hub a's lease never ran out");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = send(&b, &t).await;
+    let settled = killed_at.elapsed();
+    assert_eq!(after.code, "0000", "answered by inquiry: {after:?}");
+    let (posts, gets) = calls(&core, &g);
+    assert_eq!(posts, 1, "never a second POST");
+    assert!(gets >= 1, "the resend became an inquiry");
+    assert_eq!(core.balance(ACC1), Some(1_000_000 - 3_000));
+    println!(
+        "resend during the dead hub's lease: E901 after {waited:?}; settled by inquiry {settled:?} after the kill"
+    );
+
+    let j = PgJournal::open(&journal_url(&url, "inspector", ""))
+        .await
+        .unwrap();
+    let notes: Vec<String> = j
+        .history(&g)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.note)
+        .collect();
+    assert!(
+        notes.iter().any(|n| n.contains("lease of hub hub-a#")),
+        "{notes:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_database_down_nothing_is_sent() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "dbdown").await;
+    let core = start_core().await;
+    let proxy = Proxy::start(db_addr(&base)).await;
+    let hub = spawn_hub(
+        &core.url(),
+        &journal_url(&proxy.url(&url), "hub-a", ""),
+        3_000,
+        None,
+    );
+
+    let g1 = guid("UP");
+    let t1 = transfer(&g1, 100);
+    assert_eq!(send(&hub, &t1).await.code, "0000");
+
+    proxy.cut();
+    let g2 = guid("DOWN");
+    let t2 = transfer(&g2, 200);
+    let started = Instant::now();
+    let down = send(&hub, &t2).await;
+    let took = started.elapsed();
+    assert_eq!(down.code, "E903", "not sent: {down:?}");
+    assert!(took < Duration::from_millis(2_000), "answered in {took:?}");
+    assert_eq!(calls(&core, &g2), (0, 0), "nothing reached the core");
+    // A repeat of a settled GUID cannot be checked either: not sent, no call.
+    let repeat = send(&hub, &t1).await;
+    assert_eq!(repeat.code, "E903", "{repeat:?}");
+    assert_eq!(calls(&core, &g1), (1, 0));
+    println!("database down: E903 after {took:?}");
+
+    // The database is back: the refused GUID was never recorded, so it goes
+    // through as new, once.
+    proxy.restore();
+    let back = send(&hub, &t2).await;
+    assert_eq!(back.code, "0000", "{back:?}");
+    assert_eq!(calls(&core, &g2), (1, 0));
+    assert_eq!(send(&hub, &t1).await.code, "0000", "replayed");
+    assert_eq!(calls(&core, &g1), (1, 0));
+
+    // The database hangs (connections open, no answers): the journal call
+    // ends at its timeout (1 s by default), well inside the 3 s budget.
+    proxy.freeze();
+    let g3 = guid("HANG");
+    let t3 = transfer(&g3, 300);
+    let started = Instant::now();
+    let hung = send(&hub, &t3).await;
+    let took = started.elapsed();
+    assert_eq!(hung.code, "E903", "not sent: {hung:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(2_000),
+        "answered in {took:?}"
+    );
+    assert_eq!(calls(&core, &g3), (0, 0), "nothing reached the core");
+    println!("database hanging: E903 after {took:?}");
+
+    // Back again: the stuck connection was dropped, not reused.
+    proxy.restore();
+    let back = send(&hub, &t3).await;
+    assert_eq!(back.code, "0000", "{back:?}");
+    assert_eq!(calls(&core, &g3), (1, 0));
+}
+
+fn cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(relayhub_bin())
+        .args(args)
+        .output()
+        .expect("run relayhub");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn journal_commands_work_on_a_postgres_url() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "cli").await;
+    let core = start_core().await;
+
+    // A transfer a hub left unknown; its lease has run out.
+    let g = guid("CLI");
+    let j = PgJournal::open(&journal_url(&url, "hub-gone", ""))
+        .await
+        .unwrap();
+    assert_eq!(j.claim(&g, "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    let e901 = Finish {
+        state: State::Unknown,
+        code: "E901".into(),
+        answer: None,
+        error: Some("read timeout".into()),
+        note: "attempt 1: unknown".into(),
+    };
+    assert!(j.finish_if(&g, &[State::Sending], e901, 2).await.unwrap());
+    raw_client(&url)
+        .await
+        .execute(
+            "UPDATE relayhub_journal SET lease_until_ms = 0 WHERE guid = $1",
+            &[&g],
+        )
+        .await
+        .unwrap();
+
+    let (code, out, err) = cli(&["journal", "--journal", &url, "list"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&g) && out.contains("unknown"), "{out}");
+
+    let (code, out, err) = cli(&["journal", "--journal", &url, "show", &g]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("\"state\": \"unknown\"") && out.contains("attempt 1 by hub hub-gone"),
+        "{out}"
+    );
+
+    // The core never got it: reconcile records "never received" (E904).
+    let (code, out, err) = cli(&[
+        "journal",
+        "--journal",
+        &url,
+        "reconcile",
+        "--core-url",
+        &core.url(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&g) && out.contains("E904"), "{out}\n{err}");
+    assert_eq!(calls(&core, &g), (0, 1), "one GET, no POST");
+    let (code, out, _) = cli(&["journal", "--journal", &url, "list", "--state", "not_sent"]);
+    assert_eq!(code, 0);
+    assert!(out.contains(&g) && out.contains("E904"), "{out}");
+
+    let (code, _, err) = cli(&["journal", "--journal", &url, "show", "NOPE"]);
+    assert_eq!(code, 3, "{err}");
+
+    // A bad URL is refused without showing the password.
+    let (code, _, err) = cli(&[
+        "journal",
+        "--journal",
+        "postgres://u:hunter2@127.0.0.1:1/x?timeout_ms=200",
+        "list",
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("cannot connect") && !err.contains("hunter2"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hub_refuses_a_lease_shorter_than_its_calls() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "short").await;
+    // Default late-answer window (30 s) with a 3 s lease: refused at start.
+    let out = Command::new(relayhub_bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--core-url",
+            "http://127.0.0.1:9",
+            "--journal",
+            &journal_url(&url, "hub-a", "&lease_ms=3000"),
+        ])
+        .output()
+        .expect("run relayhub");
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lease_ms=3000 is shorter"), "{err}");
+}

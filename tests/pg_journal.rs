@@ -1,0 +1,581 @@
+//! The shared journal store against a real PostgreSQL: the guarantees of the
+//! embedded store (atomic claim, compare-and-set resend, conditional finish,
+//! history), held across two hubs, plus what only a shared store needs
+//! (leases, concurrent migrations, bounded failure when the database is gone).
+//!
+//! Run through `scripts/with-postgres.sh cargo test`; without
+//! `RELAYHUB_TEST_PG` each test says it is skipped and passes.
+
+mod pg_common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pg_common::*;
+use relayhub::journal::postgres::PgJournal;
+use relayhub::journal::{Claim, Finish, Journal, JournalError, State};
+
+fn finish(state: State, code: &str, note: &str) -> Finish {
+    Finish {
+        state,
+        code: code.into(),
+        answer: (code == "0000").then(|| b"answer body".to_vec()),
+        error: (state != State::Done).then(|| format!("{code} reason")),
+        note: note.into(),
+    }
+}
+
+/// Two hubs (two pools, two ids) on one fresh schema.
+async fn two_hubs(base: &str, tag: &str, lease_ms: u64) -> (String, PgJournal, PgJournal) {
+    let url = fresh_schema(base, tag).await;
+    let a = PgJournal::open(&with_params(
+        &url,
+        &format!("hub_id=hub-a&lease_ms={lease_ms}"),
+    ))
+    .await
+    .expect("hub a opens");
+    let b = PgJournal::open(&with_params(
+        &url,
+        &format!("hub_id=hub-b&lease_ms={lease_ms}"),
+    ))
+    .await
+    .expect("hub b opens");
+    (url, a, b)
+}
+
+/// Ends a row's lease now, as if its time had run out.
+async fn expire_lease(url: &str, guid: &str) {
+    let c = raw_client(url).await;
+    let n = c
+        .execute(
+            "UPDATE relayhub_journal SET lease_until_ms = lease_until_ms - 86400000 WHERE guid = $1",
+            &[&guid],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "no row {guid} to expire");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_claims_from_two_hubs_make_one_new() {
+    let Some(base) = test_db() else { return };
+    let (_url, a, b) = two_hubs(&base, "claim", 60_000).await;
+    for round in 0..3 {
+        let g = format!("G-RACE-{round}");
+        let mut tasks = Vec::new();
+        for i in 0..50 {
+            let j = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let g = g.clone();
+            tasks.push(tokio::spawn(async move {
+                j.claim(&g, "TRF001", "fp", 1_000 + i).await
+            }));
+        }
+        let mut new = 0;
+        for t in tasks {
+            match t.await.unwrap().expect("claim") {
+                Claim::New => new += 1,
+                Claim::Existing(row) => {
+                    assert_eq!(row.state, State::Sending);
+                    assert_eq!(row.attempts, 1);
+                    assert_eq!(row.fingerprint, "fp");
+                }
+            }
+        }
+        assert_eq!(new, 1, "round {round}: Claim::New given {new} times");
+        let history = a.history(&g).await.unwrap();
+        assert_eq!(history.len(), 1, "{history:?}");
+        assert!(
+            history[0].note.starts_with("attempt 1 by hub hub-"),
+            "{history:?}"
+        );
+        let (owner, lease) = a.lease_of(&g).await.unwrap().expect("row");
+        assert!(owner.is_some() && lease.is_some(), "{owner:?} {lease:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claim_resend_is_a_compare_and_set_across_hubs() {
+    let Some(base) = test_db() else { return };
+    let (_url, a, b) = two_hubs(&base, "resend", 60_000).await;
+    assert_eq!(a.claim("g", "TRF001", "fp", 10).await.unwrap(), Claim::New);
+    assert!(
+        a.finish_if(
+            "g",
+            &[State::Sending],
+            finish(State::NotSent, "E902", "not sent"),
+            20
+        )
+        .await
+        .unwrap()
+    );
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let j = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.push(tokio::spawn(
+            async move { j.claim_resend("g", 1, 30 + i).await },
+        ));
+    }
+    let mut won = 0;
+    for t in tasks {
+        if t.await.unwrap().expect("claim_resend") {
+            won += 1;
+        }
+    }
+    assert_eq!(won, 1, "claim_resend won {won} times");
+    let row = a.get("g").await.unwrap().unwrap();
+    assert_eq!((row.state, row.attempts), (State::Sending, 2));
+    // A stale count, or a row that is not "not sent", never wins.
+    assert!(!b.claim_resend("g", 1, 99).await.unwrap());
+    assert!(!b.claim_resend("g", 2, 99).await.unwrap());
+    assert!(!b.claim_resend("nope", 0, 99).await.unwrap());
+    let notes: Vec<String> = a
+        .history("g")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.note)
+        .collect();
+    assert_eq!(notes.len(), 3, "{notes:?}");
+    assert!(notes[2].starts_with("attempt 2 by hub hub-"), "{notes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_events_and_conditional_finish_round_trip() {
+    let Some(base) = test_db() else { return };
+    let (_url, a, b) = two_hubs(&base, "rows", 60_000).await;
+    assert_eq!(
+        a.claim("g1", "TRF001", "fp1", 100).await.unwrap(),
+        Claim::New
+    );
+    assert_eq!(
+        a.claim("g2", "TRF001", "fp2", 101).await.unwrap(),
+        Claim::New
+    );
+
+    // finish_if only in the listed states; finish in any.
+    assert!(
+        !a.finish_if(
+            "g1",
+            &[State::Unknown],
+            finish(State::Done, "0000", "x"),
+            110
+        )
+        .await
+        .unwrap()
+    );
+    assert!(
+        a.finish_if(
+            "g1",
+            &[State::Sending],
+            finish(State::Done, "0000", "processed"),
+            120
+        )
+        .await
+        .unwrap()
+    );
+    assert!(
+        !b.finish_if(
+            "g1",
+            &[State::Sending, State::Unknown],
+            finish(State::Done, "B201", "late"),
+            130
+        )
+        .await
+        .unwrap(),
+        "a stale writer must not overwrite a final answer"
+    );
+    assert!(
+        !a.finish_if("nope", &[], finish(State::Done, "0000", "x"), 1)
+            .await
+            .unwrap()
+    );
+    a.finish("g2", finish(State::Unknown, "E901", "timed out"), 140)
+        .await
+        .unwrap();
+
+    let row = b.get("g1").await.unwrap().expect("row g1");
+    assert_eq!(row.state, State::Done);
+    assert_eq!(row.code.as_deref(), Some("0000"));
+    assert_eq!(row.answer.as_deref(), Some(&b"answer body"[..]));
+    assert_eq!(row.tx_code, "TRF001");
+    assert_eq!(row.attempts, 1);
+    assert_eq!(
+        (
+            row.created_ms,
+            row.last_attempt_ms,
+            row.answered_ms,
+            row.updated_ms
+        ),
+        (100, 100, Some(120), 120)
+    );
+    assert_eq!(row.last_error, None);
+    let (_, lease) = a.lease_of("g1").await.unwrap().unwrap();
+    assert_eq!(lease, None, "a final answer ends the lease");
+    let (_, lease) = a.lease_of("g2").await.unwrap().unwrap();
+    assert!(
+        lease.is_some(),
+        "unknown keeps the lease (late-answer window)"
+    );
+
+    let g2 = b.get("g2").await.unwrap().unwrap();
+    assert_eq!(g2.last_error.as_deref(), Some("E901 reason"));
+    assert_eq!(b.get("nope").await.unwrap(), None);
+
+    let h = b.history("g1").await.unwrap();
+    let states: Vec<State> = h.iter().map(|e| e.state).collect();
+    assert_eq!(states, [State::Sending, State::Done]);
+    assert_eq!(h[1].code.as_deref(), Some("0000"));
+    assert_eq!(h[1].note, "processed");
+    assert!(b.history("nope").await.unwrap().is_empty());
+
+    let done = b.list(State::Done, 10).await.unwrap();
+    assert_eq!(
+        done.iter().map(|r| r.guid.as_str()).collect::<Vec<_>>(),
+        ["g1"]
+    );
+    assert_eq!(b.list(State::Unknown, 0).await.unwrap().len(), 0);
+    assert_eq!(b.list(State::Unknown, usize::MAX).await.unwrap().len(), 1);
+
+    // A different body under a known GUID is visible to the other hub.
+    match b.claim("g1", "TRF001", "other", 200).await.unwrap() {
+        Claim::Existing(r) => assert_eq!(r.fingerprint, "fp1"),
+        Claim::New => panic!("a known GUID claimed as new"),
+    }
+
+    // Pruning drops old settled rows and their history, never `sending` ones.
+    assert_eq!(
+        a.claim("g3", "TRF001", "fp3", 50).await.unwrap(),
+        Claim::New
+    );
+    assert_eq!(a.prune(1_000).await.unwrap(), 2);
+    assert_eq!(a.get("g1").await.unwrap(), None);
+    assert!(a.history("g1").await.unwrap().is_empty());
+    assert_eq!(a.get("g3").await.unwrap().unwrap().state, State::Sending);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn recover_leaves_live_leases_and_settles_expired_ones() {
+    let Some(base) = test_db() else { return };
+    let (url, a, b) = two_hubs(&base, "lease", 60_000).await;
+    assert_eq!(
+        a.claim("live", "TRF001", "fp", 1).await.unwrap(),
+        Claim::New
+    );
+    assert_eq!(
+        a.claim("dead", "TRF001", "fp", 2).await.unwrap(),
+        Claim::New
+    );
+
+    // Hub b starting up while hub a is mid-transfer: nothing of a's changes.
+    assert_eq!(b.recover(10).await.unwrap(), 0);
+    assert_eq!(b.get("live").await.unwrap().unwrap().state, State::Sending);
+
+    // Hub a's lease on "dead" runs out (hub a died): the next start settles it.
+    expire_lease(&url, "dead").await;
+    assert_eq!(b.recover(20).await.unwrap(), 1);
+    let dead = b.get("dead").await.unwrap().unwrap();
+    assert_eq!((dead.state, dead.updated_ms), (State::Unknown, 20));
+    let last = b.history("dead").await.unwrap().pop().unwrap();
+    assert_eq!(
+        (last.state, last.code.as_deref()),
+        (State::Unknown, Some("E901"))
+    );
+    assert!(last.note.contains("hub-a"), "{last:?}");
+    assert_eq!(b.get("live").await.unwrap().unwrap().state, State::Sending);
+    assert_eq!(b.recover(30).await.unwrap(), 0, "recover is idempotent");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_that_finds_an_expired_lease_sees_unknown() {
+    let Some(base) = test_db() else { return };
+    let (url, a, b) = two_hubs(&base, "lazy", 60_000).await;
+    assert_eq!(a.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    match b.claim("g", "TRF001", "fp", 2).await.unwrap() {
+        Claim::Existing(r) => assert_eq!(r.state, State::Sending, "live lease"),
+        Claim::New => panic!("claimed twice"),
+    }
+    expire_lease(&url, "g").await;
+    match b.claim("g", "TRF001", "fp", 3).await.unwrap() {
+        Claim::Existing(r) => {
+            assert_eq!((r.state, r.attempts, r.updated_ms), (State::Unknown, 1, 3));
+        }
+        Claim::New => panic!("claimed twice"),
+    }
+    let h = b.history("g").await.unwrap();
+    assert_eq!(h.len(), 2, "{h:?}");
+    assert!(
+        h[1].note.contains("lease of hub hub-a#") && h[1].note.ends_with("expired while in flight"),
+        "{h:?}"
+    );
+    // The owner's late answer still lands on the unknown row.
+    assert!(
+        a.finish_if(
+            "g",
+            &[State::Sending, State::Unknown],
+            finish(State::Done, "0000", "late"),
+            4
+        )
+        .await
+        .unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_real_lease_runs_out_on_the_database_clock() {
+    let Some(base) = test_db() else { return };
+    // The shortest lease allowed: this test waits for it to end.
+    let (_url, a, b) = two_hubs(&base, "clock", 1_000).await;
+    assert_eq!(a.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    let claimed = Instant::now();
+    assert_eq!(b.recover(2).await.unwrap(), 0);
+    // Poll (bounded) for the lease's end; no event tells us.
+    loop {
+        if b.recover(3).await.unwrap() == 1 {
+            break;
+        }
+        assert!(
+            claimed.elapsed() < Duration::from_secs(10),
+            "lease never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let waited = claimed.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900),
+        "expired after {waited:?}"
+    );
+    assert_eq!(b.get("g").await.unwrap().unwrap().state, State::Unknown);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_hubs_never_received_waits_for_the_owners_lease() {
+    let Some(base) = test_db() else { return };
+    let (url, a, b) = two_hubs(&base, "e904", 60_000).await;
+    assert_eq!(a.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    // Hub a answered E901 at its budget; its call goes on for late answers.
+    assert!(
+        a.finish_if(
+            "g",
+            &[State::Sending],
+            finish(State::Unknown, "E901", "timed out"),
+            2
+        )
+        .await
+        .unwrap()
+    );
+    // Hub b asks the core, which has not seen the POST (yet): not recorded.
+    let never = finish(State::NotSent, "E904", "never received");
+    assert!(
+        !b.finish_if("g", &[State::Unknown], never.clone(), 3)
+            .await
+            .unwrap()
+    );
+    assert_eq!(b.get("g").await.unwrap().unwrap().state, State::Unknown);
+    // Nor from hub a restarted under the same name: the new process does
+    // not know its predecessor's calls.
+    let a_again = PgJournal::open(&with_params(&url, "hub_id=hub-a"))
+        .await
+        .unwrap();
+    assert_ne!(a_again.hub_id(), a.hub_id());
+    assert!(
+        !a_again
+            .finish_if("g", &[State::Unknown], never.clone(), 3)
+            .await
+            .unwrap()
+    );
+    // Other answers from hub b are recorded at once (here: none yet); after
+    // the owner's lease, "never received" is believed.
+    expire_lease(&url, "g").await;
+    assert!(b.finish_if("g", &[State::Unknown], never, 4).await.unwrap());
+    let row = b.get("g").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.code.as_deref()),
+        (State::NotSent, Some("E904"))
+    );
+    // Then a resend may post again, once.
+    assert!(b.claim_resend("g", 1, 5).await.unwrap());
+    let (owner, _) = a.lease_of("g").await.unwrap().unwrap();
+    assert_eq!(owner.as_deref(), Some(b.hub_id()));
+    assert!(b.hub_id().starts_with("hub-b#"), "{}", b.hub_id());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_owners_own_not_sent_is_recorded_at_once() {
+    let Some(base) = test_db() else { return };
+    let (_url, a, _b) = two_hubs(&base, "own", 60_000).await;
+    assert_eq!(a.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    assert!(
+        a.finish_if(
+            "g",
+            &[State::Sending],
+            finish(State::NotSent, "E902", "refused"),
+            2
+        )
+        .await
+        .unwrap()
+    );
+    let (_, lease) = a.lease_of("g").await.unwrap().unwrap();
+    assert_eq!(lease, None, "nothing was sent: no lease");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hubs_starting_together_migrate_once() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "migrate").await;
+    let url = Arc::new(url);
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            PgJournal::open(&with_params(&url, &format!("hub_id=h{i}"))).await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().expect("open while others migrate");
+    }
+    let c = raw_client(&url).await;
+    let versions: Vec<i32> = c
+        .query(
+            "SELECT version FROM relayhub_schema_version ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, [1]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_newer_schema_or_a_bad_url_is_refused_at_open() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "newer").await;
+    PgJournal::open(&url).await.expect("first open");
+    let c = raw_client(&url).await;
+    c.execute(
+        "INSERT INTO relayhub_schema_version (version) VALUES (99)",
+        &[],
+    )
+    .await
+    .unwrap();
+    match PgJournal::open(&url).await {
+        Err(JournalError::Open { reason, .. }) => {
+            assert!(reason.contains("newer than this build"), "{reason}")
+        }
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("opened a schema from the future"),
+    }
+    match PgJournal::open(&with_params(&base, "lease_ms=5")).await {
+        Err(JournalError::Open { reason, .. }) => assert!(reason.contains("lease_ms"), "{reason}"),
+        _ => panic!("a 5 ms lease accepted"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_journal_enum_opens_postgres_urls() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "enum").await;
+    let j = Journal::open(&url, 16).await.expect("open by URL");
+    assert_eq!(j.kind(), "postgres");
+    assert_eq!(j.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    assert!(matches!(
+        j.claim("g", "TRF001", "fp", 2).await.unwrap(),
+        Claim::Existing(_)
+    ));
+    assert_eq!(j.recover(3).await.unwrap(), 0);
+    // The default lease covers the default budget and late-answer window.
+    j.check_lease(3_000 + 30_000)
+        .expect("default lease is long enough");
+    assert!(j.check_lease(3_000 + 60_000).is_err());
+    let url2 = url.replace("postgres://", "postgresql://");
+    assert_eq!(Journal::open(&url2, 16).await.unwrap().kind(), "postgres");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_database_gone_every_call_fails_fast() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "down").await;
+    let proxy = Proxy::start(db_addr(&base)).await;
+    let j = PgJournal::open(&with_params(&proxy.url(&url), "timeout_ms=500"))
+        .await
+        .expect("open through the proxy");
+    assert_eq!(j.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+
+    proxy.cut();
+    let started = Instant::now();
+    let writes = [
+        j.claim("g2", "TRF001", "fp", 2).await.map(|_| ()),
+        j.claim_resend("g", 1, 3).await.map(|_| ()),
+        j.finish("g", finish(State::Done, "0000", "x"), 4).await,
+        j.recover(5).await.map(|_| ()),
+    ];
+    for w in writes {
+        assert!(matches!(w, Err(JournalError::Write(_))), "{w:?}");
+    }
+    let read = j.get("g").await;
+    assert!(matches!(read, Err(JournalError::Read(_))), "{read:?}");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "5 calls took {took:?}");
+
+    // Back again: the pool reconnects, and nothing of the failed calls stuck.
+    proxy.restore();
+    let row = j.get("g").await.expect("reconnected").expect("row g");
+    assert_eq!(row.state, State::Sending);
+    assert_eq!(j.get("g2").await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_database_hanging_calls_end_at_the_timeout() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "hang").await;
+    let proxy = Proxy::start(db_addr(&base)).await;
+    let j = PgJournal::open(&with_params(&proxy.url(&url), "timeout_ms=300"))
+        .await
+        .expect("open through the proxy");
+    assert_eq!(j.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+
+    proxy.freeze();
+    for _ in 0..2 {
+        let started = Instant::now();
+        let w = j.claim("g2", "TRF001", "fp", 2).await;
+        let took = started.elapsed();
+        assert!(
+            matches!(&w, Err(JournalError::Write(r)) if r.contains("300 ms")),
+            "{w:?}"
+        );
+        assert!(took < Duration::from_millis(800), "took {took:?}");
+    }
+    let r = j.get("g").await;
+    assert!(matches!(r, Err(JournalError::Read(_))), "{r:?}");
+
+    // Answers again at once: the stuck connections were closed, not reused.
+    proxy.restore();
+    assert_eq!(j.get("g").await.unwrap().unwrap().state, State::Sending);
+    assert_eq!(j.claim("g2", "TRF001", "fp", 3).await.unwrap(), Claim::New);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_database_fails_the_open_quickly() {
+    if test_db().is_none() {
+        return;
+    }
+    // A port nobody listens on: refused at once, reported without the password.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let started = Instant::now();
+    let url = format!("postgres://u:secret@127.0.0.1:{port}/db?timeout_ms=300");
+    match PgJournal::open(&url).await {
+        Err(JournalError::Open { path, reason }) => {
+            assert!(
+                !path.contains("secret") && !reason.contains("secret"),
+                "{path}: {reason}"
+            );
+            assert!(reason.contains("cannot connect"), "{reason}");
+        }
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("opened nothing"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
