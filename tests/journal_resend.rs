@@ -285,3 +285,57 @@ async fn resend_after_e904_posts_again_after_the_cooldown() {
     );
     assert_eq!(core.balance(ACC1), Some(1_000_000 - 17_000), "one debit");
 }
+
+/// 50 concurrent resends of a GUID left unknown (E901) share one inquiry:
+/// one GET, no second POST, 50 identical 0000 answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_resends_after_e901_share_one_inquiry() {
+    const CONCURRENT: usize = 50;
+    let core = start_core().await;
+    let hub = HubSpec::new(&core.url()).start().await;
+    let g = guid("U50X");
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .phase(Phase::AfterApply)
+            .close()
+            .times(1),
+    );
+    // The inquiry is held so that all resends are read while it runs.
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Get)
+            .delay_ms(500)
+            .phase(Phase::AfterApply),
+    );
+    let telegram = transfer(&g, 18_000);
+    assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E901");
+
+    let mut channels = Vec::with_capacity(CONCURRENT);
+    for _ in 0..CONCURRENT {
+        channels.push(hub.channel().await);
+    }
+    for ch in &mut channels {
+        within(ch.send(&telegram)).await.expect("send");
+    }
+    let mut answers = Vec::with_capacity(CONCURRENT);
+    for mut ch in channels {
+        let raw = within(ch.recv()).await.expect("read").expect("an answer");
+        answers.push(relayhub::client::Answer::parse(&raw).expect("answer telegram"));
+    }
+    let (_, _, balance) = ok_body(&answers[0]);
+    assert_eq!(balance, 1_000_000 - 18_000);
+    for (i, a) in answers.iter().enumerate() {
+        assert_eq!(
+            (&a.code, &a.body, &a.guid),
+            (&answers[0].code, &answers[0].body, &g),
+            "answer {i} differs from answer 0"
+        );
+    }
+    assert_eq!(
+        (posts(&core, &g), gets(&core, &g)),
+        (1, 1),
+        "one inquiry for all resends, no second POST"
+    );
+    assert_eq!(core.balance(ACC1), Some(1_000_000 - 18_000), "one debit");
+}
