@@ -81,7 +81,7 @@ async fn measure(label: &'static str, journal: &str, run: usize) -> Run {
     }
     let commits_before = match hub.daemon.hub().journal() {
         Journal::Sqlite(j) => Some(j.commits()),
-        Journal::Memory(_) => None,
+        _ => None,
     };
 
     let started = Instant::now();

@@ -49,7 +49,9 @@ async fn sigkill_in_flight_then_resend_is_an_inquiry_not_a_second_post() {
 
     // What the crash left on disk: the claim, written before the POST left.
     {
-        let j = Journal::open(journal.to_str().unwrap(), 16).expect("open the journal file");
+        let j = Journal::open(journal.to_str().unwrap(), 16)
+            .await
+            .expect("open the journal file");
         let row = j.get(&g).await.unwrap().expect("the GUID was journaled");
         assert_eq!((row.state, row.attempts), (State::Sending, 1));
     }
@@ -92,7 +94,9 @@ async fn sigkill_in_flight_then_resend_is_an_inquiry_not_a_second_post() {
         "relayhub exit after SIGTERM; log:\n{}",
         hub.log()
     );
-    let j = Journal::open(journal.to_str().unwrap(), 16).expect("open the journal file");
+    let j = Journal::open(journal.to_str().unwrap(), 16)
+        .await
+        .expect("open the journal file");
     let row = j.get(&g).await.unwrap().expect("journaled");
     assert_eq!(
         (row.state, row.code.as_deref(), row.attempts),
