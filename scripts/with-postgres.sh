@@ -26,8 +26,10 @@ BIN="$(pg_bin || true)"
 if [ -z "$BIN" ] || [ ! -x "$BIN/initdb" ]; then
     echo "== installing PostgreSQL (Debian packages)" >&2
     if [ "$(id -u)" -ne 0 ]; then
-        echo "no PostgreSQL server found and not root: install the postgresql package" >&2
-        exit 1
+        # Not root: run the command anyway; the PostgreSQL tests say they were
+        # skipped (RELAYHUB_TEST_PG unset) and everything else runs.
+        echo "no PostgreSQL server found and not root: running without it (install the postgresql package to include those tests)" >&2
+        exec "$@"
     fi
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
