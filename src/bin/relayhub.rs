@@ -20,7 +20,13 @@ use relayhub::rules::Rules;
 #[command(
     name = "relayhub",
     version,
-    about = "A TCP telegram relay hub between bank channels and a JSON/HTTP core."
+    about = "A TCP telegram relay hub between bank channels and a JSON/HTTP core.",
+    long_about = "A TCP telegram relay hub between bank channels and a JSON/HTTP core.\n\n\
+        Channels send fixed-length telegrams; the hub checks, routes and converts them, \
+        calls the core and answers with one standard code. A transfer is posted at most \
+        once per GUID; when the outcome is unknown the answer is E901 and a resend becomes \
+        an inquiry.\n\nRun `relayhub <COMMAND> --help` for a command's flags; operators' \
+        guide: docs/operations.md."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -30,38 +36,62 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the hub in the foreground until SIGTERM/SIGINT (SIGHUP reloads).
+    ///
+    /// Prints `relayhub listening on HOST:PORT` on stdout once it takes telegrams
+    /// (then `admin listening on HOST:PORT` when --admin-listen is given) and logs
+    /// to stderr. SIGHUP re-reads routes, layouts, channels and codes from the
+    /// config file. SIGTERM drains: new telegrams get E903, those in flight get
+    /// their answers, then the hub exits 0.
     Serve(ServeArgs),
     /// Build a telegram from JSON by the layouts, send it, print the decoded answer.
+    ///
+    /// Prints each telegram sent (>>) and each answer (<<) with the meaning of its
+    /// code, and the decoded body of a 0000. Exits 0 when every answer is 0000, 2
+    /// otherwise.
     Send(SendArgs),
     /// Validate a config and its layouts and print the route table.
+    ///
+    /// Loads the config exactly as `serve` would (same flags, same checks, layouts
+    /// and code table included) without binding or opening anything, then prints
+    /// the routes and targets. Exits non-zero with the key and the reason when the
+    /// config would not start.
     Check(ConfigArgs),
     /// Inspect the GUID journal and reconcile unknown transfers.
+    ///
+    /// Safe next to a running hub on the same journal: SQLite serialises the two.
     Journal(JournalArgs),
 }
 
-/// Flags shared by `serve` and `check` (section 10 of the protocol).
+/// Flags shared by `serve`, `check` and `journal reconcile` (section 10 of the
+/// protocol). Each overrides the config file.
 #[derive(Args, Clone)]
 struct ConfigArgs {
     /// Telegram listener address (HOST:PORT; port 0 picks a free one).
-    #[arg(long)]
+    #[arg(long, value_name = "HOST:PORT")]
     listen: Option<String>,
-    /// Base URL of the core that the default routes (TRF001, INQ001) use.
-    #[arg(long)]
+    /// Base URL (http://HOST:PORT) of the target `core`, which the default routes
+    /// (TRF001, INQ001) use.
+    #[arg(long, value_name = "URL")]
     core_url: Option<String>,
-    /// TOML config file; flags override it.
-    #[arg(long)]
+    /// TOML config file (see config/relayhub.example.toml); flags override it.
+    /// Without it, the shipped layouts, routes and code table are used.
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// The hub answers every telegram within this many ms.
-    #[arg(long)]
+    /// Answer every telegram within this many ms of reading it (default 3000);
+    /// keep it below the channels' own timeout.
+    #[arg(long, value_name = "MS")]
     budget_ms: Option<u64>,
-    /// TCP connect timeout to the core, in ms (must fit the budget).
-    #[arg(long)]
+    /// TCP connect timeout to the core, in ms, for every target (default 500,
+    /// lowered to half the budget; must be below the budget).
+    #[arg(long, value_name = "MS")]
     connect_timeout_ms: Option<u64>,
-    /// The journal: a database file, `memory`, or a postgres:// URL.
-    #[arg(long)]
+    /// The GUID journal: a SQLite database file, `memory` (lost at exit), or a
+    /// postgres:// URL shared by several hubs.
+    #[arg(long, value_name = "PATH|memory|URL")]
     journal: Option<String>,
-    /// Address of the admin endpoints (/metrics, /healthz, /readyz).
-    #[arg(long)]
+    /// Address of the admin HTTP endpoints: /metrics, /healthz, /readyz
+    /// (HOST:PORT; off when absent).
+    #[arg(long, value_name = "HOST:PORT")]
     admin_listen: Option<String>,
 }
 
@@ -85,47 +115,50 @@ impl ConfigArgs {
 struct ServeArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// Log format: `human` or `json` (overrides [logging] format).
-    #[arg(long)]
+    /// Log format on stderr: `human` or `json` (one object per line); overrides
+    /// [logging] format.
+    #[arg(long, value_name = "human|json")]
     log_format: Option<String>,
 }
 
 #[derive(Args)]
 struct SendArgs {
     /// The hub's telegram address.
-    #[arg(long, default_value = "127.0.0.1:9100")]
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9100")]
     to: String,
-    /// Tx code (its layout builds the body).
-    #[arg(long, default_value = "TRF001")]
+    /// Tx code; its layout builds the body.
+    #[arg(long, value_name = "CODE", default_value = "TRF001")]
     tx: String,
-    /// Body fields as a JSON object, e.g. '{"from_account":"1002003004001",...}'.
-    #[arg(long)]
+    /// Body fields as a JSON object, e.g. '{"from_account":"1002003004001",...}';
+    /// fields left out are blank (or zero).
+    #[arg(long, value_name = "OBJECT")]
     json: Option<String>,
-    /// A file of JSON objects, one per line, each sent as a telegram; a line may
-    /// also carry "tx", "guid" and "channel".
-    #[arg(long)]
+    /// Send a file of JSON objects instead, one per line, each as a telegram on
+    /// one connection; a line may also carry "tx", "guid" and "channel".
+    #[arg(long, value_name = "FILE")]
     file: Option<PathBuf>,
     /// GUID (32 of [0-9A-Za-z_-]); a fresh one when absent.
-    #[arg(long)]
+    #[arg(long, value_name = "GUID")]
     guid: Option<String>,
     /// Channel id (1-8 characters).
     #[arg(long, default_value = "IBANK")]
     channel: String,
-    /// Send the same telegram this many times (same GUID: shows the replay).
+    /// Send the same telegram (same GUID) this many times: shows the replay.
     #[arg(long, default_value_t = 1)]
     repeat: u32,
-    /// Length prefix: ascii or binary.
-    #[arg(long, default_value = "ascii")]
+    /// Length prefix: `ascii` (4 digits) or `binary` (u32 big-endian).
+    #[arg(long, value_name = "ascii|binary", default_value = "ascii")]
     prefix: String,
     /// Folder of layout files; the shipped layouts when absent.
-    #[arg(long)]
+    #[arg(long, value_name = "DIR")]
     layouts_dir: Option<PathBuf>,
 }
 
 #[derive(Args)]
 struct JournalArgs {
-    /// The journal file (or postgres:// URL).
-    #[arg(long, default_value = "relayhub-journal.db")]
+    /// The journal: the hub's SQLite file (under systemd
+    /// /var/lib/relayhub/journal.db), or a postgres:// URL.
+    #[arg(long, value_name = "PATH|URL", default_value = "relayhub-journal.db")]
     journal: String,
     #[command(subcommand)]
     action: JournalAction,
@@ -135,14 +168,25 @@ struct JournalArgs {
 enum JournalAction {
     /// List transfers in a state (default: unknown, i.e. answered E901).
     List {
+        /// sending, done, unknown (answered E901, not settled) or not_sent.
         #[arg(long, default_value = "unknown")]
         state: String,
+        /// At most this many rows.
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
-    /// Show one GUID's row and history.
-    Show { guid: String },
+    /// Show one GUID's row (state, code, attempts, times) and its history.
+    Show {
+        /// The transfer's GUID (32 characters).
+        guid: String,
+    },
     /// Ask the core about every unknown transfer and record the answers.
+    ///
+    /// Sends GET /v1/transfers/{guid} for each unknown row (using --core-url or
+    /// the targets and routes of --config) and prints each GUID with its code
+    /// now: 0000 or a B-code (settled), E904 (never received; a resend may post
+    /// again) or E901 (still unknown; run it again later). The journal is the one
+    /// named before `reconcile`.
     Reconcile {
         #[command(flatten)]
         config: ConfigArgs,
