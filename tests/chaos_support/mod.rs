@@ -1,0 +1,403 @@
+//! What the fault matrix and the chaos run share on top of `tests/common`: a real
+//! `relayhub serve` process on a SQLite journal that a test can SIGKILL and start
+//! again on the same file; a TCP proxy in front of the fixture that can refuse
+//! or drop connections on command; and a snapshot of the fixture's ledger.
+//!
+//! Include it after `mod common;`: it uses that module. Nothing here orders
+//! events with a sleep: waits are on ready lines, process exits, answers and
+//! the fixture's counters, each bounded.
+
+#![allow(dead_code)] // each suite uses a different part of it
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use corebank::CoreBank;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::common::{PATIENCE, TempFile};
+
+/// The seed accounts of `fixtures/accounts.json`, all of bank 088.
+pub const ACCOUNTS: [&str; 6] = [
+    "1002003004001",
+    "1002003004002",
+    "1002003004003",
+    "1002003004004",
+    "1002003004005",
+    "1002003004006",
+];
+
+// ---- temp dirs ------------------------------------------------------------
+
+/// A directory of its own under the system temp dir, removed when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!(
+            "relayhub-{tag}-{}-{}-{nanos}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// ---- the ledger -----------------------------------------------------------
+
+/// Every seed account's balance and the total, at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ledger {
+    pub balances: BTreeMap<&'static str, u64>,
+    pub total: u64,
+}
+
+impl Ledger {
+    pub fn of(core: &CoreBank) -> Ledger {
+        let balances = ACCOUNTS
+            .iter()
+            .map(|&a| (a, core.balance(a).expect("seed account")))
+            .collect();
+        Ledger {
+            balances,
+            total: core.total_money(),
+        }
+    }
+
+    /// Asserts the ledger now is `self` with `moves` (from, to, amount) applied
+    /// and that no money was created or lost.
+    pub fn assert_now(&self, core: &CoreBank, moves: &[(&str, &str, u64)]) {
+        let mut want = self.balances.clone();
+        for &(from, to, amount) in moves {
+            let f = want.get_mut(from).expect("seed account");
+            *f = f.checked_sub(amount).expect("expected debit fits");
+            *want.get_mut(to).expect("seed account") += amount;
+        }
+        let now = Ledger::of(core);
+        assert_eq!(now.balances, want, "balances (expected moves {moves:?})");
+        assert_eq!(now.total, self.total, "total money is conserved");
+    }
+}
+
+// ---- the real hub process -------------------------------------------------
+
+/// How to start `relayhub serve`; kept so it can be started again the same way.
+#[derive(Debug, Clone)]
+pub struct HubCommand {
+    pub core_url: String,
+    pub journal: PathBuf,
+    /// A TOML config given as `--config`.
+    pub config: PathBuf,
+}
+
+impl HubCommand {
+    /// Writes `toml` next to the journal and returns the command.
+    pub fn new(dir: &TempDir, core_url: &str, toml: &str) -> HubCommand {
+        let config = dir.join("relayhub.toml");
+        std::fs::write(&config, toml).expect("write hub config");
+        HubCommand {
+            core_url: core_url.to_string(),
+            journal: dir.join("journal.db"),
+            config,
+        }
+    }
+
+    /// Starts the hub on `listen` (`127.0.0.1:0` for any port) and waits for its
+    /// ready line. `Err` carries the hub's log when it did not come up.
+    pub fn start(&self, listen: &str) -> Result<HubProcess, String> {
+        let log = TempFile::new("log", "");
+        let stderr = std::fs::File::create(&log.0).expect("log file");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_relayhub"))
+            .args(["serve", "--listen", listen, "--core-url", &self.core_url])
+            .arg("--journal")
+            .arg(&self.journal)
+            .arg("--config")
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn relayhub");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = tx.send(lines.next());
+            for _ in lines {} // keep the pipe drained
+        });
+        let line = match rx.recv_timeout(PATIENCE) {
+            Ok(Some(Ok(line))) => line,
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "relayhub printed no ready line ({other:?}); stderr:\n{}",
+                    std::fs::read_to_string(&log.0).unwrap_or_default()
+                ));
+            }
+        };
+        let addr = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("ready line without `listening on HOST:PORT`: {line:?}"));
+        Ok(HubProcess {
+            child: Some(child),
+            addr,
+            log,
+        })
+    }
+}
+
+/// A running `relayhub serve`, killed if the test ends without stopping it.
+pub struct HubProcess {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    log: TempFile,
+}
+
+impl HubProcess {
+    /// SIGKILL: no drain, no clean-up; returns once the process is reaped.
+    pub fn sigkill(&mut self) -> ExitStatus {
+        self.signal("-KILL");
+        self.child
+            .take()
+            .expect("running")
+            .wait()
+            .expect("reap relayhub")
+    }
+
+    /// SIGTERM (drain), then the exit status, bounded by [`PATIENCE`].
+    pub fn terminate(&mut self) -> ExitStatus {
+        self.signal("-TERM");
+        let mut child = self.child.take().expect("running");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        match rx.recv_timeout(PATIENCE) {
+            Ok(Ok(status)) => status,
+            other => panic!(
+                "relayhub did not exit within {PATIENCE:?} of SIGTERM: {other:?}; stderr:\n{}",
+                self.log()
+            ),
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let status = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig} {pid} failed");
+    }
+
+    /// What the process logged so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log.0).unwrap_or_default()
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log.0
+    }
+}
+
+impl Drop for HubProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+// ---- a proxy in front of the core -----------------------------------------
+
+/// What the proxy does with connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// Forwards every byte both ways.
+    Forward,
+    /// No listener: connects are refused (nothing can be sent). Idle
+    /// connections are closed too, so a pooled one cannot dodge the fault.
+    Refuse,
+    /// Accepts and closes at once without reading: the hub may have written
+    /// its request, and nothing reaches the core. Idle connections are closed.
+    CloseNew,
+}
+
+/// A TCP proxy on `127.0.0.1` in front of `upstream`, switchable at run time.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    mode: watch::Sender<ProxyMode>,
+    /// Connections accepted and closed in `CloseNew` mode.
+    pub dropped: Arc<AtomicU64>,
+    /// Idle connections closed on entering `Refuse` or `CloseNew`.
+    pub reaped: Arc<AtomicU64>,
+}
+
+/// A connection counts as idle after this long without a byte either way.
+const IDLE: Duration = Duration::from_millis(20);
+
+impl Proxy {
+    pub async fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy addr");
+        let (mode, rx) = watch::channel(ProxyMode::Forward);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let reaped = Arc::new(AtomicU64::new(0));
+        tokio::spawn(accept_loop(
+            listener,
+            addr,
+            upstream,
+            rx,
+            dropped.clone(),
+            reaped.clone(),
+        ));
+        Proxy {
+            addr,
+            mode,
+            dropped,
+            reaped,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn set_mode(&self, mode: ProxyMode) {
+        self.mode.send_replace(mode);
+    }
+
+    pub fn mode(&self) -> ProxyMode {
+        *self.mode.borrow()
+    }
+}
+
+async fn accept_loop(
+    mut listener: TcpListener,
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    mut mode: watch::Receiver<ProxyMode>,
+    dropped: Arc<AtomicU64>,
+    reaped: Arc<AtomicU64>,
+) {
+    loop {
+        let current = *mode.borrow_and_update();
+        if current == ProxyMode::Refuse {
+            drop(listener);
+            // Wait for the mode to change (or the proxy to go away).
+            loop {
+                if mode.changed().await.is_err() {
+                    return;
+                }
+                if *mode.borrow_and_update() != ProxyMode::Refuse {
+                    break;
+                }
+            }
+            listener = rebind(addr).await;
+            continue;
+        }
+        tokio::select! {
+            changed = mode.changed() => if changed.is_err() { return },
+            accepted = listener.accept() => {
+                let Ok((client, _)) = accepted else { continue };
+                if current == ProxyMode::CloseNew {
+                    dropped.fetch_add(1, Ordering::Relaxed);
+                    drop(client);
+                    continue;
+                }
+                tokio::spawn(pipe(client, upstream, mode.clone(), reaped.clone()));
+            }
+        }
+    }
+}
+
+/// Binds the proxy's address again after a refusal window. The port is ours
+/// (nothing else binds a port another socket just released on loopback in a
+/// test); a bind error is retried briefly and then fails the test.
+async fn rebind(addr: SocketAddr) -> TcpListener {
+    let started = Instant::now();
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(l) => return l,
+            Err(e) if started.elapsed() < PATIENCE => {
+                // No event tells when the port is free again: poll with a bound.
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => panic!("proxy cannot bind {addr} again: {e}"),
+        }
+    }
+}
+
+/// Copies bytes both ways; closes both sides when either ends, or when the mode
+/// turns to a faulty one while the connection is idle.
+async fn pipe(
+    mut client: TcpStream,
+    upstream: SocketAddr,
+    mut mode: watch::Receiver<ProxyMode>,
+    reaped: Arc<AtomicU64>,
+) {
+    let _ = client.set_nodelay(true);
+    let Ok(mut server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let _ = server.set_nodelay(true);
+    let mut a = vec![0u8; 16 * 1024];
+    let mut b = vec![0u8; 16 * 1024];
+    let mut last = Instant::now();
+    loop {
+        let idle_check = tokio::time::sleep_until((last + IDLE).into());
+        tokio::select! {
+            r = client.read(&mut a) => match r {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if server.write_all(&a[..n]).await.is_err() { break }
+                    last = Instant::now();
+                }
+            },
+            r = server.read(&mut b) => match r {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if client.write_all(&b[..n]).await.is_err() { break }
+                    last = Instant::now();
+                }
+            },
+            _ = idle_check, if *mode.borrow() != ProxyMode::Forward => {
+                reaped.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            changed = mode.changed() => if changed.is_err() { break },
+        }
+    }
+    let _ = client.shutdown().await;
+    let _ = server.shutdown().await;
+}
