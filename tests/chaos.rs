@@ -1,0 +1,774 @@
+//! The chaos run: many channels send own-bank transfers through a real
+//! `relayhub serve` process (SQLite journal) while faults hit at random, and at
+//! the end every GUID is checked against the fixture's ledger.
+//!
+//! Faults:
+//! - per GUID, through the fixture's rules: delays around the budget before and
+//!   after applying, 500/503 (with or without `Retry-After`), 502/504 after
+//!   applying, `close` after applying, `truncate`, and faults on the inquiry;
+//! - on the way to the core, through a proxy in the test: refused connects and
+//!   connections dropped as soon as they open (idle pooled ones closed too);
+//! - the hub itself: SIGKILL (and now and then SIGTERM) and a restart on the
+//!   same journal file; channels reconnect to wherever it listens again.
+//!
+//! Channels behave as the code table says: a new GUID after 0000, B2xx and E500;
+//! the same GUID after E902/E903/E904 (after the cooldown when told E905), after
+//! E901 (the hub answers by inquiry) and after a lost connection, until a final
+//! answer; a GUID refused E905 three times after waiting the cooldown is given
+//! up (past the resend maximum).
+//!
+//! Checked for every GUID: the core got at most one POST; 0000 only if applied,
+//! and applied only if answered 0000; B2xx/E500 and given-up GUIDs never applied;
+//! every 0000 for one GUID carries the same `txn_id`; no E10x, no answer later
+//! than the channel's own timeout. Then the ledger: total money unchanged and
+//! each account's balance = seed + credits - debits of the 0000 answers.
+//!
+//! ```sh
+//! cargo test --test chaos -- --nocapture                                  # CI: 3,000 transfers
+//! CHAOS_TRANSFERS=20000 cargo test --release --test chaos -- --nocapture  # the long run
+//! ```
+//! `CHAOS_CHANNELS` (16) and `CHAOS_SEED` change the run; the summary prints the
+//! seed. Timing makes no two runs alike; the seed only fixes the dice.
+
+mod chaos_support;
+mod common;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chaos_support::*;
+use common::*;
+use corebank::{CoreBank, FaultMethod, FaultRule, Phase};
+use relayhub::client::Channel;
+use relayhub::frame::PrefixMode;
+use tokio::sync::watch;
+
+const BUDGET_MS: u64 = 600;
+const COOLDOWN_MS: u64 = 150;
+const MAX_RESENDS: u32 = 5;
+/// The channel waits longest: well past the hub's budget.
+const CHANNEL_TIMEOUT: Duration = Duration::from_millis(BUDGET_MS * 3 + 2_000);
+/// A GUID still without a final answer this long after its first send is a
+/// violation (the hub never settles it).
+const GUID_DEADLINE: Duration = Duration::from_secs(60);
+/// Share of GUIDs that get a fault rule at the fixture, in percent.
+const FAULT_PERCENT: u64 = 25;
+
+// ---- dice -----------------------------------------------------------------
+
+/// xorshift64*: reproducible dice without a crate.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    fn percent(&mut self, p: u64) -> bool {
+        self.next() % 100 < p
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[(self.next() % items.len() as u64) as usize]
+    }
+}
+
+// ---- faults -------------------------------------------------------------------
+
+/// A fault rule put on one GUID at the fixture before its first send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    DelayBeforeApply(u64),
+    DelayAfterApply(u64),
+    Status500,
+    Status503,
+    Status503RetryAfter,
+    Status502AfterApply,
+    Status504AfterApply,
+    CloseAfterApply,
+    Truncate,
+    /// The POST answer is lost (502 after applying), and the first inquiry
+    /// fails too (502, retried by the hub).
+    InquiryFails,
+    /// The POST is held past the budget, and the first inquiry too.
+    InquirySlow,
+}
+
+impl Fault {
+    fn kind(&self) -> &'static str {
+        match self {
+            Fault::DelayBeforeApply(_) => "delay before apply",
+            Fault::DelayAfterApply(_) => "delay after apply",
+            Fault::Status500 => "500",
+            Fault::Status503 => "503",
+            Fault::Status503RetryAfter => "503 + Retry-After",
+            Fault::Status502AfterApply => "502 after apply",
+            Fault::Status504AfterApply => "504 after apply",
+            Fault::CloseAfterApply => "close after apply",
+            Fault::Truncate => "truncate",
+            Fault::InquiryFails => "502 after apply + 502 on inquiry",
+            Fault::InquirySlow => "delay + slow inquiry",
+        }
+    }
+
+    fn roll(rng: &mut Rng) -> Option<Fault> {
+        if !rng.percent(FAULT_PERCENT) {
+            return None;
+        }
+        // Delays straddle the budget: some answer in time, some do not.
+        let delay = rng.range(BUDGET_MS / 2, BUDGET_MS * 3 / 2);
+        Some(match rng.range(0, 12) {
+            0 | 1 => Fault::DelayBeforeApply(delay),
+            2 | 3 => Fault::DelayAfterApply(delay),
+            4 => Fault::Status500,
+            5 => Fault::Status503,
+            6 => Fault::Status503RetryAfter,
+            7 => Fault::Status502AfterApply,
+            8 => Fault::Status504AfterApply,
+            9 => Fault::CloseAfterApply,
+            10 => Fault::Truncate,
+            11 => Fault::InquiryFails,
+            _ => Fault::InquirySlow,
+        })
+    }
+
+    fn install(&self, core: &CoreBank, guid: &str) {
+        let post = || FaultRule::guid(guid).method(FaultMethod::Post).times(1);
+        let get = || FaultRule::guid(guid).method(FaultMethod::Get).times(1);
+        let rule = match *self {
+            Fault::DelayBeforeApply(ms) => post().delay_ms(ms).phase(Phase::BeforeApply),
+            Fault::DelayAfterApply(ms) => post().delay_ms(ms).phase(Phase::AfterApply),
+            Fault::Status500 => post().status(500),
+            Fault::Status503 => post().status(503),
+            Fault::Status503RetryAfter => post().status(503).retry_after("1"),
+            Fault::Status502AfterApply => post().status(502).phase(Phase::AfterApply),
+            Fault::Status504AfterApply => post().status(504).phase(Phase::AfterApply),
+            Fault::CloseAfterApply => post().close().phase(Phase::AfterApply),
+            Fault::Truncate => post().truncate().phase(Phase::AfterApply),
+            Fault::InquiryFails => {
+                core.add_fault(get().status(502));
+                post().status(502).phase(Phase::AfterApply)
+            }
+            Fault::InquirySlow => {
+                core.add_fault(get().delay_ms(BUDGET_MS * 2));
+                post().delay_ms(BUDGET_MS * 2).phase(Phase::BeforeApply)
+            }
+        };
+        core.add_fault(rule);
+    }
+}
+
+// ---- what a channel saw ---------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum Seen {
+    /// An answer with this code, after this long.
+    Code(String, Duration),
+    /// The connection ended without an answer (hub killed or draining).
+    Lost,
+    /// No answer within the channel's own timeout.
+    Timeout,
+    /// The hub could not be reached (restarting).
+    NoHub,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum End {
+    /// 0000, B2xx or E500.
+    Final(String),
+    /// E905 after waiting the cooldown, three times: past the resend maximum.
+    GaveUp,
+    /// No final answer within [`GUID_DEADLINE`].
+    Unresolved,
+    /// An answer no transfer should get (E10x, a wrong echo).
+    Unexpected(String),
+}
+
+#[derive(Debug, Clone)]
+struct Record {
+    guid: String,
+    from: &'static str,
+    to: &'static str,
+    amount: u64,
+    fault: Option<Fault>,
+    /// (ms since the run started, hub generation, what was seen).
+    seen: Vec<(u128, u64, Seen)>,
+    txn_ids: Vec<String>,
+    end: End,
+}
+
+impl Record {
+    fn codes(&self) -> impl Iterator<Item = &str> {
+        self.seen.iter().filter_map(|(_, _, s)| match s {
+            Seen::Code(c, _) => Some(c.as_str()),
+            _ => None,
+        })
+    }
+
+    fn history(&self) -> String {
+        let mut out = String::new();
+        for (ms, generation, s) in &self.seen {
+            let what = match s {
+                Seen::Code(c, d) => format!("{c} in {} ms", d.as_millis()),
+                Seen::Lost => "connection lost".into(),
+                Seen::Timeout => "no answer within the channel timeout".into(),
+                Seen::NoHub => "hub unreachable".into(),
+            };
+            let _ = write!(out, "\n      t={ms}ms hub#{generation}: {what}");
+        }
+        out
+    }
+}
+
+// ---- the run --------------------------------------------------------------------
+
+/// Where the hub listens now (`None` while it restarts), and its generation.
+type HubAddr = watch::Receiver<(Option<SocketAddr>, u64)>;
+
+struct Run {
+    core: CoreBank,
+    hub: HubAddr,
+    issued: AtomicU64,
+    transfers: u64,
+    started: Instant,
+    run_id: u64,
+}
+
+impl Run {
+    /// The next transfer number, or `None` when all have been handed out.
+    fn take(&self) -> Option<u64> {
+        let n = self.issued.fetch_add(1, Ordering::SeqCst);
+        (n < self.transfers).then_some(n)
+    }
+
+    fn now_ms(&self) -> u128 {
+        self.started.elapsed().as_millis()
+    }
+}
+
+/// A GUID of 32 characters: date, run, channel, sequence.
+fn chaos_guid(run_id: u64, channel: usize, n: u64) -> String {
+    let date = chrono::Local::now().format("%Y%m%d");
+    let g = format!("{date}CH{:06}C{channel:02}N{n:012}", run_id % 1_000_000);
+    assert_eq!(g.len(), 32, "{g}");
+    g
+}
+
+/// Connects to the hub, following it across restarts (bounded).
+async fn connect_hub(run: &Run) -> Option<(Channel, u64)> {
+    let mut rx = run.hub.clone();
+    let deadline = Instant::now() + PATIENCE;
+    while Instant::now() < deadline {
+        let (addr, generation) = *rx.borrow_and_update();
+        if let Some(addr) = addr {
+            if let Ok(Ok(ch)) = tokio::time::timeout(
+                Duration::from_secs(2),
+                Channel::connect(&addr.to_string(), PrefixMode::Ascii),
+            )
+            .await
+            {
+                return Some((ch, generation));
+            }
+        }
+        // Restarting: wait for the new address (no event when a connect fails
+        // just before the driver says "down", hence the bound).
+        let _ = tokio::time::timeout(Duration::from_millis(100), rx.changed()).await;
+    }
+    None
+}
+
+async fn channel_loop(run: Arc<Run>, index: usize, seed: u64) -> Vec<Record> {
+    let mut rng = Rng::new(seed ^ (index as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
+    let mut records = Vec::new();
+    let mut conn: Option<(Channel, u64)> = None;
+    while let Some(n) = run.take() {
+        let from = *rng.pick(&ACCOUNTS);
+        let mut to = *rng.pick(&ACCOUNTS);
+        while to == from {
+            to = *rng.pick(&ACCOUNTS);
+        }
+        // Mostly small; now and then more than most balances (B201) or over the
+        // per-transfer limit (B203).
+        let amount = match rng.range(0, 99) {
+            0..=89 => rng.range(1, 50_000),
+            90..=97 => rng.range(500_000, 3_000_000),
+            _ => LIMIT + rng.range(1, 1_000),
+        };
+        let guid = chaos_guid(run.run_id, index, n);
+        let fault = Fault::roll(&mut rng);
+        if let Some(f) = fault {
+            f.install(&run.core, &guid);
+        }
+        let mut rec = Record {
+            guid: guid.clone(),
+            from,
+            to,
+            amount,
+            fault,
+            seen: Vec::new(),
+            txn_ids: Vec::new(),
+            end: End::Unresolved,
+        };
+        let fields = trf_fields(from, BANK, to, amount, MEMO);
+        let first = Instant::now();
+        let mut refused_after_cooldown = 0;
+        while first.elapsed() < GUID_DEADLINE {
+            if conn.is_none() {
+                conn = connect_hub(&run).await;
+                if conn.is_none() {
+                    rec.seen.push((run.now_ms(), 0, Seen::NoHub));
+                    continue;
+                }
+            }
+            let (ch, generation) = conn.as_mut().expect("connected");
+            let generation = *generation;
+            let telegram = trf(&guid, &fields);
+            let sent = Instant::now();
+            let answer = match tokio::time::timeout(CHANNEL_TIMEOUT, ch.exchange(&telegram)).await {
+                Err(_) => {
+                    rec.seen.push((run.now_ms(), generation, Seen::Timeout));
+                    conn = None;
+                    continue;
+                }
+                Ok(Err(_)) => {
+                    rec.seen.push((run.now_ms(), generation, Seen::Lost));
+                    conn = None;
+                    continue;
+                }
+                Ok(Ok(a)) => a,
+            };
+            let took = sent.elapsed();
+            rec.seen.push((
+                run.now_ms(),
+                generation,
+                Seen::Code(answer.code.clone(), took),
+            ));
+            if answer.guid != guid || answer.tx_code != "TRF001" {
+                rec.end = End::Unexpected(format!("echo {answer:?}"));
+                break;
+            }
+            match answer.code.as_str() {
+                "0000" => {
+                    let id = String::from_utf8_lossy(answer.body.get(..16).unwrap_or(&[]));
+                    rec.txn_ids.push(id.trim_end().to_string());
+                    rec.end = End::Final(answer.code);
+                    break;
+                }
+                "B201" | "B202" | "B203" | "E500" => {
+                    rec.end = End::Final(answer.code);
+                    break;
+                }
+                // Unknown: the resend is answered by inquiry. A short pause so a
+                // transfer still processing has a moment to finish.
+                "E901" => {
+                    refused_after_cooldown = 0;
+                    tokio::time::sleep(Duration::from_millis(rng.range(10, 80))).await;
+                }
+                // Not sent: resend at once; the hub enforces the cooldown (E905).
+                "E902" | "E904" => refused_after_cooldown = 0,
+                "E903" => {
+                    // Draining or no capacity; a draining hub closes the connection.
+                    refused_after_cooldown = 0;
+                    conn = None;
+                }
+                "E905" => {
+                    refused_after_cooldown += 1;
+                    if refused_after_cooldown >= 3 {
+                        rec.end = End::GaveUp;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(COOLDOWN_MS + 30)).await;
+                }
+                other => {
+                    rec.end = End::Unexpected(format!("code {other}"));
+                    break;
+                }
+            }
+        }
+        records.push(rec);
+    }
+    records
+}
+
+// ---- chaos driver: the proxy and the hub process -----------------------------
+
+#[derive(Debug, Default)]
+struct Events {
+    sigkill: u64,
+    sigterm: u64,
+    refuse_windows: u64,
+    close_windows: u64,
+    restarts_on_new_port: u64,
+}
+
+async fn driver(
+    cmd: HubCommand,
+    mut hub: HubProcess,
+    hub_tx: watch::Sender<(Option<SocketAddr>, u64)>,
+    proxy: Arc<Proxy>,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) -> (HubProcess, Events) {
+    let mut rng = Rng::new(seed ^ 0xD1B5_4A32_D192_ED03);
+    let mut events = Events::default();
+    let mut generation = hub_tx.borrow().1;
+    while !stop.load(Ordering::SeqCst) {
+        // The schedule of faults is the subject here: pauses are the point.
+        tokio::time::sleep(Duration::from_millis(rng.range(200, 800))).await;
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        match rng.range(0, 9) {
+            0 | 1 | 2 => {
+                let term = rng.percent(20);
+                let port = hub.addr.port();
+                hub_tx.send_replace((None, generation));
+                let (h, moved) = tokio::task::spawn_blocking({
+                    let cmd = cmd.clone();
+                    move || {
+                        let mut hub = hub;
+                        if term {
+                            let status = hub.terminate();
+                            assert!(status.success(), "drain exit: {status:?}\n{}", hub.log());
+                        } else {
+                            hub.sigkill();
+                        }
+                        drop(hub);
+                        match cmd.start(&format!("127.0.0.1:{port}")) {
+                            Ok(h) => (h, false),
+                            Err(_) => (cmd.start("127.0.0.1:0").expect("hub restarts"), true),
+                        }
+                    }
+                })
+                .await
+                .expect("restart task");
+                hub = h;
+                generation += 1;
+                hub_tx.send_replace((Some(hub.addr), generation));
+                if term {
+                    events.sigterm += 1;
+                } else {
+                    events.sigkill += 1;
+                }
+                events.restarts_on_new_port += u64::from(moved);
+            }
+            3..=6 => {
+                proxy.set_mode(ProxyMode::Refuse);
+                tokio::time::sleep(Duration::from_millis(rng.range(50, 300))).await;
+                proxy.set_mode(ProxyMode::Forward);
+                events.refuse_windows += 1;
+            }
+            _ => {
+                proxy.set_mode(ProxyMode::CloseNew);
+                tokio::time::sleep(Duration::from_millis(rng.range(50, 300))).await;
+                proxy.set_mode(ProxyMode::Forward);
+                events.close_windows += 1;
+            }
+        }
+    }
+    proxy.set_mode(ProxyMode::Forward);
+    (hub, events)
+}
+
+// ---- the test -----------------------------------------------------------------
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
+    let transfers = env_u64("CHAOS_TRANSFERS", 3_000);
+    let channels = env_u64("CHAOS_CHANNELS", 16) as usize;
+    let seed = env_u64(
+        "CHAOS_SEED",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1),
+    );
+
+    let core = start_core().await;
+    let before = Ledger::of(&core);
+    let proxy = Arc::new(Proxy::start(core.addr()).await);
+    let dir = TempDir::new("chaos");
+    let cmd = HubCommand::new(
+        &dir,
+        &proxy.url(),
+        &format!(
+            "[server]\nbudget_ms = {BUDGET_MS}\n\
+             [journal]\nresend_cooldown_ms = {COOLDOWN_MS}\nmax_resends = {MAX_RESENDS}\n\
+             [logging]\nfilter = \"warn\"\n"
+        ),
+    );
+    let hub = cmd.start("127.0.0.1:0").expect("hub starts");
+    let (hub_tx, hub_rx) = watch::channel((Some(hub.addr), 1u64));
+    let run = Arc::new(Run {
+        core,
+        hub: hub_rx,
+        issued: AtomicU64::new(0),
+        transfers,
+        started: Instant::now(),
+        run_id: seed,
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let chaos = tokio::spawn(driver(
+        cmd.clone(),
+        hub,
+        hub_tx,
+        proxy.clone(),
+        stop.clone(),
+        seed,
+    ));
+    let workers: Vec<_> = (0..channels)
+        .map(|i| tokio::spawn(channel_loop(run.clone(), i, seed)))
+        .collect();
+    // Chaos lasts while transfers are handed out; the last GUIDs settle in calm.
+    let handed_out = {
+        let run = run.clone();
+        async move {
+            while run.issued.load(Ordering::SeqCst) < run.transfers {
+                // No event for "the counter passed N": poll with a coarse tick.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    handed_out.await;
+    stop.store(true, Ordering::SeqCst);
+    let (hub, events) = chaos.await.expect("driver");
+    let mut records = Vec::new();
+    for w in workers {
+        records.extend(w.await.expect("channel task"));
+    }
+    let elapsed = run.started.elapsed();
+    let core = &run.core;
+
+    // Transfers still held by a delay finish at the core whatever the hub does
+    // ("slow but thorough"); wait for the ones that were received to be decided.
+    let stats = core.stats();
+    for r in &records {
+        let posted = stats.by_guid.get(&r.guid).is_some_and(|g| g.post > 0);
+        let preempted = matches!(
+            r.fault,
+            Some(Fault::Status500 | Fault::Status503 | Fault::Status503RetryAfter)
+        );
+        if posted && !preempted && r.end != End::Final("0000".into()) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), core.wait_applied(&r.guid)).await;
+        }
+    }
+    let stats = core.stats();
+
+    // ---- the checks ----
+    let mut violations: Vec<String> = Vec::new();
+    let mut violate = |r: &Record, what: String| {
+        let g = stats.by_guid.get(&r.guid).copied().unwrap_or_default();
+        violations.push(format!(
+            "{}: {what}\n    transfer {} -> {} of {}, fault {:?}, end {:?}, core post={} get={} applied={}{}",
+            r.guid,
+            r.from,
+            r.to,
+            r.amount,
+            r.fault,
+            r.end,
+            g.post,
+            g.get,
+            g.applied,
+            r.history()
+        ));
+    };
+    // Signed: the records are not in the order the core applied them.
+    let mut want: BTreeMap<&str, i128> = before
+        .balances
+        .iter()
+        .map(|(a, b)| (*a, i128::from(*b)))
+        .collect();
+    for r in &records {
+        let g = stats.by_guid.get(&r.guid).copied().unwrap_or_default();
+        if g.post > 1 {
+            violate(r, format!("the core got {} POSTs for one GUID", g.post));
+        }
+        let answered_ok = r.end == End::Final("0000".into());
+        if answered_ok && !g.applied {
+            violate(r, "answered 0000 but the core did not apply it".into());
+        }
+        if g.applied && !answered_ok {
+            violate(
+                r,
+                "the core applied it but the channel's last word is not 0000".into(),
+            );
+        }
+        if r.codes().any(|c| c == "0000") && !answered_ok {
+            violate(r, "a 0000 followed by another answer".into());
+        }
+        if let Some(first) = r.txn_ids.first() {
+            if r.txn_ids.iter().any(|t| t != first) {
+                violate(
+                    r,
+                    format!("different txn_ids for one GUID: {:?}", r.txn_ids),
+                );
+            }
+        }
+        match &r.end {
+            End::Unresolved => violate(r, "no final answer within the GUID deadline".into()),
+            End::Unexpected(what) => violate(r, format!("unexpected answer: {what}")),
+            _ => {}
+        }
+        if r.seen.iter().any(|(_, _, s)| matches!(s, Seen::Timeout)) {
+            violate(
+                r,
+                "the hub did not answer within the channel's timeout".into(),
+            );
+        }
+        if answered_ok {
+            *want.get_mut(r.from).expect("seed account") -= i128::from(r.amount);
+            *want.get_mut(r.to).expect("seed account") += i128::from(r.amount);
+        }
+    }
+    let after = Ledger::of(core);
+    let mut ledger_problems = Vec::new();
+    if after.total != before.total {
+        ledger_problems.push(format!(
+            "total money {} before, {} after",
+            before.total, after.total
+        ));
+    }
+    let now: BTreeMap<&str, i128> = after
+        .balances
+        .iter()
+        .map(|(a, b)| (*a, i128::from(*b)))
+        .collect();
+    if now != want {
+        ledger_problems.push(format!(
+            "balances {:?}, expected from the 0000 answers {:?}",
+            after.balances, want
+        ));
+    }
+
+    // ---- the summary ----
+    let mut faults: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut answers: BTreeMap<String, u64> = BTreeMap::new();
+    let mut finals: BTreeMap<String, u64> = BTreeMap::new();
+    let mut resolutions: BTreeMap<String, u64> = BTreeMap::new();
+    let (mut lost, mut no_hub, mut latencies) = (0u64, 0u64, Vec::new());
+    for r in &records {
+        *faults
+            .entry(r.fault.map_or("none", |f| f.kind()))
+            .or_default() += 1;
+        for (_, _, s) in &r.seen {
+            match s {
+                Seen::Code(c, d) => {
+                    *answers.entry(c.clone()).or_default() += 1;
+                    latencies.push(*d);
+                }
+                Seen::Lost => lost += 1,
+                Seen::NoHub => no_hub += 1,
+                Seen::Timeout => {}
+            }
+        }
+        let end = match &r.end {
+            End::Final(c) => c.clone(),
+            other => format!("{other:?}"),
+        };
+        *finals.entry(end.clone()).or_default() += 1;
+        if r.codes().any(|c| c == "E901") {
+            *resolutions.entry(format!("E901 -> {end}")).or_default() += 1;
+        }
+        if r.seen.iter().any(|(_, _, s)| matches!(s, Seen::Lost)) {
+            *resolutions
+                .entry(format!("lost connection -> {end}"))
+                .or_default() += 1;
+        }
+    }
+    latencies.sort();
+    let pct = |p: usize| {
+        latencies
+            .get((latencies.len().saturating_sub(1)) * p / 100)
+            .map_or(0, |d| d.as_millis())
+    };
+    let mut summary = String::new();
+    let _ = writeln!(
+        summary,
+        "chaos: {} transfers on {channels} channels in {:.1} s (seed {seed}, budget {BUDGET_MS} ms)",
+        records.len(),
+        elapsed.as_secs_f64()
+    );
+    let _ = writeln!(
+        summary,
+        "  hub: {} SIGKILL + {} SIGTERM restarts ({} on a new port); proxy: {} refusal windows, {} drop windows ({} connections dropped, {} idle closed)",
+        events.sigkill,
+        events.sigterm,
+        events.restarts_on_new_port,
+        events.refuse_windows,
+        events.close_windows,
+        proxy.dropped.load(Ordering::Relaxed),
+        proxy.reaped.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(summary, "  faults per GUID: {faults:?}");
+    let _ = writeln!(
+        summary,
+        "  answers: {answers:?}; lost connections {lost}; hub unreachable {no_hub}"
+    );
+    let _ = writeln!(
+        summary,
+        "  answer time ms: p50 {} p99 {} max {}",
+        pct(50),
+        pct(99),
+        pct(100)
+    );
+    let _ = writeln!(summary, "  final: {finals:?}");
+    let _ = writeln!(summary, "  resolutions: {resolutions:?}");
+    let _ = writeln!(
+        summary,
+        "  core: {} POSTs, {} GETs, {} GUIDs applied; total money {} -> {}",
+        stats.post,
+        stats.get,
+        stats.by_guid.values().filter(|g| g.applied).count(),
+        before.total,
+        after.total
+    );
+    let _ = writeln!(
+        summary,
+        "  violations: {} per GUID, {} ledger",
+        violations.len(),
+        ledger_problems.len()
+    );
+    println!("{summary}");
+    drop(hub);
+
+    let mut report = String::new();
+    for v in violations.iter().take(20) {
+        let _ = writeln!(report, "  {v}");
+    }
+    for l in &ledger_problems {
+        let _ = writeln!(report, "  ledger: {l}");
+    }
+    assert!(
+        violations.is_empty() && ledger_problems.is_empty(),
+        "{summary}\nviolations (first 20):\n{report}"
+    );
+    // Keep the proxy alive to the end.
+    let _ = Mutex::new(proxy);
+}
