@@ -47,6 +47,10 @@ pub const CONNECTIONS_REFUSED: &str = "relayhub_connections_refused_total";
 pub const JOURNAL_UNKNOWN: &str = "relayhub_journal_unknown";
 /// SIGHUP reloads, by `result` (`ok` or `refused`).
 pub const CONFIG_RELOADS: &str = "relayhub_config_reloads_total";
+/// Journal calls on the telegram path that failed or outlived the budget, by
+/// `stage` (`claim`: the transfer was not sent, E903; `outcome`: the answer
+/// was given but not recorded).
+pub const JOURNAL_ERRORS: &str = "relayhub_journal_errors_total";
 
 /// The `tx_code` label of a telegram whose tx code has no route (or whose
 /// header is unreadable): a channel cannot create label values at will.
@@ -133,6 +137,11 @@ pub fn describe() {
             CONFIG_RELOADS,
             Unit::Count,
             "Configuration reloads (SIGHUP), by result: ok or refused (the previous configuration stays)."
+        );
+        describe_counter!(
+            JOURNAL_ERRORS,
+            Unit::Count,
+            "Journal calls on the telegram path that failed or outlived the budget, by stage: claim (transfer not sent, E903) or outcome (answered but not recorded)."
         );
         metrics::gauge!(OPEN_CONNECTIONS).increment(0.0);
         metrics::gauge!(JOURNAL_UNKNOWN).increment(0.0);

@@ -300,16 +300,16 @@ impl Hub {
                         matches!(task.await, Ok(Ok(Claim::New)))
                     });
                     return (
-                        Reply::code(Code::NO_CAPACITY),
+                        journal_failed("claim"),
                         "not sent: the journal did not answer within the budget".into(),
                     );
                 }
                 Bounded::Failed(e) => {
-                    return (Reply::code(Code::NO_CAPACITY), format!("not sent: {e}"));
+                    return (journal_failed("claim"), format!("not sent: {e}"));
                 }
             };
             let row = match claim {
-                Err(e) => return (Reply::code(Code::NO_CAPACITY), format!("not sent: {e}")),
+                Err(e) => return (journal_failed("claim"), format!("not sent: {e}")),
                 Ok(Claim::New) => {
                     return self.post(header, route, rules, &fields, 1, deadline).await;
                 }
@@ -371,12 +371,12 @@ impl Hub {
                                 matches!(task.await, Ok(Ok(true)))
                             });
                             return (
-                                Reply::code(Code::NO_CAPACITY),
+                                journal_failed("claim"),
                                 "not sent: the journal did not answer within the budget".into(),
                             );
                         }
                         Bounded::Failed(e) => {
-                            return (Reply::code(Code::NO_CAPACITY), format!("not sent: {e}"));
+                            return (journal_failed("claim"), format!("not sent: {e}"));
                         }
                     };
                     match resend {
@@ -387,7 +387,7 @@ impl Hub {
                         }
                         Ok(false) => continue,
                         Err(e) => {
-                            return (Reply::code(Code::NO_CAPACITY), format!("not sent: {e}"));
+                            return (journal_failed("claim"), format!("not sent: {e}"));
                         }
                     }
                 }
@@ -541,8 +541,14 @@ impl Hub {
             Bounded::Done(Ok(_)) => {}
             // The answer is still the truth; the row stays "sending" and becomes
             // "unknown" at the next start, where an inquiry settles it.
-            Bounded::Done(Err(e)) => warn!(%e, "could not journal the outcome"),
-            Bounded::Failed(e) => warn!(%e, "could not journal the outcome"),
+            Bounded::Done(Err(e)) => {
+                journal_failed("outcome");
+                warn!(%e, "could not journal the outcome")
+            }
+            Bounded::Failed(e) => {
+                journal_failed("outcome");
+                warn!(%e, "could not journal the outcome")
+            }
             Bounded::Late(_) => {
                 warn!("journaling the outcome outlived the budget; it completes in the background")
             }
@@ -824,6 +830,13 @@ impl Hub {
     fn reply_for(&self, outcome: Outcome, layout: &Layout, rules: &Rules) -> (Reply, Outcome) {
         reply_for(outcome, layout, &rules.codes)
     }
+}
+
+/// Counts a journal failure on the telegram path; a failed claim is answered
+/// E903 (nothing was sent).
+fn journal_failed(stage: &'static str) -> Reply {
+    metrics::counter!(crate::admin::JOURNAL_ERRORS, "stage" => stage).increment(1);
+    Reply::code(Code::NO_CAPACITY)
 }
 
 /// A journal call raced against the budget.

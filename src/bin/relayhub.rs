@@ -186,7 +186,7 @@ enum JournalAction {
     /// the targets and routes of --config) and prints each GUID with its code
     /// now: 0000 or a B-code (settled), E904 (never received; a resend may post
     /// again) or E901 (still unknown; run it again later). The journal is the one
-    /// named before `reconcile`.
+    /// named by `--journal`, before or after `reconcile`.
     Reconcile {
         #[command(flatten)]
         config: ConfigArgs,
@@ -505,7 +505,10 @@ async fn journal(args: JournalArgs) -> Result<ExitCode, String> {
         }
         JournalAction::Reconcile { config } => {
             let mut source = config.source();
-            source.overrides.journal = Some(args.journal.clone());
+            // `--journal` given after `reconcile` names the journal too.
+            if source.overrides.journal.is_none() {
+                source.overrides.journal = Some(args.journal.clone());
+            }
             let config = source.load().map_err(|e| e.to_string())?;
             let targets = build_targets(&config).map_err(|e| e.to_string())?;
             let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
