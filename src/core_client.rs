@@ -258,13 +258,21 @@ impl Target {
         self.max_concurrency - self.bulkhead.available_permits()
     }
 
-    /// Waits for a bulkhead slot, at most the queue wait and never past the deadline.
-    pub async fn slot(&self, deadline: Instant) -> Option<OwnedSemaphorePermit> {
+    /// Waits for a bulkhead slot, at most the queue wait and never past the
+    /// deadline; a refusal is counted and means nothing was sent.
+    pub async fn slot(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, CallFailure> {
         let until = deadline.min(Instant::now() + self.queue_wait);
-        tokio::time::timeout_at(until, self.bulkhead.clone().acquire_owned())
-            .await
-            .ok()
-            .and_then(Result::ok)
+        match tokio::time::timeout_at(until, self.bulkhead.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => {
+                metrics::counter!(crate::admin::BULKHEAD_REJECTIONS, "target" => self.name.clone())
+                    .increment(1);
+                Err(CallFailure::NoCapacity(format!(
+                    "no free slot for target {}",
+                    self.name
+                )))
+            }
+        }
     }
 
     /// The backoff before retry `n` (1-based): full jitter over `backoff * 2^(n-1)`.
@@ -372,41 +380,34 @@ impl Job {
         })
     }
 
+    /// What every request carries: the deadline header, credentials, and the
+    /// timeouts of this call (connect within the budget; the whole exchange
+    /// within the budget plus, for a transfer, the late-answer window).
+    fn prepare<B>(&self, mut req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        req = req.header(DEADLINE_HEADER, self.remaining_ms.to_string());
+        if let Some(a) = &self.auth {
+            req = req.header("Authorization", a.as_str());
+        }
+        req.config()
+            .timeout_resolve(Some(self.connect))
+            .timeout_connect(Some(self.connect))
+            .timeout_global(Some(self.call_limit))
+            .build()
+    }
+
     fn exchange(&self) -> Result<HttpAnswer, ureq::Error> {
-        let deadline = self.remaining_ms.to_string();
         let mut response = match &self.request {
-            CoreRequest::Transfer { guid, json } => {
-                let mut req = self
-                    .agent
-                    .post(format!("{}/v1/transfers", self.base_url))
-                    .header("Content-Type", "application/json")
-                    .header("X-GUID", guid.as_str())
-                    .header(DEADLINE_HEADER, deadline.as_str());
-                if let Some(a) = &self.auth {
-                    req = req.header("Authorization", a.as_str());
-                }
-                req.config()
-                    .timeout_resolve(Some(self.connect))
-                    .timeout_connect(Some(self.connect))
-                    .timeout_global(Some(self.call_limit))
-                    .build()
-                    .send(&json[..])?
-            }
-            CoreRequest::Inquiry { guid } => {
-                let mut req = self
-                    .agent
-                    .get(format!("{}/v1/transfers/{guid}", self.base_url))
-                    .header(DEADLINE_HEADER, deadline.as_str());
-                if let Some(a) = &self.auth {
-                    req = req.header("Authorization", a.as_str());
-                }
-                req.config()
-                    .timeout_resolve(Some(self.connect))
-                    .timeout_connect(Some(self.connect))
-                    .timeout_global(Some(self.call_limit))
-                    .build()
-                    .call()?
-            }
+            CoreRequest::Transfer { guid, json } => self
+                .prepare(self.agent.post(format!("{}/v1/transfers", self.base_url)))
+                .header("Content-Type", "application/json")
+                .header("X-GUID", guid.as_str())
+                .send(&json[..])?,
+            CoreRequest::Inquiry { guid } => self
+                .prepare(
+                    self.agent
+                        .get(format!("{}/v1/transfers/{guid}", self.base_url)),
+                )
+                .call()?,
         };
         let status = response.status().as_u16();
         let header = |name: &str| {

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::admin;
 use crate::config::{JournalConfig, Operation};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target, parse_retry_after};
 use crate::header::{Echo, Header, parse_header};
@@ -149,8 +150,8 @@ impl Hub {
             Some(r) => r.tx_code.clone(),
             None => "other".to_string(),
         };
-        metrics::counter!("relayhub_telegrams_total", "tx_code" => tx.clone(), "code" => reply.code.as_str().to_string()).increment(1);
-        metrics::histogram!("relayhub_telegram_duration_seconds", "tx_code" => tx)
+        metrics::counter!(admin::TELEGRAMS, "tx_code" => tx.clone(), "code" => reply.code.as_str().to_string()).increment(1);
+        metrics::histogram!(admin::TELEGRAM_DURATION, "tx_code" => tx)
             .record(elapsed.as_secs_f64());
         span.in_scope(|| {
             info!(code = %reply.code, ms = elapsed.as_millis() as u64, "{note}");
@@ -471,9 +472,9 @@ impl Hub {
         let started = Instant::now();
         let mut tries = 0u32;
         let outcome = loop {
-            let Some(permit) = target.slot(deadline).await else {
-                metrics::counter!("relayhub_bulkhead_rejections_total", "target" => target.name.clone()).increment(1);
-                break Outcome::NoCapacity(format!("no free slot for target {}", target.name));
+            let permit = match target.slot(deadline).await {
+                Ok(permit) => permit,
+                Err(refused) => break Outcome::from(refused),
             };
             let url = target.url_for(tries);
             match target.call(&request, url, deadline, permit).await {
@@ -494,7 +495,7 @@ impl Hub {
                     if tries < target.connect_attempts {
                         let pause = target.backoff(tries);
                         if Instant::now() + pause + Duration::from_millis(5) < deadline {
-                            metrics::counter!("relayhub_core_retries_total", "target" => target.name.clone(), "operation" => "transfer").increment(1);
+                            metrics::counter!(admin::CORE_RETRIES, "target" => target.name.clone(), "operation" => "transfer").increment(1);
                             debug!(%r, "not sent; retrying");
                             tokio::time::sleep(pause).await;
                             continue;
@@ -515,7 +516,7 @@ impl Hub {
                 }
             }
         };
-        metrics::histogram!("relayhub_core_call_duration_seconds", "target" => target.name.clone(), "operation" => "transfer")
+        metrics::histogram!(admin::CORE_CALL_DURATION, "target" => target.name.clone(), "operation" => "transfer")
             .record(started.elapsed().as_secs_f64());
         // Phase timing for the telegram's summary line (its span carries it).
         tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
@@ -779,9 +780,9 @@ impl Hub {
         let started = Instant::now();
         let mut tries = 0u32;
         let outcome = loop {
-            let Some(permit) = target.slot(deadline).await else {
-                metrics::counter!("relayhub_bulkhead_rejections_total", "target" => target.name.clone()).increment(1);
-                break Outcome::NoCapacity(format!("no free slot for target {}", target.name));
+            let permit = match target.slot(deadline).await {
+                Ok(permit) => permit,
+                Err(refused) => break Outcome::from(refused),
             };
             let url = target.url_for(tries);
             tries += 1;
@@ -813,14 +814,14 @@ impl Hub {
                     if tries < target.inquiry_attempts
                         && Instant::now() + pause + Duration::from_millis(5) < deadline =>
                 {
-                    metrics::counter!("relayhub_core_retries_total", "target" => target.name.clone(), "operation" => "inquiry").increment(1);
+                    metrics::counter!(admin::CORE_RETRIES, "target" => target.name.clone(), "operation" => "inquiry").increment(1);
                     debug!(?pause, "retrying the inquiry");
                     tokio::time::sleep(pause).await;
                 }
                 _ => break outcome,
             }
         };
-        metrics::histogram!("relayhub_core_call_duration_seconds", "target" => target.name.clone(), "operation" => "inquiry")
+        metrics::histogram!(admin::CORE_CALL_DURATION, "target" => target.name.clone(), "operation" => "inquiry")
             .record(started.elapsed().as_secs_f64());
         // Phase timing for the telegram's summary line (its span carries it).
         tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
@@ -829,6 +830,16 @@ impl Hub {
 
     fn reply_for(&self, outcome: Outcome, layout: &Layout, rules: &Rules) -> (Reply, Outcome) {
         reply_for(outcome, layout, &rules.codes)
+    }
+}
+
+impl From<CallFailure> for Outcome {
+    fn from(f: CallFailure) -> Outcome {
+        match f {
+            CallFailure::NotSent(r) => Outcome::NotSent(r),
+            CallFailure::NoCapacity(r) => Outcome::NoCapacity(r),
+            CallFailure::MaybeSent(r) => Outcome::Unknown(r),
+        }
     }
 }
 
