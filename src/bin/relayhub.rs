@@ -37,6 +37,8 @@ enum Command {
     Check(ConfigArgs),
     /// Inspect the GUID journal and reconcile unknown transfers.
     Journal(JournalArgs),
+    /// Load the hub (or, with --direct, the core itself) and report speed and codes.
+    Bench(relayhub::bench::BenchArgs),
 }
 
 /// Flags shared by `serve` and `check` (section 10 of the protocol).
@@ -168,6 +170,7 @@ fn main() -> ExitCode {
             Command::Send(args) => send(args).await,
             Command::Check(args) => check(args),
             Command::Journal(args) => journal(args).await,
+            Command::Bench(args) => relayhub::bench::run(args).await,
         }
     });
     // Late-answer calls may still be running on blocking threads; do not wait.
