@@ -331,7 +331,9 @@ impl Wire {
             std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
         };
         self.out.clear();
-        self.codec.encode(telegram, &mut self.out).map_err(invalid)?;
+        self.codec
+            .encode(telegram, &mut self.out)
+            .map_err(invalid)?;
         self.stream.write_all(&self.out)?;
         let mut chunk = [0u8; 1024];
         loop {
@@ -467,7 +469,14 @@ fn direct_agent(connections: usize, timeout: Duration) -> ureq::Agent {
         .no_delay(true)
         .max_idle_connections(connections.max(16))
         .max_idle_connections_per_host(connections.max(16))
-        .timeout_global(Some(timeout))
+        // Phase timeouts, not a global one: any timeout that covers name
+        // resolution makes ureq resolve on a new thread per request (even for
+        // an IP literal), which would bill the baseline for a thread spawn.
+        .timeout_connect(Some(timeout))
+        .timeout_send_request(Some(timeout))
+        .timeout_send_body(Some(timeout))
+        .timeout_recv_response(Some(timeout))
+        .timeout_recv_body(Some(timeout))
         .build();
     ureq::Agent::new_with_config(config)
 }

@@ -183,7 +183,13 @@ impl Report {
         warmup: Warmup,
     ) -> Report {
         let h = &rec.latency;
-        let q = |p: f64| if h.is_empty() { 0 } else { h.value_at_quantile(p) };
+        let q = |p: f64| {
+            if h.is_empty() {
+                0
+            } else {
+                h.value_at_quantile(p)
+            }
+        };
         let finished = rec.answered + rec.wrong;
         let secs = elapsed.as_secs_f64();
         Report {
@@ -250,7 +256,12 @@ impl Report {
             "throughput",
             format!("{:.0}/s", self.throughput)
         );
-        let _ = writeln!(s, "{:<12} {:>12}", "elapsed", format!("{:.2} s", self.elapsed_s));
+        let _ = writeln!(
+            s,
+            "{:<12} {:>12}",
+            "elapsed",
+            format!("{:.2} s", self.elapsed_s)
+        );
         let l = &self.latency;
         for (name, v) in [
             ("p50", l.p50_us),
@@ -266,6 +277,10 @@ impl Report {
             "{:<12} {:>12}   answered {}, wrong {}, no answer {}",
             "sent", self.sent, self.answered, self.wrong, self.errors
         );
+        if self.by_tx.len() > 1 {
+            let per: Vec<String> = self.by_tx.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(s, "{:<12} {:>12}", "by tx code", per.join(", "));
+        }
         for (code, n) in &self.codes {
             let meaning = crate::outcome::Code::parse(code)
                 .map(|c| c.meaning())
@@ -314,7 +329,11 @@ mod tests {
         a.answer("TRF001", "0000", Duration::from_micros(300));
         a.answer("TRF001", "B201", Duration::from_micros(500));
         let mut b = Recorder::default();
-        b.wrong("INQ001", "GUID echo differs".into(), Duration::from_micros(700));
+        b.wrong(
+            "INQ001",
+            "GUID echo differs".into(),
+            Duration::from_micros(700),
+        );
         b.error("TRF001", "connection closed".into());
         a.merge(b);
         assert_eq!(a.done(), 4);
