@@ -24,8 +24,10 @@
 //! | [`admin`] | metrics and health endpoints |
 //! | [`daemon`] | start-up, reload and shutdown |
 //! | [`client`] | the channel side: build, send, decode (for `send`, `bench`, tests) |
+//! | [`bench`] | the load generator: through the hub or straight to the core, side by side |
 
 pub mod admin;
+pub mod bench;
 pub mod client;
 pub mod config;
 pub mod core_client;

@@ -60,6 +60,8 @@ enum Command {
     ///
     /// Safe next to a running hub on the same journal: SQLite serialises the two.
     Journal(JournalArgs),
+    /// Load the hub (or, with --direct, the core itself) and report speed and codes.
+    Bench(relayhub::bench::BenchArgs),
 }
 
 /// Flags shared by `serve`, `check` and `journal reconcile` (section 10 of the
@@ -212,6 +214,7 @@ fn main() -> ExitCode {
             Command::Send(args) => send(args).await,
             Command::Check(args) => check(args),
             Command::Journal(args) => journal(args).await,
+            Command::Bench(args) => relayhub::bench::run(args).await,
         }
     });
     // Late-answer calls may still be running on blocking threads; do not wait.
