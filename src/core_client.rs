@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
-use ureq::unversioned::resolver::DefaultResolver;
+use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
 use ureq::unversioned::transport::{
     Buffers, ConnectionDetails, Connector, NextTimeout, TcpConnector, Transport,
 };
@@ -152,6 +152,43 @@ impl<T: Transport> Transport for GatedTransport<T> {
     }
 }
 
+/// A resolver that answers IP-literal hosts itself and asks the system for
+/// names. ureq's default resolver runs every lookup with a timeout on a thread
+/// of its own, even for `127.0.0.1`: a thread per call on the hot path.
+#[derive(Debug, Default)]
+struct LiteralFirstResolver {
+    system: DefaultResolver,
+}
+
+impl Resolver for LiteralFirstResolver {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: NextTimeout,
+    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
+        let literal = uri.host().and_then(|h| {
+            h.trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .ok()
+        });
+        let port = uri.port_u16().or_else(|| match uri.scheme_str() {
+            Some("https") => Some(443),
+            Some("http") => Some(80),
+            _ => None,
+        });
+        match (literal, port) {
+            (Some(ip), Some(port)) => {
+                let mut addrs = self.empty();
+                addrs.push(std::net::SocketAddr::new(ip, port));
+                Ok(addrs)
+            }
+            _ => self.system.resolve(uri, config, timeout),
+        }
+    }
+}
+
 /// An HTTP answer, whatever its status.
 #[derive(Debug, Clone)]
 pub struct HttpAnswer {
@@ -229,9 +266,13 @@ impl Target {
             .max_idle_connections(cfg.max_concurrency.max(16))
             .max_idle_connections_per_host(cfg.max_concurrency.max(16))
             .user_agent(concat!("relayhub/", env!("CARGO_PKG_VERSION")))
+            // Requests and answers are small; ureq's 128 KiB default buffers
+            // would be kept by every pooled connection.
+            .input_buffer_size(16 * 1024)
+            .output_buffer_size(16 * 1024)
             .build();
         let connector = ().chain(TcpConnector::default()).chain(GateConnector);
-        let agent = ureq::Agent::with_parts(config, connector, DefaultResolver::default());
+        let agent = ureq::Agent::with_parts(config, connector, LiteralFirstResolver::default());
         let auth = cfg.auth.as_ref().map(|a| a.header_value()).transpose()?;
         Ok(Target {
             name: cfg.name.clone(),

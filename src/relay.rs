@@ -139,7 +139,7 @@ impl Hub {
     pub async fn handle(&self, telegram: &[u8], peer: IpAddr, read_at: Instant) -> (Echo, Reply) {
         let deadline = read_at + self.budget;
         let echo = Echo::from_telegram(telegram);
-        let span = info_span!("telegram", guid = echo.guid_str(), tx = echo.tx_code_str(), channel = tracing::field::Empty, core_ms = tracing::field::Empty, %peer);
+        let span = info_span!("telegram", guid = echo.guid_str(), tx = echo.tx_code_str(), channel = tracing::field::Empty, core_ms = tracing::field::Empty, fields = tracing::field::Empty, %peer);
         let (reply, note) = self
             .dispatch(telegram, peer, deadline)
             .instrument(span.clone())
@@ -190,7 +190,8 @@ impl Hub {
                 "hub is draining".into(),
             );
         }
-        info!(fields = %masked(&fields), "accepted");
+        // On the span, so the one summary line carries them (masked).
+        tracing::Span::current().record("fields", masked(&fields).as_str());
         match route.operation {
             Operation::Transfer => {
                 self.transfer(&header, route, &rules, fields, body, deadline)
