@@ -148,7 +148,7 @@ impl Hub {
         // Only routed tx codes become label values: garbage must not grow the metrics.
         let tx = match self.rules().route(echo.tx_code_str()) {
             Some(r) => r.tx_code.clone(),
-            None => "other".to_string(),
+            None => admin::UNROUTED_TX.to_string(),
         };
         metrics::counter!(admin::TELEGRAMS, "tx_code" => tx.clone(), "code" => reply.code.as_str().to_string()).increment(1);
         metrics::histogram!(admin::TELEGRAM_DURATION, "tx_code" => tx)
