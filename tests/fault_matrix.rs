@@ -446,34 +446,50 @@ async fn one_byte_at_a_time_just_inside_the_slow_sender_timeout_is_answered() {
         &format!("[server]\nread_timeout_ms = {READ_TIMEOUT_MS}\n"),
     )
     .await;
-    let g = guid("FMSLOW");
-    let wire = framed(&transfer(&g, AMOUNT));
     // The pauses are the subject: 140 bytes spread over 70% of the timeout,
-    // each byte written at its own instant so pauses do not add up drift.
+    // each byte written at its own instant so pauses do not add up drift. A
+    // machine too busy to keep that pace proves nothing; it gets three tries.
     let spread = Duration::from_millis(READ_TIMEOUT_MS * 7 / 10);
-    let mut s = tokio::net::TcpStream::connect(m.hub.addr).await.unwrap();
-    s.set_nodelay(true).unwrap();
-    let started = tokio::time::Instant::now();
-    for (i, b) in wire.iter().enumerate() {
-        let at = started + spread.mul_f64(i as f64 / (wire.len() - 1) as f64);
-        tokio::time::sleep_until(at).await;
-        s.write_all(std::slice::from_ref(b)).await.unwrap();
+    let mut tried = Vec::new();
+    for _ in 0..3 {
+        let g = guid("FMSLOW");
+        tried.push(g.clone());
+        let wire = framed(&transfer(&g, AMOUNT));
+        let mut s = tokio::net::TcpStream::connect(m.hub.addr).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        let started = tokio::time::Instant::now();
+        for (i, b) in wire.iter().enumerate() {
+            let at = started + spread.mul_f64(i as f64 / (wire.len() - 1) as f64);
+            tokio::time::sleep_until(at).await;
+            if s.write_all(std::slice::from_ref(b)).await.is_err() {
+                break;
+            }
+        }
+        let took = started.elapsed();
+        assert!(took >= spread, "the bytes were not spread out ({took:?})");
+        if took >= Duration::from_millis(READ_TIMEOUT_MS) {
+            eprintln!("note: writing took {took:?}, past the timeout; trying again");
+            continue;
+        }
+        let (_, answer) = read_raw_answer(&mut s).await;
+        let a = Answer::parse(&answer).unwrap();
+        assert_eq!(a.code, "0000", "{a:?}");
+        assert_eq!(a.guid, g);
+        assert_eq!(m.calls(&g), (1, 0));
+        // A too-slow try may or may not have been read whole in time: the
+        // ledger counts whatever of them reached the core, once each.
+        let mut moves = Vec::new();
+        for t in &tried {
+            let (post, _) = m.calls(t);
+            assert!(post <= 1, "{t}: {post} POSTs");
+            if post == 1 && m.wait_applied(t).await {
+                moves.push((ACC1, ACC2, AMOUNT));
+            }
+        }
+        m.before.assert_now(&m.core, &moves);
+        return;
     }
-    let took = started.elapsed();
-    assert!(
-        took < Duration::from_millis(READ_TIMEOUT_MS),
-        "the machine was too slow to stay inside the timeout ({took:?}); the test proves nothing"
-    );
-    assert!(
-        took >= spread,
-        "the bytes were not spread out ({took:?} < {spread:?})"
-    );
-    let (_, answer) = read_raw_answer(&mut s).await;
-    let a = Answer::parse(&answer).unwrap();
-    assert_eq!(a.code, "0000", "{a:?}");
-    assert_eq!(a.guid, g);
-    assert_eq!(m.calls(&g), (1, 0));
-    m.before.assert_now(&m.core, &one_debit());
+    panic!("three tries could not write a telegram inside {READ_TIMEOUT_MS} ms on this machine");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

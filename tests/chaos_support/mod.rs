@@ -9,13 +9,13 @@
 
 #![allow(dead_code)] // each suite uses a different part of it
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corebank::CoreBank;
@@ -260,6 +260,9 @@ pub struct Proxy {
     pub dropped: Arc<AtomicU64>,
     /// Idle connections closed on entering `Refuse` or `CloseNew`.
     pub reaped: Arc<AtomicU64>,
+    /// Whole `POST /v1/transfers` requests (head and every body byte) passed
+    /// on to the core, by `X-GUID`.
+    posts: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 /// A connection counts as idle after this long without a byte either way.
@@ -272,20 +275,37 @@ impl Proxy {
         let (mode, rx) = watch::channel(ProxyMode::Forward);
         let dropped = Arc::new(AtomicU64::new(0));
         let reaped = Arc::new(AtomicU64::new(0));
+        let posts = Arc::new(Mutex::new(HashMap::new()));
         tokio::spawn(accept_loop(
             listener,
             addr,
             upstream,
             rx,
-            dropped.clone(),
-            reaped.clone(),
+            Counters {
+                dropped: dropped.clone(),
+                reaped: reaped.clone(),
+                posts: posts.clone(),
+            },
         ));
         Proxy {
             addr,
             mode,
             dropped,
             reaped,
+            posts,
         }
+    }
+
+    /// Whole transfer requests passed on for `guid`. The fixture's own count
+    /// also has requests cut short (a hub killed between a request's head and
+    /// its body): the core reads those as malformed and records nothing.
+    pub fn whole_posts(&self, guid: &str) -> u64 {
+        self.posts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(guid)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn url(&self) -> String {
@@ -301,13 +321,19 @@ impl Proxy {
     }
 }
 
+#[derive(Clone)]
+struct Counters {
+    dropped: Arc<AtomicU64>,
+    reaped: Arc<AtomicU64>,
+    posts: Arc<Mutex<HashMap<String, u64>>>,
+}
+
 async fn accept_loop(
     mut listener: TcpListener,
     addr: SocketAddr,
     upstream: SocketAddr,
     mut mode: watch::Receiver<ProxyMode>,
-    dropped: Arc<AtomicU64>,
-    reaped: Arc<AtomicU64>,
+    counters: Counters,
 ) {
     loop {
         let current = *mode.borrow_and_update();
@@ -330,11 +356,11 @@ async fn accept_loop(
             accepted = listener.accept() => {
                 let Ok((client, _)) = accepted else { continue };
                 if current == ProxyMode::CloseNew {
-                    dropped.fetch_add(1, Ordering::Relaxed);
+                    counters.dropped.fetch_add(1, Ordering::Relaxed);
                     drop(client);
                     continue;
                 }
-                tokio::spawn(pipe(client, upstream, mode.clone(), reaped.clone()));
+                tokio::spawn(pipe(client, upstream, mode.clone(), counters.clone()));
             }
         }
     }
@@ -364,8 +390,9 @@ async fn pipe(
     mut client: TcpStream,
     upstream: SocketAddr,
     mut mode: watch::Receiver<ProxyMode>,
-    reaped: Arc<AtomicU64>,
+    counters: Counters,
 ) {
+    let mut requests = RequestScanner::default();
     let _ = client.set_nodelay(true);
     let Ok(mut server) = TcpStream::connect(upstream).await else {
         return;
@@ -382,6 +409,9 @@ async fn pipe(
                 Ok(n) => {
                     if server.write_all(&a[..n]).await.is_err() { break }
                     last = Instant::now();
+                    for guid in requests.feed(&a[..n]) {
+                        *counters.posts.lock().unwrap_or_else(|p| p.into_inner()).entry(guid).or_default() += 1;
+                    }
                 }
             },
             r = server.read(&mut b) => match r {
@@ -392,7 +422,7 @@ async fn pipe(
                 }
             },
             _ = idle_check, if *mode.borrow() != ProxyMode::Forward => {
-                reaped.fetch_add(1, Ordering::Relaxed);
+                counters.reaped.fetch_add(1, Ordering::Relaxed);
                 break;
             }
             changed = mode.changed() => if changed.is_err() { break },
@@ -400,4 +430,67 @@ async fn pipe(
     }
     let _ = client.shutdown().await;
     let _ = server.shutdown().await;
+}
+
+/// Follows the HTTP/1.1 requests on one connection and reports each
+/// `POST /v1/transfers` once its last body byte has gone by (the hub sends a
+/// `Content-Length`; chunked bodies are not used by it).
+#[derive(Default)]
+struct RequestScanner {
+    head: Vec<u8>,
+    /// Body bytes still to come, and the GUID when the request is a transfer.
+    body: Option<(usize, Option<String>)>,
+}
+
+impl RequestScanner {
+    fn feed(&mut self, mut bytes: &[u8]) -> Vec<String> {
+        let mut done = Vec::new();
+        while !bytes.is_empty() {
+            if let Some((left, guid)) = &mut self.body {
+                let n = (*left).min(bytes.len());
+                *left -= n;
+                bytes = &bytes[n..];
+                if *left == 0 {
+                    if let Some(g) = guid.take() {
+                        done.push(g);
+                    }
+                    self.body = None;
+                }
+                continue;
+            }
+            self.head.extend_from_slice(bytes);
+            bytes = &[];
+            let Some(end) = self.head.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            let rest = self.head.split_off(end + 4);
+            let head = String::from_utf8_lossy(&self.head).to_string();
+            self.head.clear();
+            let mut lines = head.split("\r\n");
+            let transfer = lines
+                .next()
+                .is_some_and(|l| l.starts_with("POST /v1/transfers "));
+            let mut guid = None;
+            let mut len = 0usize;
+            for line in lines {
+                let Some((name, value)) = line.split_once(':') else {
+                    continue;
+                };
+                match name.trim().to_ascii_lowercase().as_str() {
+                    "x-guid" => guid = Some(value.trim().to_string()),
+                    "content-length" => len = value.trim().parse().unwrap_or(0),
+                    _ => {}
+                }
+            }
+            let guid = guid.filter(|_| transfer);
+            if len == 0 {
+                done.extend(guid);
+            } else {
+                self.body = Some((len, guid));
+            }
+            // Whatever followed the head is body (or the next request).
+            done.extend(self.feed(&rest));
+        }
+        done
+    }
 }
