@@ -133,20 +133,9 @@ impl Channel {
 
 /// A fresh 32-character GUID: the date, a prefix and a random tail.
 pub fn new_guid(prefix: &str) -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
+    let (a, b) = (crate::random::random_u64(), crate::random::random_u64());
     let date = chrono::Local::now().format("%Y%m%d").to_string();
-    let mut g = format!(
-        "{date}{prefix}{:016X}{:016X}",
-        h.finish(),
-        h.finish().rotate_left(17)
-    );
+    let mut g = format!("{date}{prefix}{a:016X}{b:016X}");
     g.retain(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
     g.truncate(32);
     while g.len() < 32 {

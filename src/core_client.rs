@@ -321,7 +321,7 @@ impl Target {
         let cap = self
             .backoff
             .saturating_mul(1u32 << (n.saturating_sub(1)).min(16));
-        cap.mul_f64(random_unit())
+        cap.mul_f64(crate::random::random_unit())
     }
 
     /// The endpoint for attempt `n` (0-based): failover walks the list.
@@ -486,20 +486,6 @@ fn describe(e: &ureq::Error) -> String {
     }
 }
 
-/// A uniform random number in [0, 1), from the std hasher's random keys (good
-/// enough for backoff jitter, and no extra crate).
-fn random_unit() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-    );
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
-}
-
 /// Parses `Retry-After` (delay-seconds or an HTTP-date) into a wait from now.
 pub fn parse_retry_after(value: &str) -> Option<Duration> {
     let v = value.trim();
@@ -556,13 +542,5 @@ mod tests {
             Some(Duration::ZERO)
         );
         assert_eq!(parse_retry_after("soon"), None);
-    }
-
-    #[test]
-    fn jitter_stays_under_the_cap() {
-        for _ in 0..100 {
-            let r = random_unit();
-            assert!((0.0..1.0).contains(&r));
-        }
     }
 }

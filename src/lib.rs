@@ -24,6 +24,7 @@
 //! | [`admin`] | metrics and health endpoints |
 //! | [`daemon`] | start-up, reload and shutdown |
 //! | [`client`] | the channel side: build, send, decode (for `send`, `bench`, tests) |
+//! | [`random`] | jitter, GUIDs and hub names (not secrets) |
 //! | [`bench`] | the load generator: through the hub or straight to the core, side by side |
 
 pub mod admin;
@@ -37,6 +38,7 @@ pub mod header;
 pub mod journal;
 pub mod layout;
 pub mod outcome;
+pub mod random;
 pub mod relay;
 pub mod rules;
 pub mod server;

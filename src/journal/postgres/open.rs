@@ -143,18 +143,9 @@ fn default_hub_id() -> String {
     format!("{host}-{}-{:06x}", std::process::id(), random24())
 }
 
-/// 24 random bits, from the per-process random keys of `RandomState` (no
-/// extra dependency; this is a name, not a secret).
+/// 24 random bits: a name, not a secret.
 fn random24() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.finish() & 0xff_ffff
+    crate::random::random_u64() & 0xff_ffff
 }
 
 /// Builds the pool, checks the server and migrates the schema.
