@@ -428,13 +428,13 @@ struct Events {
 
 async fn driver(
     cmd: HubCommand,
-    mut hub: HubProcess,
+    mut hub: Proc,
     hub_tx: watch::Sender<(Option<SocketAddr>, u64)>,
     proxy: Arc<Proxy>,
     stop: Arc<AtomicBool>,
     seed: u64,
     started: Instant,
-) -> (HubProcess, Events) {
+) -> (Proc, Events) {
     let mut rng = Rng::new(seed ^ 0xD1B5_4A32_D192_ED03);
     let mut events = Events::default();
     let mut generation = hub_tx.borrow().1;
@@ -456,7 +456,7 @@ async fn driver(
                         let mut hub = hub;
                         if term {
                             let status = hub.terminate();
-                            assert!(status.success(), "drain exit: {status:?}\n{}", hub.log());
+                            assert!(status.success(), "drain exit: {status:?}\n{}", hub.stderr());
                         } else {
                             hub.sigkill();
                         }

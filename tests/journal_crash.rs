@@ -36,7 +36,7 @@ async fn sigkill_in_flight_then_resend_is_an_inquiry_not_a_second_post() {
     );
     let telegram = transfer(&g, AMOUNT);
 
-    let mut hub = HubProcess::start(&core.url(), &journal, 2000);
+    let mut hub = start_hub_process(&core.url(), &journal, 2000);
     let mut ch = hub.channel().await;
     within(ch.send(&telegram)).await.expect("send");
     within(core.wait_received(&g)).await;
@@ -56,7 +56,7 @@ async fn sigkill_in_flight_then_resend_is_an_inquiry_not_a_second_post() {
         assert_eq!((row.state, row.attempts), (State::Sending, 1));
     }
 
-    let mut hub = HubProcess::start(&core.url(), &journal, 2000);
+    let mut hub = start_hub_process(&core.url(), &journal, 2000);
     let during = hub.send(&telegram).await;
     assert_header_only(&during, "TRF001", &g, "E901");
     assert!(
@@ -92,7 +92,7 @@ async fn sigkill_in_flight_then_resend_is_an_inquiry_not_a_second_post() {
         status.code(),
         Some(0),
         "relayhub exit after SIGTERM; log:\n{}",
-        hub.log()
+        hub.stderr()
     );
     let j = Journal::open(journal.to_str().unwrap(), 16)
         .await

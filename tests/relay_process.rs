@@ -63,7 +63,7 @@ fn real_hub_and_fixture_relay_a_transfer_and_stop_cleanly_on_sigterm() {
     let json = format!(
         r#"{{"from_account":"{ACC1}","to_bank":"{BANK}","to_account":"{ACC2}","amount":50000,"memo":"{MEMO}"}}"#
     );
-    let (code, out) = send_cli(&hub.addr, &g, &json);
+    let (code, out) = send_cli(&hub.addr.to_string(), &g, &json);
     assert_eq!(code, 0, "relayhub send exit code; output:\n{out}");
     assert!(out.contains("0000"), "no 0000 in:\n{out}");
     assert!(out.contains(&g), "the GUID is not echoed in:\n{out}");
@@ -74,7 +74,7 @@ fn real_hub_and_fixture_relay_a_transfer_and_stop_cleanly_on_sigterm() {
     let json2 = format!(
         r#"{{"from_account":"{ACC3}","to_bank":"{BANK}","to_account":"{ACC2}","amount":600000,"memo":""}}"#
     );
-    let (code, out) = send_cli(&hub.addr, &g2, &json2);
+    let (code, out) = send_cli(&hub.addr.to_string(), &g2, &json2);
     assert_ne!(code, 0, "a B201 is not a success; output:\n{out}");
     assert!(out.contains("B201"), "no B201 in:\n{out}");
 
@@ -153,7 +153,7 @@ fn real_hub_answers_e902_when_the_core_is_not_there_and_stops_cleanly() {
     let json = format!(
         r#"{{"from_account":"{ACC1}","to_bank":"{BANK}","to_account":"{ACC2}","amount":1,"memo":""}}"#
     );
-    let (code, out) = send_cli(&hub.addr, &g, &json);
+    let (code, out) = send_cli(&hub.addr.to_string(), &g, &json);
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("E902"), "no E902 in:\n{out}");
     let status = hub.terminate();

@@ -1,6 +1,6 @@
-//! What the fault matrix and the chaos run share on top of `tests/common`: a real
-//! `relayhub serve` process on a SQLite journal that a test can SIGKILL and start
-//! again on the same file; a TCP proxy in front of the fixture that can refuse
+//! What the fault matrix and the chaos run share on top of `tests/common`: how to
+//! start a real `relayhub serve` on a SQLite journal, so that a test can SIGKILL
+//! it and start it again on the same file; a TCP proxy in front of the fixture that can refuse
 //! or drop connections on command; and a snapshot of the fixture's ledger.
 //!
 //! Include it after `mod common;`: it uses that module. Nothing here orders
@@ -10,10 +10,9 @@
 #![allow(dead_code)] // each suite uses a different part of it
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::common::{PATIENCE, TempFile};
+use crate::common::{PATIENCE, Proc, TempDir, relayhub_bin, try_start};
 
 /// The seed accounts of `fixtures/accounts.json`, all of bank 088.
 pub const ACCOUNTS: [&str; 6] = [
@@ -34,38 +33,6 @@ pub const ACCOUNTS: [&str; 6] = [
     "1002003004005",
     "1002003004006",
 ];
-
-// ---- temp dirs ------------------------------------------------------------
-
-/// A directory of its own under the system temp dir, removed when dropped.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!(
-            "relayhub-{tag}-{}-{}-{nanos}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-
-    pub fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 // ---- the ledger -----------------------------------------------------------
 
@@ -128,112 +95,14 @@ impl HubCommand {
 
     /// Starts the hub on `listen` (`127.0.0.1:0` for any port) and waits for its
     /// ready line. `Err` carries the hub's log when it did not come up.
-    pub fn start(&self, listen: &str) -> Result<HubProcess, String> {
-        let log = TempFile::new("log", "");
-        let stderr = std::fs::File::create(&log.0).expect("log file");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_relayhub"))
-            .args(["serve", "--listen", listen, "--core-url", &self.core_url])
+    pub fn start(&self, listen: &str) -> Result<Proc, String> {
+        let mut cmd = Command::new(relayhub_bin());
+        cmd.args(["serve", "--listen", listen, "--core-url", &self.core_url])
             .arg("--journal")
             .arg(&self.journal)
             .arg("--config")
-            .arg(&self.config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn relayhub");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let _ = tx.send(lines.next());
-            for _ in lines {} // keep the pipe drained
-        });
-        let line = match rx.recv_timeout(PATIENCE) {
-            Ok(Some(Ok(line))) => line,
-            other => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "relayhub printed no ready line ({other:?}); stderr:\n{}",
-                    std::fs::read_to_string(&log.0).unwrap_or_default()
-                ));
-            }
-        };
-        let addr = line
-            .split("listening on ")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("ready line without `listening on HOST:PORT`: {line:?}"));
-        Ok(HubProcess {
-            child: Some(child),
-            addr,
-            log,
-        })
-    }
-}
-
-/// A running `relayhub serve`, killed if the test ends without stopping it.
-pub struct HubProcess {
-    child: Option<Child>,
-    pub addr: SocketAddr,
-    log: TempFile,
-}
-
-impl HubProcess {
-    /// SIGKILL: no drain, no clean-up; returns once the process is reaped.
-    pub fn sigkill(&mut self) -> ExitStatus {
-        self.signal("-KILL");
-        self.child
-            .take()
-            .expect("running")
-            .wait()
-            .expect("reap relayhub")
-    }
-
-    /// SIGTERM (drain), then the exit status, bounded by [`PATIENCE`].
-    pub fn terminate(&mut self) -> ExitStatus {
-        self.signal("-TERM");
-        let mut child = self.child.take().expect("running");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait());
-        });
-        match rx.recv_timeout(PATIENCE) {
-            Ok(Ok(status)) => status,
-            other => panic!(
-                "relayhub did not exit within {PATIENCE:?} of SIGTERM: {other:?}; stderr:\n{}",
-                self.log()
-            ),
-        }
-    }
-
-    fn signal(&self, sig: &str) {
-        let pid = self.child.as_ref().expect("running").id().to_string();
-        let status = Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {sig} {pid} failed");
-    }
-
-    /// What the process logged so far (for failure messages).
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log.0).unwrap_or_default()
-    }
-
-    pub fn log_path(&self) -> &Path {
-        &self.log.0
-    }
-}
-
-impl Drop for HubProcess {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+            .arg(&self.config);
+        try_start(&mut cmd)
     }
 }
 
