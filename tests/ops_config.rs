@@ -3,12 +3,14 @@
 //! through `relayhub check` with the example config in place of
 //! `/etc/relayhub/relayhub.toml`. Real processes.
 
+mod common;
 mod ops_support;
 
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use ops_support::{relayhub_bin, repo};
+use common::relayhub_bin;
+use ops_support::repo;
 
 const UNIT: &str = "config/relayhub.service";
 const EXAMPLE: &str = "config/relayhub.example.toml";

@@ -5,6 +5,8 @@
 //! The hub prints `relayhub listening on HOST:PORT` and then
 //! `admin listening on HOST:PORT` on stdout; [`Hub::spawn`] waits for both.
 //! Waits are bounded by [`PATIENCE`]; nothing sleeps to order events.
+//!
+//! Include it after `mod common;`: it uses that module.
 
 #![allow(dead_code)] // each suite uses a different part of it
 
@@ -16,12 +18,10 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::{after, relayhub_bin, send_signal, wait_exit_within};
+
 /// Upper bound for any wait; never used to order events.
 pub const PATIENCE: Duration = Duration::from_secs(15);
-
-pub fn relayhub_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_relayhub"))
-}
 
 /// The repository root (where `config/` and `docs/` live).
 pub fn repo(path: &str) -> PathBuf {
@@ -131,33 +131,25 @@ impl Hub {
 
     /// Sends a signal by name (`TERM`, `HUP`).
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.pid().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name} failed");
+        send_signal(self.pid(), name);
     }
 
     /// SIGTERM, then the exit status (bounded wait); stderr is complete after it.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         self.signal("TERM");
         let pid = self.pid();
-        let mut child = self.child.take().expect("running");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait());
-        });
-        match rx.recv_timeout(PATIENCE) {
-            Ok(Ok(status)) => {
+        let child = self.child.take().expect("running");
+        match wait_exit_within(child, PATIENCE) {
+            Ok(status) => {
                 // Let the stderr reader catch up with the last lines.
                 let _ = self.stderr_line_with_eof();
                 status
             }
-            other => {
+            Err(e) => {
                 let _ = Command::new("kill")
                     .args(["-KILL", &pid.to_string()])
                     .status();
-                panic!("relayhub did not exit within {PATIENCE:?} of SIGTERM: {other:?}");
+                panic!("relayhub did not exit within {PATIENCE:?} of SIGTERM: {e}");
             }
         }
     }
@@ -195,13 +187,6 @@ impl Drop for Hub {
             let _ = child.wait();
         }
     }
-}
-
-fn after(line: &str, prefix: &str) -> Option<String> {
-    line.split(prefix)
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .map(str::to_string)
 }
 
 /// A GET with a bounded wait; any status is an answer.

@@ -10,9 +10,8 @@
 #![allow(dead_code)] // each suite uses a different part of it
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,7 +24,7 @@ use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-use crate::common::{PATIENCE, layout, within};
+use crate::common::{PATIENCE, layout, relayhub_bin, send_signal, spawn_listening, within};
 
 // ---- hubs from a config file ----------------------------------------------
 
@@ -324,42 +323,18 @@ impl HubProcess {
     pub fn spawn(args: &[&str]) -> HubProcess {
         let dir = tempfile::tempdir().expect("temp dir");
         let stderr_path = dir.path().join("stderr.log");
-        let stderr = std::fs::File::create(&stderr_path).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_relayhub"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--journal", "memory"])
+        let mut cmd = Command::new(relayhub_bin());
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--journal", "memory"])
             .args(args)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn relayhub");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let _ = tx.send(lines.next());
-            for _ in lines {}
+            .env("RUST_LOG", "info");
+        let ready = spawn_listening(&mut cmd, &stderr_path, PATIENCE).unwrap_or_else(|e| {
+            let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+            panic!("{e}\nstderr:\n{log}");
         });
-        let line = match rx.recv_timeout(PATIENCE) {
-            Ok(Some(Ok(line))) => line,
-            other => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-                panic!("relayhub printed no ready line: {other:?}\nstderr:\n{log}");
-            }
-        };
-        let addr = line
-            .split("listening on ")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or_else(|| panic!("ready line without `listening on HOST:PORT`: {line:?}"))
-            .to_string();
         HubProcess {
-            pid: child.id(),
-            child: Some(child),
-            addr,
+            pid: ready.child.id(),
+            child: Some(ready.child),
+            addr: ready.addr,
             stderr_path,
             _dir: dir,
         }
@@ -367,11 +342,7 @@ impl HubProcess {
 
     /// Sends a signal (`TERM`, `HUP`) with `kill`.
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.pid.to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name} {} failed", self.pid);
+        send_signal(self.pid, name);
     }
 
     /// Waits (bounded, off the runtime's workers) for the process to exit.
