@@ -6,6 +6,7 @@
 //! Run through `scripts/with-postgres.sh cargo test`; without
 //! `RELAYHUB_TEST_PG` each test says it is skipped and passes.
 
+mod common;
 mod pg_common;
 
 use std::sync::Arc;

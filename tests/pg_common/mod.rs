@@ -7,29 +7,29 @@
 //! `cargo test` needs no database. Nothing here sleeps to order events: waits
 //! are on answers, the fixture's counters or ready lines, each bounded by
 //! [`PATIENCE`].
+//!
+//! Include it after `mod common;`: it builds on that module.
 
 #![allow(dead_code)] // each suite uses a different part of it
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use relayhub::client::{Answer, Channel, build_telegram, new_guid};
+use relayhub::client::{Answer, Channel, new_guid};
 use relayhub::frame::PrefixMode;
-use relayhub::header::local_timestamp;
-use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+
+use crate::common::{spawn_listening, trf, trf_fields, within_for};
 
 /// Upper bound for any wait; never used to order events.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
-pub const BANK: &str = "088";
-pub const ACC1: &str = "1002003004001";
-pub const ACC2: &str = "1002003004002";
-pub const CHANNEL: &str = "IBANK";
+// What the shared-journal suites take from `tests/common` as it is (each
+// suite uses a different part of it).
+#[allow(unused_imports)]
+pub use crate::common::{ACC1, ACC2, BANK, TempFile, relayhub_bin, start_core};
 
 /// The test database's URL, or `None` (and a line saying the test is skipped).
 pub fn test_db() -> Option<String> {
@@ -99,12 +99,10 @@ pub async fn raw_client(url: &str) -> tokio_postgres::Client {
     client
 }
 
-/// Awaits `fut`, failing the test after [`PATIENCE`].
+/// Awaits `fut`, failing the test after [`PATIENCE`] (this suite's, longer
+/// than `common`'s: a database is slower to answer than the fixture).
 pub async fn within<F: std::future::Future>(fut: F) -> F::Output {
-    match tokio::time::timeout(PATIENCE, fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("no result within {PATIENCE:?}"),
-    }
+    within_for(PATIENCE, fut).await
 }
 
 // ---- a database that goes away ------------------------------------------
@@ -222,33 +220,6 @@ pub fn db_addr(url: &str) -> std::net::SocketAddr {
 
 // ---- real hubs ------------------------------------------------------------
 
-/// The relayhub binary built for these tests.
-pub fn relayhub_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_relayhub"))
-}
-
-/// A temp file removed when dropped.
-pub struct TempFile(pub PathBuf);
-
-impl TempFile {
-    pub fn new(ext: &str, text: &str) -> TempFile {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "relayhub-pgtest-{}-{}.{ext}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::write(&path, text).expect("write temp file");
-        TempFile(path)
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// A running `relayhub serve`, killed if the test ends without stopping it.
 pub struct Hub {
     child: Option<Child>,
@@ -262,57 +233,22 @@ pub struct Hub {
 pub fn spawn_hub(core_url: &str, journal: &str, budget_ms: u64, toml: Option<&str>) -> Hub {
     let config = toml.map(|t| TempFile::new("toml", t));
     let stderr = TempFile::new("log", "");
-    let budget = budget_ms.to_string();
-    let mut args = vec![
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--core-url",
-        core_url,
-        "--journal",
-        journal,
-        "--budget-ms",
-        &budget,
-    ];
-    let config_path;
+    let mut cmd = Command::new(relayhub_bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--core-url", core_url])
+        .args(["--journal", journal])
+        .args(["--budget-ms", &budget_ms.to_string()]);
     if let Some(c) = &config {
-        config_path = c.0.display().to_string();
-        args.extend(["--config", &config_path]);
+        cmd.arg("--config").arg(&c.0);
     }
-    let mut child = Command::new(relayhub_bin())
-        .args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr.0).unwrap())
-        .spawn()
-        .expect("spawn relayhub");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        let _ = tx.send(lines.next());
-        for _ in lines {}
+    let ready = spawn_listening(&mut cmd, &stderr.0, PATIENCE).unwrap_or_else(|e| {
+        panic!(
+            "{e}; stderr:\n{}",
+            std::fs::read_to_string(&stderr.0).unwrap_or_default()
+        )
     });
-    let line = match rx.recv_timeout(PATIENCE) {
-        Ok(Some(Ok(line))) => line,
-        other => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "relayhub printed no ready line: {other:?}; stderr:\n{}",
-                std::fs::read_to_string(&stderr.0).unwrap_or_default()
-            );
-        }
-    };
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("ready line without `listening on HOST:PORT`: {line:?}"))
-        .to_string();
     Hub {
-        child: Some(child),
-        addr,
+        child: Some(ready.child),
+        addr: ready.addr,
         stderr,
         _config: config,
     }
@@ -367,27 +303,7 @@ pub fn guid(tag: &str) -> String {
 
 /// A TRF001 telegram: ACC1 -> ACC2 (own bank) of `amount`.
 pub fn transfer(guid: &str, amount: u64) -> Vec<u8> {
-    let layouts = relayhub::layout::builtin();
-    let fields = json!({
-        "from_account": ACC1, "to_bank": BANK, "to_account": ACC2,
-        "amount": amount, "memo": "scale-out",
-    });
-    build_telegram(
-        &layouts["TRF001"],
-        guid,
-        CHANNEL,
-        &local_timestamp(),
-        fields.as_object().unwrap(),
-    )
-    .expect("valid TRF001 fields")
-}
-
-/// The corebank fixture on a free port.
-pub async fn start_core() -> corebank::CoreBank {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind fixture");
-    corebank::start(listener, corebank::default_seed()).await
+    trf(guid, &trf_fields(ACC1, BANK, ACC2, amount, "scale-out"))
 }
 
 /// POSTs and GETs the fixture counted for one GUID.
