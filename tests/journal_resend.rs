@@ -24,6 +24,17 @@ async fn cooldown_passes(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms + 20)).await;
 }
 
+/// A hub with the given resend policy whose core is down (connect refused) on
+/// a port it can come back on with `start_core_on`: the hub and that port.
+async fn hub_with_core_down(max_resends: u32, cooldown_ms: u64) -> (Hub, u16) {
+    let port = free_port();
+    let hub = HubSpec::new(&format!("http://127.0.0.1:{port}"))
+        .toml(&resend_policy(max_resends, cooldown_ms))
+        .start()
+        .await;
+    (hub, port)
+}
+
 /// E901 because the gateway lost the core's answer (the core applied it):
 /// the resend is an inquiry, answered 0000 with the transfer's own body; the
 /// next resend is answered from the journal, with no call at all.
@@ -152,11 +163,7 @@ async fn late_answer_is_journaled_and_replayed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resend_after_e902_posts_once_the_core_is_back() {
     const COOLDOWN: u64 = 500;
-    let port = free_port();
-    let hub = HubSpec::new(&format!("http://127.0.0.1:{port}"))
-        .toml(&resend_policy(3, COOLDOWN))
-        .start()
-        .await;
+    let (hub, port) = hub_with_core_down(3, COOLDOWN).await;
     let g = guid("DOWN");
     let telegram = transfer(&g, 14_000);
     assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E902");
@@ -195,11 +202,7 @@ async fn resend_after_e902_posts_once_the_core_is_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resend_past_the_maximum_is_e905_for_good() {
     const COOLDOWN: u64 = 200;
-    let port = free_port();
-    let hub = HubSpec::new(&format!("http://127.0.0.1:{port}"))
-        .toml(&resend_policy(1, COOLDOWN))
-        .start()
-        .await;
+    let (hub, port) = hub_with_core_down(1, COOLDOWN).await;
     let g = guid("MAXR");
     let telegram = transfer(&g, 15_000);
     assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E902");
@@ -225,11 +228,7 @@ async fn resend_past_the_maximum_is_e905_for_good() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e905_does_not_restart_the_cooldown() {
     const COOLDOWN: u64 = 1000;
-    let port = free_port();
-    let hub = HubSpec::new(&format!("http://127.0.0.1:{port}"))
-        .toml(&resend_policy(3, COOLDOWN))
-        .start()
-        .await;
+    let (hub, _port) = hub_with_core_down(3, COOLDOWN).await;
     let g = guid("CDWN");
     let telegram = transfer(&g, 16_000);
     assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E902");

@@ -562,9 +562,7 @@ async fn an_unreachable_database_fails_the_open_quickly() {
         return;
     }
     // A port nobody listens on: refused at once, reported without the password.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    drop(listener);
+    let port = free_port();
     let started = Instant::now();
     let url = format!("postgres://u:secret@127.0.0.1:{port}/db?timeout_ms=300");
     match PgJournal::open(&url).await {

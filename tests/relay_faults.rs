@@ -9,6 +9,15 @@ use std::time::{Duration, Instant};
 use common::*;
 use corebank::{FaultMethod, FaultRule, Phase};
 
+/// Sends a transfer of 10,000 for `g` on a new connection: the answer and how
+/// long it took.
+async fn timed_transfer(s: &Setup, g: &str) -> (relayhub::client::Answer, Duration) {
+    let mut ch = s.channel().await;
+    let started = Instant::now();
+    let a = exchange(&mut ch, &transfer(g, 10_000)).await;
+    (a, started.elapsed())
+}
+
 /// Sends one transfer whose GUID gets `rule`; expects E901 after exactly one
 /// POST. Returns the setup and the GUID for further checks.
 async fn expect_e901(
@@ -18,10 +27,7 @@ async fn expect_e901(
     let s = setup_with(opts).await;
     let g = guid("E901");
     s.core.add_fault(rule(&g));
-    let mut ch = s.channel().await;
-    let started = Instant::now();
-    let a = exchange(&mut ch, &transfer(&g, 10_000)).await;
-    let elapsed = started.elapsed();
+    let (a, elapsed) = timed_transfer(&s, &g).await;
     assert_header_only(&a, "TRF001", &g, "E901");
     s.assert_posts(&g, 1);
     s.assert_calls(1, 0);
@@ -114,26 +120,17 @@ async fn e901_for_a_502_after_apply_with_retry_after_is_not_retried() {
     assert!(s.core.applied(&g));
 }
 
-/// A free port: bound, read, released.
-fn dead_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e902_for_connection_refused() {
     let budget = 1_000u64;
     let s = setup_with(HubOpts {
         budget_ms: Some(budget),
-        core_url: Some(format!("http://127.0.0.1:{}", dead_port())),
+        core_url: Some(format!("http://127.0.0.1:{}", free_port())),
         ..HubOpts::default()
     })
     .await;
     let g = guid("E902R");
-    let mut ch = s.channel().await;
-    let started = Instant::now();
-    let a = exchange(&mut ch, &transfer(&g, 10_000)).await;
-    let elapsed = started.elapsed();
+    let (a, elapsed) = timed_transfer(&s, &g).await;
     assert_header_only(&a, "TRF001", &g, "E902");
     assert!(
         elapsed < Duration::from_millis(budget),
@@ -184,10 +181,7 @@ async fn e902_for_connect_timeout() {
     })
     .await;
     let g = guid("E902T");
-    let mut ch = s.channel().await;
-    let started = Instant::now();
-    let a = exchange(&mut ch, &transfer(&g, 10_000)).await;
-    let elapsed = started.elapsed();
+    let (a, elapsed) = timed_transfer(&s, &g).await;
     assert_header_only(&a, "TRF001", &g, "E902");
     assert!(
         elapsed < Duration::from_millis(budget),

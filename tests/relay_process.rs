@@ -39,24 +39,29 @@ fn send_cli(hub: &str, guid: &str, json: &str) -> (i32, String) {
     (out.status.code().unwrap_or(-1), stdout)
 }
 
-#[test]
-fn real_hub_and_fixture_relay_a_transfer_and_stop_cleanly_on_sigterm() {
-    let mut core = spawn_ready(&corebank_bin(), &["--listen", "127.0.0.1:0"]);
-    let core_url = format!("http://{}", core.addr);
-    let mut hub = spawn_ready(
+/// `relayhub serve` on port 0 with the memory journal, calling `core_url`.
+fn serve(core_url: &str, budget_ms: u64) -> Proc {
+    spawn_ready(
         &relayhub_bin(),
         &[
             "serve",
             "--listen",
             "127.0.0.1:0",
             "--core-url",
-            &core_url,
+            core_url,
             "--journal",
             "memory",
             "--budget-ms",
-            "2000",
+            &budget_ms.to_string(),
         ],
-    );
+    )
+}
+
+#[test]
+fn real_hub_and_fixture_relay_a_transfer_and_stop_cleanly_on_sigterm() {
+    let mut core = spawn_ready(&corebank_bin(), &["--listen", "127.0.0.1:0"]);
+    let core_url = format!("http://{}", core.addr);
+    let mut hub = serve(&core_url, 2000);
 
     // A transfer through the CLI.
     let g = guid("CLI");
@@ -130,25 +135,8 @@ fn real_hub_and_fixture_relay_a_transfer_and_stop_cleanly_on_sigterm() {
 
 #[test]
 fn real_hub_answers_e902_when_the_core_is_not_there_and_stops_cleanly() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut hub = spawn_ready(
-        &relayhub_bin(),
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--core-url",
-            &format!("http://127.0.0.1:{port}"),
-            "--journal",
-            "memory",
-            "--budget-ms",
-            "1000",
-        ],
-    );
+    let port = free_port();
+    let mut hub = serve(&format!("http://127.0.0.1:{port}"), 1000);
     let g = guid("CLI");
     let json = format!(
         r#"{{"from_account":"{ACC1}","to_bank":"{BANK}","to_account":"{ACC2}","amount":1,"memo":""}}"#

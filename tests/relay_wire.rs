@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use common::*;
 use corebank::{FaultRule, Phase};
+use relayhub::client::Answer;
 use relayhub::frame::PrefixMode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinHandle;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_telegram_written_one_byte_at_a_time_is_answered() {
@@ -122,20 +124,8 @@ async fn binary_prefix_mode_from_the_config_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_transfer_does_not_hold_up_the_others() {
     let s = setup_with(HubOpts::budget(3_000)).await;
-    let slow = guid("SLOW");
-    s.core.add_fault(
-        FaultRule::guid(&slow)
-            .delay_ms(1_500)
-            .phase(Phase::BeforeApply),
-    );
+    let (slow, slow_task) = start_slow_transfer(&s);
     let addr = s.hub.addr;
-    let slow_task = {
-        let slow = slow.clone();
-        tokio::spawn(async move {
-            let mut ch = connect(addr, PrefixMode::Ascii).await;
-            exchange(&mut ch, &transfer(&slow, 1_000)).await
-        })
-    };
     // The slow one is inside the core before the others start.
     within(s.core.wait_received(&slow)).await;
 
@@ -169,6 +159,26 @@ async fn a_slow_transfer_does_not_hold_up_the_others() {
     assert_eq!(s.balance(ACC1), 1_000_000 - 1_000 - 10 * 100);
 }
 
+/// Sends a transfer of 1,000 that the core holds for 1.5 s before applying it,
+/// on a connection of its own: its GUID and the task that awaits its answer.
+fn start_slow_transfer(s: &Setup) -> (String, JoinHandle<Answer>) {
+    let slow = guid("SLOW");
+    s.core.add_fault(
+        FaultRule::guid(&slow)
+            .delay_ms(1_500)
+            .phase(Phase::BeforeApply),
+    );
+    let addr = s.hub.addr;
+    let task = {
+        let slow = slow.clone();
+        tokio::spawn(async move {
+            let mut ch = connect(addr, PrefixMode::Ascii).await;
+            exchange(&mut ch, &transfer(&slow, 1_000)).await
+        })
+    };
+    (slow, task)
+}
+
 /// Runs futures concurrently (on tasks) and returns their outputs in order.
 async fn futures_join<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
 where
@@ -188,20 +198,7 @@ async fn the_fast_ones_finish_well_inside_the_slow_ones_delay() {
     // The same property, measured: ten transfers behind a slow one take far
     // less than the slow one's delay.
     let s = setup().await;
-    let slow = guid("SLOW");
-    s.core.add_fault(
-        FaultRule::guid(&slow)
-            .delay_ms(1_500)
-            .phase(Phase::BeforeApply),
-    );
-    let addr = s.hub.addr;
-    let slow_task = {
-        let slow = slow.clone();
-        tokio::spawn(async move {
-            let mut ch = connect(addr, PrefixMode::Ascii).await;
-            exchange(&mut ch, &transfer(&slow, 1_000)).await
-        })
-    };
+    let (slow, slow_task) = start_slow_transfer(&s);
     within(s.core.wait_received(&slow)).await;
     let started = std::time::Instant::now();
     let mut ch = s.channel().await;

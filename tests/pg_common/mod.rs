@@ -29,7 +29,7 @@ pub const PATIENCE: Duration = Duration::from_secs(20);
 // What the shared-journal suites take from `tests/common` as it is (each
 // suite uses a different part of it).
 #[allow(unused_imports)]
-pub use crate::common::{ACC1, ACC2, BANK, TempFile, relayhub_bin, start_core};
+pub use crate::common::{ACC1, ACC2, BANK, TempFile, free_port, relayhub_bin, start_core};
 
 /// The test database's URL, or `None` (and a line saying the test is skipped).
 pub fn test_db() -> Option<String> {
