@@ -91,9 +91,7 @@ impl Matrix {
 
     /// (POSTs, GETs) the fixture counted for `guid`.
     fn calls(&self, guid: &str) -> (u64, u64) {
-        let s = self.core.stats();
-        let g = s.by_guid.get(guid).copied().unwrap_or_default();
-        (g.post, g.get)
+        calls(&self.core, guid)
     }
 
     /// (POSTs, GETs) the fixture counted in all.

@@ -60,6 +60,25 @@ pub async fn start_core_on(port: u16) -> CoreBank {
     corebank::start(listener, default_seed()).await
 }
 
+/// The POSTs the fixture counted for `guid`.
+pub fn posts(core: &CoreBank, guid: &str) -> u64 {
+    core.stats().by_guid.get(guid).map(|g| g.post).unwrap_or(0)
+}
+
+/// The GETs the fixture counted for `guid`.
+pub fn gets(core: &CoreBank, guid: &str) -> u64 {
+    core.stats().by_guid.get(guid).map(|g| g.get).unwrap_or(0)
+}
+
+/// POSTs and GETs the fixture counted for one GUID.
+pub fn calls(core: &CoreBank, guid: &str) -> (u64, u64) {
+    core.stats()
+        .by_guid
+        .get(guid)
+        .map(|g| (g.post, g.get))
+        .unwrap_or((0, 0))
+}
+
 /// A hub with the memory journal on a free port, calling `core_url`.
 pub async fn start_hub(core_url: &str, opts: &HubOpts) -> (Daemon, Option<TempFile>) {
     let file = opts.toml.as_deref().map(|t| TempFile::new("toml", t));

@@ -11,7 +11,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use corebank::CoreBank;
 use relayhub::client::{Answer, Channel};
 use relayhub::config::Overrides;
 use relayhub::daemon::{Daemon, Source};
@@ -135,16 +134,6 @@ impl Hub {
 /// target (whose URL `--core-url` fills in).
 pub fn resend_policy(max_resends: u32, cooldown_ms: u64) -> String {
     format!("[journal]\nmax_resends = {max_resends}\nresend_cooldown_ms = {cooldown_ms}\n")
-}
-
-/// The POSTs the fixture counted for `guid`.
-pub fn posts(core: &CoreBank, guid: &str) -> u64 {
-    core.stats().by_guid.get(guid).map(|g| g.post).unwrap_or(0)
-}
-
-/// The GETs the fixture counted for `guid`.
-pub fn gets(core: &CoreBank, guid: &str) -> u64 {
-    core.stats().by_guid.get(guid).map(|g| g.get).unwrap_or(0)
 }
 
 /// The 45-byte 0000 body split into `txn_id`, `processed_at`, `balance`.

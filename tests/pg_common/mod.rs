@@ -29,7 +29,7 @@ pub const PATIENCE: Duration = Duration::from_secs(20);
 // What the shared-journal suites take from `tests/common` as it is (each
 // suite uses a different part of it).
 #[allow(unused_imports)]
-pub use crate::common::{ACC1, ACC2, BANK, TempFile, free_port, relayhub_bin, start_core};
+pub use crate::common::{ACC1, ACC2, BANK, TempFile, calls, free_port, relayhub_bin, start_core};
 
 /// The test database's URL, or `None` (and a line saying the test is skipped).
 pub fn test_db() -> Option<String> {
@@ -304,13 +304,4 @@ pub fn guid(tag: &str) -> String {
 /// A TRF001 telegram: ACC1 -> ACC2 (own bank) of `amount`.
 pub fn transfer(guid: &str, amount: u64) -> Vec<u8> {
     trf(guid, &trf_fields(ACC1, BANK, ACC2, amount, "scale-out"))
-}
-
-/// POSTs and GETs the fixture counted for one GUID.
-pub fn calls(core: &corebank::CoreBank, guid: &str) -> (u64, u64) {
-    core.stats()
-        .by_guid
-        .get(guid)
-        .map(|g| (g.post, g.get))
-        .unwrap_or((0, 0))
 }
