@@ -38,7 +38,7 @@ enum Command {
     /// Run the hub in the foreground until SIGTERM/SIGINT (SIGHUP reloads).
     ///
     /// Prints `relayhub listening on HOST:PORT` on stdout once it takes telegrams
-    /// (then `admin listening on HOST:PORT` when --admin-listen is given) and logs
+    /// (then `admin endpoints on HOST:PORT` when --admin-listen is given) and logs
     /// to stderr. SIGHUP re-reads routes, layouts, channels and codes from the
     /// config file. SIGTERM drains: new telegrams get E903, those in flight get
     /// their answers, then the hub exits 0.
@@ -263,7 +263,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     // The hub's line first: graders read the first line containing `listening on`.
     println!("relayhub listening on {}", daemon.addr);
     if let Some(admin) = daemon.admin_addr {
-        println!("admin listening on {admin}");
+        println!("admin endpoints on {admin}");
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();

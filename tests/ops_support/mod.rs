@@ -3,7 +3,7 @@
 //! format.
 //!
 //! The hub prints `relayhub listening on HOST:PORT` and then
-//! `admin listening on HOST:PORT` on stdout; [`Hub::spawn`] waits for both.
+//! `admin endpoints on HOST:PORT` on stdout; [`Hub::spawn`] waits for both.
 //! Waits are bounded by [`PATIENCE`]; nothing sleeps to order events.
 //!
 //! Include it after `mod common;`: it uses that module.
@@ -103,7 +103,7 @@ impl Hub {
         let second = next();
         self.addr = after(&first, "relayhub listening on ")
             .unwrap_or_else(|| panic!("first stdout line is not the hub's: {first:?}"));
-        self.admin = after(&second, "admin listening on ")
+        self.admin = after(&second, "admin endpoints on ")
             .unwrap_or_else(|| panic!("second stdout line is not the admin's: {second:?}"));
         assert!(!self.addr.ends_with(":0") && !self.admin.ends_with(":0"));
     }
