@@ -167,13 +167,13 @@ pub fn register_targets(hub: &Hub) {
 }
 
 /// Sets the gauges that are read rather than counted: calls in flight per
-/// target, and unknown transfers in the journal (at most 100,000 are counted).
+/// target, and unknown transfers in the journal.
 pub async fn refresh(hub: &Hub) {
     for t in hub.targets() {
         metrics::gauge!(CORE_IN_FLIGHT, "target" => t.name.clone()).set(t.in_flight() as f64);
     }
-    match hub.journal().list(RowState::Unknown, 100_000).await {
-        Ok(rows) => metrics::gauge!(JOURNAL_UNKNOWN).set(rows.len() as f64),
+    match hub.journal().count(RowState::Unknown).await {
+        Ok(n) => metrics::gauge!(JOURNAL_UNKNOWN).set(n as f64),
         Err(e) => tracing::warn!(%e, "cannot count unknown transfers in the journal"),
     }
 }

@@ -236,6 +236,8 @@ async fn rows_events_and_conditional_finish_round_trip() {
     );
     assert_eq!(b.list(State::Unknown, 0).await.unwrap().len(), 0);
     assert_eq!(b.list(State::Unknown, usize::MAX).await.unwrap().len(), 1);
+    assert_eq!(b.count(State::Unknown).await.unwrap(), 1);
+    assert_eq!(b.count(State::Done).await.unwrap(), 1);
 
     // A different body under a known GUID is visible to the other hub.
     match b.claim("g1", "TRF001", "other", 200).await.unwrap() {

@@ -141,6 +141,14 @@ impl MemoryJournal {
         Ok(rows)
     }
 
+    pub fn count(&self, state: State) -> Result<u64, JournalError> {
+        Ok(self
+            .lock()
+            .values()
+            .filter(|(r, _)| r.state == state)
+            .count() as u64)
+    }
+
     pub fn recover(&self, now_ms: i64) -> Result<u64, JournalError> {
         let mut n = 0;
         for (row, events) in self.lock().values_mut() {
@@ -164,5 +172,31 @@ impl MemoryJournal {
         let before = rows.len();
         rows.retain(|_, (r, _)| r.updated_ms >= before_ms || r.state == State::Sending);
         Ok((before - rows.len()) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn count_by_state() {
+        let j = MemoryJournal::default();
+        for g in ["a", "b", "c"] {
+            j.claim(g, "TRF001", "fp", 1).unwrap();
+        }
+        let done = Finish {
+            state: State::Done,
+            code: "0000".into(),
+            answer: None,
+            error: None,
+            note: "ok".into(),
+        };
+        j.finish("c", done, 2).unwrap();
+        assert_eq!(j.count(State::Sending).unwrap(), 2);
+        assert_eq!(j.count(State::Done).unwrap(), 1);
+        assert_eq!(j.recover(3).unwrap(), 2);
+        assert_eq!(j.count(State::Unknown).unwrap(), 2);
+        assert_eq!(j.count(State::Sending).unwrap(), 0);
     }
 }

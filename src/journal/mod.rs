@@ -248,6 +248,15 @@ impl Journal {
         }
     }
 
+    /// How many rows are in a state.
+    pub async fn count(&self, state: State) -> Result<u64, JournalError> {
+        match self {
+            Journal::Memory(j) => j.count(state),
+            Journal::Sqlite(j) => j.count(state).await,
+            Journal::Postgres(j) => j.count(state).await,
+        }
+    }
+
     /// Start-up: rows left `sending` by a crash become `unknown`. Returns how many.
     pub async fn recover(&self, now_ms: i64) -> Result<u64, JournalError> {
         match self {

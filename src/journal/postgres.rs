@@ -472,6 +472,18 @@ impl PgJournal {
         .await
     }
 
+    /// How many rows are in a state (the unknown-transfers gauge).
+    pub async fn count(&self, state: State) -> Result<u64, JournalError> {
+        self.bounded(false, async |c| {
+            let st = c
+                .prepare_cached("SELECT COUNT(*) FROM relayhub_journal WHERE state = $1::text")
+                .await?;
+            let n: i64 = c.query_one(&st, &[&state.as_str()]).await?.get(0);
+            Ok(n as u64)
+        })
+        .await
+    }
+
     /// Rows left `sending` whose lease has expired become `unknown` (E901 in
     /// their history). A live hub's rows keep their state. Returns how many.
     pub async fn recover(&self, now_ms: i64) -> Result<u64, JournalError> {

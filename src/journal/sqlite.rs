@@ -238,6 +238,16 @@ impl SqliteJournal {
         .await
     }
 
+    /// How many rows are in a state (the unknown-transfers gauge).
+    pub async fn count(&self, state: State) -> Result<u64, JournalError> {
+        self.call(false, move |c| {
+            c.prepare_cached("SELECT COUNT(*) FROM journal WHERE state = ?1")?
+                .query_row([state.as_str()], |r| r.get::<_, i64>(0))
+                .map(|n| n as u64)
+        })
+        .await
+    }
+
     /// Start-up: rows left `sending` by a crash become `unknown` (E901 in their
     /// history). Returns how many.
     pub async fn recover(&self, now_ms: i64) -> Result<u64, JournalError> {

@@ -314,6 +314,9 @@ async fn list_by_state_oldest_first_with_limit() {
     assert_eq!(guids(j.list(State::Done, usize::MAX).await.unwrap()), ["d"]);
     assert!(j.list(State::Unknown, 10).await.unwrap().is_empty());
     assert!(j.list(State::Sending, 0).await.unwrap().is_empty());
+    assert_eq!(j.count(State::Sending).await.unwrap(), 3);
+    assert_eq!(j.count(State::Done).await.unwrap(), 1);
+    assert_eq!(j.count(State::Unknown).await.unwrap(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
