@@ -329,6 +329,15 @@ impl Target {
         &self.urls[attempt as usize % self.urls.len()]
     }
 
+    /// Attempt `n` (0-based) of a request: a bulkhead slot, then the call on
+    /// the endpoint for that attempt. No slot means nothing was sent.
+    pub async fn attempt(&self, request: &CoreRequest, n: u32, deadline: Instant) -> CallEnd {
+        match self.slot(deadline).await {
+            Ok(permit) => self.call(request, self.url_for(n), deadline, permit).await,
+            Err(refused) => CallEnd::Done(Err(refused)),
+        }
+    }
+
     /// One HTTP exchange, answered by `deadline` whatever the core does.
     ///
     /// A transfer that was sent keeps running for the late-answer window past

@@ -473,12 +473,7 @@ impl Hub {
         let started = Instant::now();
         let mut tries = 0u32;
         let outcome = loop {
-            let permit = match target.slot(deadline).await {
-                Ok(permit) => permit,
-                Err(refused) => break Outcome::from(refused),
-            };
-            let url = target.url_for(tries);
-            match target.call(&request, url, deadline, permit).await {
+            match target.attempt(&request, tries, deadline).await {
                 CallEnd::Done(Ok(answer)) => {
                     if answer.replayed {
                         debug!("the core replayed its stored answer");
@@ -781,13 +776,9 @@ impl Hub {
         let started = Instant::now();
         let mut tries = 0u32;
         let outcome = loop {
-            let permit = match target.slot(deadline).await {
-                Ok(permit) => permit,
-                Err(refused) => break Outcome::from(refused),
-            };
-            let url = target.url_for(tries);
+            let end = target.attempt(&request, tries, deadline).await;
             tries += 1;
-            let (outcome, wait) = match target.call(&request, url, deadline, permit).await {
+            let (outcome, wait) = match end {
                 CallEnd::Done(Ok(answer)) => {
                     let o = classify_inquiry(answer.status, &answer.body, &rules.codes);
                     let retry = inquiry_is_retryable(answer.status);
@@ -831,16 +822,6 @@ impl Hub {
 
     fn reply_for(&self, outcome: Outcome, layout: &Layout, rules: &Rules) -> (Reply, Outcome) {
         reply_for(outcome, layout, &rules.codes)
-    }
-}
-
-impl From<CallFailure> for Outcome {
-    fn from(f: CallFailure) -> Outcome {
-        match f {
-            CallFailure::NotSent(r) => Outcome::NotSent(r),
-            CallFailure::NoCapacity(r) => Outcome::NoCapacity(r),
-            CallFailure::MaybeSent(r) => Outcome::Unknown(r),
-        }
     }
 }
 
