@@ -379,7 +379,7 @@ async fn send(args: SendArgs) -> Result<ExitCode, String> {
         let telegram = build_telegram(layout, &guid, &ch, &local_timestamp(), &fields)
             .map_err(|e| e.to_string())?;
         for _ in 0..args.repeat.max(1) {
-            println!(">> {}", String::from_utf8_lossy(&telegram));
+            println!(">> {}", escape_wire(&telegram));
             let answer = match channel.exchange(&telegram).await {
                 Ok(a) => a,
                 Err(e) => {
@@ -402,6 +402,20 @@ async fn send(args: SendArgs) -> Result<ExitCode, String> {
     } else {
         ExitCode::from(2)
     })
+}
+
+/// The telegram as it goes on the wire: printable ASCII as is, every other
+/// byte (EUC-KR text included) as `\xNN`, so what is shown is exactly what is sent.
+fn escape_wire(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() + 16);
+    for &b in bytes {
+        if (0x20..=0x7e).contains(&b) && b != b'\\' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
 }
 
 fn print_answer(answer: &Answer, layout: &Layout) {
