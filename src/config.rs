@@ -533,6 +533,14 @@ impl Config {
         if self.journal.max_batch == 0 {
             return Err(bad("journal.max_batch", "must be at least 1".into()));
         }
+        // Forgetting a final answer within the hour would let a resend post again.
+        if self.journal.retention_hours == 0 {
+            return Err(bad(
+                "journal.retention_hours",
+                "must be at least 1 (keep it at least as long as the core's idempotency window)"
+                    .into(),
+            ));
+        }
         Ok(())
     }
 }
@@ -671,6 +679,14 @@ mod tests {
         });
         let err = c.validate("r.toml").unwrap_err().to_string();
         assert!(err.contains("unknown target \"nowhere\""), "{err}");
+    }
+
+    #[test]
+    fn zero_retention_is_refused() {
+        let mut c = with_core();
+        c.journal.retention_hours = 0;
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("retention_hours"), "{err}");
     }
 
     #[test]

@@ -269,7 +269,7 @@ async fn housekeeping(hub: Arc<Hub>, retention_hours: u64) {
     loop {
         tick.tick().await;
         crate::admin::refresh(&hub).await;
-        if last_prune.elapsed() >= Duration::from_secs(600) || retention_hours == 0 {
+        if last_prune.elapsed() >= Duration::from_secs(600) {
             last_prune = tokio::time::Instant::now();
             let before = now_ms() - (retention_hours as i64) * 3_600_000;
             match hub.journal().prune(before).await {
