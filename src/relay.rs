@@ -140,13 +140,15 @@ impl Hub {
         let deadline = read_at + self.budget;
         let echo = Echo::from_telegram(telegram);
         let span = info_span!("telegram", guid = echo.guid_str(), tx = echo.tx_code_str(), channel = tracing::field::Empty, core_ms = tracing::field::Empty, fields = tracing::field::Empty, %peer);
+        // One version of the rules for the whole telegram, its metrics included.
+        let rules = self.rules();
         let (reply, note) = self
-            .dispatch(telegram, peer, deadline)
+            .dispatch(telegram, peer, &rules, deadline)
             .instrument(span.clone())
             .await;
         let elapsed = read_at.elapsed();
         // Only routed tx codes become label values: garbage must not grow the metrics.
-        let tx = match self.rules().route(echo.tx_code_str()) {
+        let tx = match rules.route(echo.tx_code_str()) {
             Some(r) => r.tx_code.clone(),
             None => admin::UNROUTED_TX.to_string(),
         };
@@ -159,13 +161,18 @@ impl Hub {
         (echo, reply)
     }
 
-    async fn dispatch(&self, telegram: &[u8], peer: IpAddr, deadline: Instant) -> (Reply, String) {
+    async fn dispatch(
+        &self,
+        telegram: &[u8],
+        peer: IpAddr,
+        rules: &Rules,
+        deadline: Instant,
+    ) -> (Reply, String) {
         let header = match parse_header(telegram) {
             Ok(h) => h,
             Err(e) => return (Reply::code(Code::FORMAT), e.to_string()),
         };
         tracing::Span::current().record("channel", header.channel_id.as_str());
-        let rules = self.rules();
         let Some(route) = rules.route(&header.tx_code) else {
             return (
                 Reply::code(Code::NOT_ROUTED),
@@ -194,10 +201,10 @@ impl Hub {
         tracing::Span::current().record("fields", masked(&fields).as_str());
         match route.operation {
             Operation::Transfer => {
-                self.transfer(&header, route, &rules, fields, body, deadline)
+                self.transfer(&header, route, rules, fields, body, deadline)
                     .await
             }
-            Operation::Inquiry => self.inquiry(route, &rules, &fields, deadline).await,
+            Operation::Inquiry => self.inquiry(route, rules, &fields, deadline).await,
         }
     }
 
@@ -516,7 +523,7 @@ impl Hub {
             .record(started.elapsed().as_secs_f64());
         // Phase timing for the telegram's summary line (its span carries it).
         tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
-        let (reply, outcome) = self.reply_for(outcome, &route.layout, rules);
+        let (reply, outcome) = reply_for(outcome, &route.layout, &rules.codes);
         let state = state_for(reply.code);
         let note = describe(&outcome, attempt);
         let finish = Finish {
@@ -620,7 +627,7 @@ impl Hub {
             }
             o => o,
         };
-        let (reply, outcome) = self.reply_for(outcome, &route.layout, rules);
+        let (reply, outcome) = reply_for(outcome, &route.layout, &rules.codes);
         let note = format!("inquiry after unknown: {}", describe(&outcome, 0));
         if reply.code != Code::UNKNOWN {
             let finish = Finish {
@@ -726,20 +733,17 @@ impl Hub {
                 "inquiry says never received, but the hub's call is still running".into(),
             );
         }
-        let (reply, outcome) = self.reply_for(outcome, &route.layout, rules);
+        let (reply, outcome) = reply_for(outcome, &route.layout, &rules.codes);
         // An answer that settles an unknown transfer is journaled too.
         if reply.code.is_final() {
             if let Ok(Some(row)) = self.journal.get(orig).await {
                 if row.state == State::Unknown {
-                    let body = self
-                        .rules()
-                        .route(&row.tx_code)
-                        .and_then(|r| match &outcome {
-                            Outcome::Processed(m) => {
-                                encode_fields(&r.layout.response, m, crate::header::HEADER_LEN).ok()
-                            }
-                            _ => None,
-                        });
+                    let body = rules.route(&row.tx_code).and_then(|r| match &outcome {
+                        Outcome::Processed(m) => {
+                            encode_fields(&r.layout.response, m, crate::header::HEADER_LEN).ok()
+                        }
+                        _ => None,
+                    });
                     if reply.code != Code::OK || body.is_some() {
                         let finish = Finish {
                             state: State::Done,
@@ -818,10 +822,6 @@ impl Hub {
         // Phase timing for the telegram's summary line (its span carries it).
         tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
         outcome
-    }
-
-    fn reply_for(&self, outcome: Outcome, layout: &Layout, rules: &Rules) -> (Reply, Outcome) {
-        reply_for(outcome, layout, &rules.codes)
     }
 }
 
