@@ -306,7 +306,7 @@ impl Target {
         match tokio::time::timeout_at(until, self.bulkhead.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
             _ => {
-                metrics::counter!(crate::admin::BULKHEAD_REJECTIONS, "target" => self.name.clone())
+                metrics::counter!(crate::metric_names::BULKHEAD_REJECTIONS, "target" => self.name.clone())
                     .increment(1);
                 Err(CallFailure::NoCapacity(format!(
                     "no free slot for target {}",

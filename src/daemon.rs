@@ -193,12 +193,14 @@ impl Daemon {
         match result {
             Ok(rules) => {
                 self.hub.set_rules(rules);
-                metrics::counter!(crate::admin::CONFIG_RELOADS, "result" => "ok").increment(1);
+                metrics::counter!(crate::metric_names::CONFIG_RELOADS, "result" => "ok")
+                    .increment(1);
                 info!("reload: new routes, layouts, channels and codes in force");
                 Ok(())
             }
             Err(e) => {
-                metrics::counter!(crate::admin::CONFIG_RELOADS, "result" => "refused").increment(1);
+                metrics::counter!(crate::metric_names::CONFIG_RELOADS, "result" => "refused")
+                    .increment(1);
                 warn!(error = %e, "reload refused; the previous configuration stays");
                 Err(e)
             }

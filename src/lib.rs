@@ -21,7 +21,8 @@
 //! | [`journal`] | the GUID journal: one interface, memory and SQLite stores |
 //! | [`relay`] | one telegram end to end: checks, journal, call, answer |
 //! | [`server`] | accept loop, connections, pipelining, timeouts, draining |
-//! | [`admin`] | metrics and health endpoints |
+//! | [`admin`] | the admin HTTP endpoints: metrics, health, readiness |
+//! | [`metric_names`] | every metric's name and meaning (a leaf: imports nothing of the crate) |
 //! | [`daemon`] | start-up, reload and shutdown |
 //! | [`client`] | the channel side: build, send, decode (for `send`, `bench`, tests) |
 //! | [`random`] | jitter, GUIDs and hub names (not secrets) |
@@ -37,6 +38,7 @@ pub mod frame;
 pub mod header;
 pub mod journal;
 pub mod layout;
+pub mod metric_names;
 pub mod outcome;
 pub mod random;
 pub mod relay;

@@ -18,12 +18,12 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::admin;
 use crate::config::{JournalConfig, Operation};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target, parse_retry_after};
 use crate::header::{Echo, Header, parse_header};
 use crate::journal::{Claim, Finish, Journal, Row, State, now_ms};
 use crate::layout::{Layout, encode_fields};
+use crate::metric_names;
 use crate::outcome::{Code, Outcome, classify_inquiry, classify_transfer, inquiry_is_retryable};
 use crate::rules::{Route, Rules};
 
@@ -150,10 +150,10 @@ impl Hub {
         // Only routed tx codes become label values: garbage must not grow the metrics.
         let tx = match rules.route(echo.tx_code_str()) {
             Some(r) => r.tx_code.clone(),
-            None => admin::UNROUTED_TX.to_string(),
+            None => metric_names::UNROUTED_TX.to_string(),
         };
-        metrics::counter!(admin::TELEGRAMS, "tx_code" => tx.clone(), "code" => reply.code.as_str().to_string()).increment(1);
-        metrics::histogram!(admin::TELEGRAM_DURATION, "tx_code" => tx)
+        metrics::counter!(metric_names::TELEGRAMS, "tx_code" => tx.clone(), "code" => reply.code.as_str().to_string()).increment(1);
+        metrics::histogram!(metric_names::TELEGRAM_DURATION, "tx_code" => tx)
             .record(elapsed.as_secs_f64());
         span.in_scope(|| {
             info!(code = %reply.code, ms = elapsed.as_millis() as u64, "{note}");
@@ -498,7 +498,7 @@ impl Hub {
                     if tries < target.connect_attempts {
                         let pause = target.backoff(tries);
                         if Instant::now() + pause + Duration::from_millis(5) < deadline {
-                            metrics::counter!(admin::CORE_RETRIES, "target" => target.name.clone(), "operation" => "transfer").increment(1);
+                            metrics::counter!(metric_names::CORE_RETRIES, "target" => target.name.clone(), "operation" => "transfer").increment(1);
                             debug!(%r, "not sent; retrying");
                             tokio::time::sleep(pause).await;
                             continue;
@@ -519,7 +519,7 @@ impl Hub {
                 }
             }
         };
-        metrics::histogram!(admin::CORE_CALL_DURATION, "target" => target.name.clone(), "operation" => "transfer")
+        metrics::histogram!(metric_names::CORE_CALL_DURATION, "target" => target.name.clone(), "operation" => "transfer")
             .record(started.elapsed().as_secs_f64());
         // Phase timing for the telegram's summary line (its span carries it).
         tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
@@ -810,14 +810,14 @@ impl Hub {
                     if tries < target.inquiry_attempts
                         && Instant::now() + pause + Duration::from_millis(5) < deadline =>
                 {
-                    metrics::counter!(admin::CORE_RETRIES, "target" => target.name.clone(), "operation" => "inquiry").increment(1);
+                    metrics::counter!(metric_names::CORE_RETRIES, "target" => target.name.clone(), "operation" => "inquiry").increment(1);
                     debug!(?pause, "retrying the inquiry");
                     tokio::time::sleep(pause).await;
                 }
                 _ => break outcome,
             }
         };
-        metrics::histogram!(admin::CORE_CALL_DURATION, "target" => target.name.clone(), "operation" => "inquiry")
+        metrics::histogram!(metric_names::CORE_CALL_DURATION, "target" => target.name.clone(), "operation" => "inquiry")
             .record(started.elapsed().as_secs_f64());
         // Phase timing for the telegram's summary line (its span carries it).
         tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
@@ -828,7 +828,7 @@ impl Hub {
 /// Counts a journal failure on the telegram path; a failed claim is answered
 /// E903 (nothing was sent).
 fn journal_failed(stage: &'static str) -> Reply {
-    metrics::counter!(crate::admin::JOURNAL_ERRORS, "stage" => stage).increment(1);
+    metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => stage).increment(1);
     Reply::code(Code::NO_CAPACITY)
 }
 

@@ -125,7 +125,7 @@ pub async fn run(
                 };
                 let Ok(permit) = slots.clone().try_acquire_owned() else {
                     warn!(%peer, max = limits.max_connections, "connection refused: too many open connections");
-                    metrics::counter!(crate::admin::CONNECTIONS_REFUSED).increment(1);
+                    metrics::counter!(crate::metric_names::CONNECTIONS_REFUSED).increment(1);
                     drop(stream);
                     continue;
                 };
@@ -134,9 +134,9 @@ pub async fn run(
                 let span = info_span!("conn", %peer);
                 connections.spawn(async move {
                     let _permit = permit;
-                    metrics::gauge!(crate::admin::OPEN_CONNECTIONS).increment(1.0);
+                    metrics::gauge!(crate::metric_names::OPEN_CONNECTIONS).increment(1.0);
                     serve_connection(stream, peer, hub, limits, in_flight).await;
-                    metrics::gauge!(crate::admin::OPEN_CONNECTIONS).decrement(1.0);
+                    metrics::gauge!(crate::metric_names::OPEN_CONNECTIONS).decrement(1.0);
                 }.instrument(span));
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}

@@ -11,27 +11,27 @@ mod ops_support;
 use common::{ACC2, ACC3, BANK, exchange, guid, start_core, transfer, trf, trf_fields};
 use corebank::FaultRule;
 use ops_support::{Hub, Metrics};
-use relayhub::admin;
 use relayhub::client::Channel;
 use relayhub::frame::PrefixMode;
+use relayhub::metric_names;
 use serde_json::json;
 
 /// Every metric the hub describes, with the Prometheus type it must have.
 const DESCRIBED: &[(&str, &str)] = &[
-    (admin::TELEGRAMS, "counter"),
-    (admin::TELEGRAM_DURATION, "histogram"),
-    (admin::CORE_CALL_DURATION, "histogram"),
-    (admin::CORE_IN_FLIGHT, "gauge"),
-    (admin::BULKHEAD_REJECTIONS, "counter"),
-    (admin::CORE_RETRIES, "counter"),
-    (admin::OPEN_CONNECTIONS, "gauge"),
-    (admin::CONNECTIONS_REFUSED, "counter"),
-    (admin::JOURNAL_UNKNOWN, "gauge"),
-    (admin::CONFIG_RELOADS, "counter"),
+    (metric_names::TELEGRAMS, "counter"),
+    (metric_names::TELEGRAM_DURATION, "histogram"),
+    (metric_names::CORE_CALL_DURATION, "histogram"),
+    (metric_names::CORE_IN_FLIGHT, "gauge"),
+    (metric_names::BULKHEAD_REJECTIONS, "counter"),
+    (metric_names::CORE_RETRIES, "counter"),
+    (metric_names::OPEN_CONNECTIONS, "gauge"),
+    (metric_names::CONNECTIONS_REFUSED, "counter"),
+    (metric_names::JOURNAL_UNKNOWN, "gauge"),
+    (metric_names::CONFIG_RELOADS, "counter"),
 ];
 
 fn telegrams(m: &Metrics, tx: &str, code: &str) -> f64 {
-    m.value(admin::TELEGRAMS, &[("tx_code", tx), ("code", code)])
+    m.value(metric_names::TELEGRAMS, &[("tx_code", tx), ("code", code)])
         .unwrap_or(0.0)
 }
 
@@ -58,16 +58,16 @@ async fn metrics_after_a_mixed_run_count_what_happened() {
     // ones, read 0 rather than being missing.
     let m = scrape(&hub).await;
     for (name, labels) in [
-        (admin::OPEN_CONNECTIONS, vec![]),
-        (admin::CONNECTIONS_REFUSED, vec![]),
-        (admin::JOURNAL_UNKNOWN, vec![]),
-        (admin::BULKHEAD_REJECTIONS, vec![("target", "core")]),
+        (metric_names::OPEN_CONNECTIONS, vec![]),
+        (metric_names::CONNECTIONS_REFUSED, vec![]),
+        (metric_names::JOURNAL_UNKNOWN, vec![]),
+        (metric_names::BULKHEAD_REJECTIONS, vec![("target", "core")]),
         (
-            admin::CORE_RETRIES,
+            metric_names::CORE_RETRIES,
             vec![("target", "core"), ("operation", "transfer")],
         ),
-        (admin::CONFIG_RELOADS, vec![("result", "ok")]),
-        (admin::CONFIG_RELOADS, vec![("result", "refused")]),
+        (metric_names::CONFIG_RELOADS, vec![("result", "ok")]),
+        (metric_names::CONFIG_RELOADS, vec![("result", "refused")]),
     ] {
         assert_eq!(m.must(name, &labels), 0.0, "{name} {labels:?} at start");
     }
@@ -117,7 +117,7 @@ async fn metrics_after_a_mixed_run_count_what_happened() {
     assert_eq!(telegrams(&m, "TRF001", "E102"), 1.0);
     assert_eq!(telegrams(&m, "TRF001", "E901"), 1.0);
     // Unrouted tx codes share one label value: a channel cannot grow the series.
-    assert_eq!(telegrams(&m, admin::UNROUTED_TX, "E101"), 1.0);
+    assert_eq!(telegrams(&m, metric_names::UNROUTED_TX, "E101"), 1.0);
     assert!(
         !m.text.contains("ZZZ999"),
         "an unrouted tx code became a label:\n{}",
@@ -126,7 +126,7 @@ async fn metrics_after_a_mixed_run_count_what_happened() {
     let total: f64 = m
         .samples
         .iter()
-        .filter(|s| s.name == admin::TELEGRAMS)
+        .filter(|s| s.name == metric_names::TELEGRAMS)
         .map(|s| s.value)
         .sum();
     assert_eq!(total, 7.0, "telegrams in all");
@@ -134,16 +134,19 @@ async fn metrics_after_a_mixed_run_count_what_happened() {
     // Latency: one observation per telegram, one core call per transfer sent.
     let count = |name: &str, labels: &[(&str, &str)]| m.must(&format!("{name}_count"), labels);
     assert_eq!(
-        count(admin::TELEGRAM_DURATION, &[("tx_code", "TRF001")]),
+        count(metric_names::TELEGRAM_DURATION, &[("tx_code", "TRF001")]),
         6.0
     );
     assert_eq!(
-        count(admin::TELEGRAM_DURATION, &[("tx_code", admin::UNROUTED_TX)]),
+        count(
+            metric_names::TELEGRAM_DURATION,
+            &[("tx_code", metric_names::UNROUTED_TX)]
+        ),
         1.0
     );
     assert_eq!(
         count(
-            admin::CORE_CALL_DURATION,
+            metric_names::CORE_CALL_DURATION,
             &[("target", "core"), ("operation", "transfer")]
         ),
         5.0
@@ -151,7 +154,7 @@ async fn metrics_after_a_mixed_run_count_what_happened() {
     // Every telegram was answered within the 800 ms budget.
     assert_eq!(
         m.must(
-            &format!("{}_bucket", admin::TELEGRAM_DURATION),
+            &format!("{}_bucket", metric_names::TELEGRAM_DURATION),
             &[("tx_code", "TRF001"), ("le", "1")]
         ),
         6.0
@@ -159,11 +162,14 @@ async fn metrics_after_a_mixed_run_count_what_happened() {
 
     // Read gauges, refreshed by the scrape itself (not 5 s later): the E901
     // transfer is unknown in the journal and its call still holds a slot.
-    assert_eq!(m.must(admin::JOURNAL_UNKNOWN, &[]), 1.0);
-    assert_eq!(m.must(admin::CORE_IN_FLIGHT, &[("target", "core")]), 1.0);
-    assert_eq!(m.must(admin::OPEN_CONNECTIONS, &[]), 1.0);
+    assert_eq!(m.must(metric_names::JOURNAL_UNKNOWN, &[]), 1.0);
     assert_eq!(
-        m.must(admin::BULKHEAD_REJECTIONS, &[("target", "core")]),
+        m.must(metric_names::CORE_IN_FLIGHT, &[("target", "core")]),
+        1.0
+    );
+    assert_eq!(m.must(metric_names::OPEN_CONNECTIONS, &[]), 1.0);
+    assert_eq!(
+        m.must(metric_names::BULKHEAD_REJECTIONS, &[("target", "core")]),
         0.0
     );
 
@@ -195,8 +201,14 @@ async fn metrics_after_a_mixed_run_count_what_happened() {
     hub.signal("HUP");
     hub.stderr_line_with("reload: new routes");
     let m = scrape(&hub).await;
-    assert_eq!(m.must(admin::CONFIG_RELOADS, &[("result", "ok")]), 1.0);
-    assert_eq!(m.must(admin::CONFIG_RELOADS, &[("result", "refused")]), 0.0);
+    assert_eq!(
+        m.must(metric_names::CONFIG_RELOADS, &[("result", "ok")]),
+        1.0
+    );
+    assert_eq!(
+        m.must(metric_names::CONFIG_RELOADS, &[("result", "refused")]),
+        0.0
+    );
 
     drop(ch);
     let mut hub = hub;

@@ -1,0 +1,104 @@
+//! Every metric the hub records: its name, its labels and what it means, in one
+//! leaf module that imports nothing of the crate, so the modules that record
+//! metrics (relay, core client, server, daemon) and the one that serves them
+//! (admin) all depend downwards on it.
+//!
+//! `docs/operations.md` lists the same metrics; a test keeps the two in step.
+
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+
+/// Telegrams answered, by `tx_code` and standard `code`.
+pub const TELEGRAMS: &str = "relayhub_telegrams_total";
+/// Time from reading a telegram whole to its answer, by `tx_code`.
+pub const TELEGRAM_DURATION: &str = "relayhub_telegram_duration_seconds";
+/// Time spent calling the core (retries included), by `target` and `operation`.
+pub const CORE_CALL_DURATION: &str = "relayhub_core_call_duration_seconds";
+/// Calls to a target running now, by `target`.
+pub const CORE_IN_FLIGHT: &str = "relayhub_core_in_flight";
+/// Calls refused because a target's bulkhead stayed full, by `target`.
+pub const BULKHEAD_REJECTIONS: &str = "relayhub_bulkhead_rejections_total";
+/// Retries of a call inside one telegram, by `target` and `operation`.
+pub const CORE_RETRIES: &str = "relayhub_core_retries_total";
+/// Channel connections open now.
+pub const OPEN_CONNECTIONS: &str = "relayhub_open_connections";
+/// Channel connections closed at once because `max_connections` were open.
+pub const CONNECTIONS_REFUSED: &str = "relayhub_connections_refused_total";
+/// Transfers the journal holds as unknown (answered E901, not yet settled).
+pub const JOURNAL_UNKNOWN: &str = "relayhub_journal_unknown";
+/// SIGHUP reloads, by `result` (`ok` or `refused`).
+pub const CONFIG_RELOADS: &str = "relayhub_config_reloads_total";
+/// Journal calls on the telegram path that failed or outlived the budget, by
+/// `stage` (`claim`: the transfer was not sent, E903; `outcome`: the answer
+/// was given but not recorded).
+pub const JOURNAL_ERRORS: &str = "relayhub_journal_errors_total";
+
+/// The `tx_code` label of a telegram whose tx code has no route (or whose
+/// header is unreadable): a channel cannot create label values at will.
+pub const UNROUTED_TX: &str = "other";
+
+/// Describes every metric (the `# HELP` lines) to the installed recorder and
+/// starts the series without labels at zero, so they show from the first scrape.
+/// Call once the recorder is installed.
+pub fn describe_all() {
+    describe_counter!(
+        TELEGRAMS,
+        Unit::Count,
+        "Telegrams answered, by tx code (`other` for codes without a route) and standard response code."
+    );
+    describe_histogram!(
+        TELEGRAM_DURATION,
+        Unit::Seconds,
+        "Time from reading a telegram whole to its answer (the hub's latency, bounded by the budget), by tx code."
+    );
+    describe_histogram!(
+        CORE_CALL_DURATION,
+        Unit::Seconds,
+        "Time spent calling the core for one telegram, bulkhead wait and retries included, by target and operation."
+    );
+    describe_gauge!(
+        CORE_IN_FLIGHT,
+        Unit::Count,
+        "Calls to the target running now (late-answer calls included), by target."
+    );
+    describe_counter!(
+        BULKHEAD_REJECTIONS,
+        Unit::Count,
+        "Calls not sent because the target's bulkhead stayed full for queue_wait_ms (answered E903), by target."
+    );
+    describe_counter!(
+        CORE_RETRIES,
+        Unit::Count,
+        "Retries inside one telegram (connects that sent nothing; inquiries), by target and operation."
+    );
+    describe_gauge!(
+        OPEN_CONNECTIONS,
+        Unit::Count,
+        "Channel connections open now."
+    );
+    describe_counter!(
+        CONNECTIONS_REFUSED,
+        Unit::Count,
+        "Channel connections closed at once because max_connections were open."
+    );
+    describe_gauge!(
+        JOURNAL_UNKNOWN,
+        Unit::Count,
+        "Transfers the journal holds as unknown (answered E901, not settled yet); reconcile with `relayhub journal reconcile`."
+    );
+    describe_counter!(
+        CONFIG_RELOADS,
+        Unit::Count,
+        "Configuration reloads (SIGHUP), by result: ok or refused (the previous configuration stays)."
+    );
+    describe_counter!(
+        JOURNAL_ERRORS,
+        Unit::Count,
+        "Journal calls on the telegram path that failed or outlived the budget, by stage: claim (transfer not sent, E903) or outcome (answered but not recorded)."
+    );
+    metrics::gauge!(OPEN_CONNECTIONS).increment(0.0);
+    metrics::gauge!(JOURNAL_UNKNOWN).increment(0.0);
+    metrics::counter!(CONNECTIONS_REFUSED).increment(0);
+    for result in ["ok", "refused"] {
+        metrics::counter!(CONFIG_RELOADS, "result" => result).increment(0);
+    }
+}
