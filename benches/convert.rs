@@ -16,7 +16,7 @@ use relayhub::header::{Echo, HEADER_LEN, local_timestamp, parse_header, write_re
 use relayhub::layout::{builtin, encode_fields};
 use relayhub::outcome::{CodeTable, Outcome, classify_transfer};
 
-/// The worked example of PROTOCOL.md section 11, framed (136 bytes).
+/// The worked example of docs/protocol.md section 11, framed (136 bytes).
 fn request_frame() -> Vec<u8> {
     let mut t = Vec::new();
     t.extend_from_slice(b"0132TRF00120261129IBANK000000000000000001AIBANK   20261129132000    ");

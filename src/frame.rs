@@ -1,4 +1,4 @@
-//! Length-prefixed framing (PROTOCOL.md section 2): a 4-byte prefix, then exactly
+//! Length-prefixed framing (docs/protocol.md section 2): a 4-byte prefix, then exactly
 //! that many telegram bytes.
 //!
 //! Pure and socket-free: [`FrameCodec::decode`] looks at whatever is buffered and

@@ -1,4 +1,4 @@
-//! The 64-byte header every telegram starts with (PROTOCOL.md section 3).
+//! The 64-byte header every telegram starts with (docs/protocol.md section 3).
 //!
 //! | offset | len | field        |
 //! |-------:|----:|--------------|

@@ -1,4 +1,4 @@
-//! Layout files and the four field types (PROTOCOL.md section 4): body bytes <-> JSON.
+//! Layout files and the four field types (docs/protocol.md section 4): body bytes <-> JSON.
 //!
 //! A layout names a transaction's request and response bodies field by field. The
 //! files are data (`layouts/*.json`, format in `layouts/README.md`) and are checked

@@ -7,6 +7,9 @@
 //! tells "not sent" (E902, safe to resend) from "sent, don't know" (E901, answered
 //! by inquiry), and never posts a transfer twice for one GUID.
 //!
+//! "Section N" (or "protocol section N") in comments means section N of
+//! `docs/protocol.md`, the wire protocol that channels and the core speak.
+//!
 //! # Layout: the path of one telegram, top to bottom
 //!
 //! | module | what it does |

@@ -953,7 +953,7 @@ pub fn fingerprint(tx_code: &str, body: &[u8]) -> String {
     h.update(tx_code.as_bytes());
     h.update([0u8]);
     h.update(body);
-    format!("{:x}", h.finalize())
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn is_guid(s: &str) -> bool {

@@ -1,4 +1,4 @@
-//! The journal across restarts (PROTOCOL.md section 8): a GUID in flight when
+//! The journal across restarts (docs/protocol.md section 8): a GUID in flight when
 //! the real `relayhub` process is SIGKILLed is unknown after the restart, so
 //! its resend is an inquiry, never a second POST; and final answers in a
 //! SQLite journal are replayed by the next hub on the same file.

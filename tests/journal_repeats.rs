@@ -1,4 +1,4 @@
-//! Repeated GUIDs (PROTOCOL.md section 8), end to end: the same GUID in flight
+//! Repeated GUIDs (docs/protocol.md section 8), end to end: the same GUID in flight
 //! many times at once, replays of final answers, another body under a known
 //! GUID, and telegrams refused before any call, which are not journaled.
 //!

@@ -1,4 +1,4 @@
-//! Resends of a GUID whose last answer was not final (PROTOCOL.md sections 6-8):
+//! Resends of a GUID whose last answer was not final (docs/protocol.md sections 6-8):
 //! after E901 the hub asks (`GET`) instead of posting; after E902/E904 it may
 //! post again, but only past the cooldown and under the maximum (else E905).
 //!

@@ -1,4 +1,4 @@
-//! The real `relayhub serve` process and its signals (PROTOCOL.md section 10):
+//! The real `relayhub serve` process and its signals (docs/protocol.md section 10):
 //! SIGTERM drains (in-flight transfers get their real answers, new telegrams on
 //! open connections get E903 and their connection is closed, exit 0); SIGHUP
 //! reloads routes, layouts and channels, and refuses a broken version while the

@@ -4,7 +4,8 @@
 //! goes away. Also the `relayhub journal` commands on a `postgres://` URL.
 //!
 //! Run through `scripts/with-postgres.sh cargo test`; without
-//! `RELAYHUB_TEST_PG` each test says it is skipped and passes.
+//! `RELAYHUB_TEST_PG` each test says on stderr that it is skipped and passes,
+//! or fails under `CI=true` (see `pg_common::test_db`).
 
 mod common;
 mod pg_common;

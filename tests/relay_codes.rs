@@ -1,5 +1,5 @@
 //! The relay path end to end, one standard code per test: 0000 byte for byte
-//! (PROTOCOL.md section 11), the business rejections B201-B203, E101, and the
+//! (docs/protocol.md section 11), the business rejections B201-B203, E101, and the
 //! E500 family. Each test also counts the calls that reached the fixture.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Draining (PROTOCOL.md section 10): once shutdown starts, a telegram on an
+//! Draining (docs/protocol.md section 10): once shutdown starts, a telegram on an
 //! open connection gets E903 and the close (a malformed one still gets E102),
 //! while a telegram already in flight gets its real answer; nothing new is sent.
 

@@ -1,4 +1,4 @@
-//! "Sent, no answer" (E901) and "not sent" (E902) end to end (PROTOCOL.md
+//! "Sent, no answer" (E901) and "not sent" (E902) end to end (docs/protocol.md
 //! sections 1, 6 and 7): every E901 case reached the fixture exactly once, every
 //! E902 case never did, and the hub answers within its budget either way.
 

@@ -1,4 +1,4 @@
-//! E102 end to end (PROTOCOL.md sections 2-4): every malformed header field and
+//! E102 end to end (docs/protocol.md sections 2-4): every malformed header field and
 //! body field, framing errors that close the connection, and the connection
 //! staying usable after any other E102. Nothing here may reach the fixture.
 

@@ -1,4 +1,4 @@
-//! INQ001 end to end (PROTOCOL.md sections 4-6): the inquiry answers with the
+//! INQ001 end to end (docs/protocol.md sections 4-6): the inquiry answers with the
 //! transfer's own 45-byte body, E904 for a GUID the core never received, E901
 //! while the core is still processing. An inquiry never posts.
 

@@ -1,4 +1,4 @@
-//! The real programs (PROTOCOL.md section 10): `corebank` and `relayhub serve`
+//! The real programs (docs/protocol.md section 10): `corebank` and `relayhub serve`
 //! on port 0, ready lines on stdout, `relayhub send` against them, the fixture's
 //! admin API over HTTP, and a clean exit 0 on SIGTERM.
 

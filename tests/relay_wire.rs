@@ -1,4 +1,4 @@
-//! The wire end to end (PROTOCOL.md section 2): telegrams in any number of
+//! The wire end to end (docs/protocol.md section 2): telegrams in any number of
 //! segments, pipelined telegrams answered in order, many telegrams per
 //! connection, the binary prefix, and a slow transfer not holding up others.
 

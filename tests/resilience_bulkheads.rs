@@ -1,4 +1,4 @@
-//! Bulkheads (PROTOCOL.md sections 6 and 7): a target takes at most
+//! Bulkheads (docs/protocol.md sections 6 and 7): a target takes at most
 //! `max_concurrency` calls at once; a telegram that finds no slot within the
 //! queue wait is answered E903 ("nothing was sent") at once, and a target that
 //! hangs uses up only its own slots, never another target's.

@@ -1,4 +1,4 @@
-//! The channel side (PROTOCOL.md sections 2, 3 and 6): the channel table
+//! The channel side (docs/protocol.md sections 2, 3 and 6): the channel table
 //! (E103 for an unknown channel, a peer address outside `allow_from`, a tx
 //! code the channel may not use), the connection limit, and the two
 //! channel-side timeouts that close a connection without an answer.

@@ -1,4 +1,4 @@
-//! Safe retries inside the budget (PROTOCOL.md sections 1 and 7), counted at
+//! Safe retries inside the budget (docs/protocol.md sections 1 and 7), counted at
 //! the core: a connect that was refused moves to the next endpoint; an inquiry
 //! (a GET) is retried, honouring `Retry-After` only when it fits the budget; a
 //! transfer that reached the core is never sent again; the core is told how

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::{Map, Value};
 
 use relayhub::client::{Answer, Channel, build_telegram, new_guid};
@@ -119,8 +119,61 @@ struct ServeArgs {
     config: ConfigArgs,
     /// Log format on stderr: `human` or `json` (one object per line); overrides
     /// [logging] format.
-    #[arg(long, value_name = "human|json")]
-    log_format: Option<String>,
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormatArg>,
+}
+
+/// `--log-format`, as clap parses it (the library's [`LogFormat`] knows no clap).
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormatArg {
+    Human,
+    Json,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(arg: LogFormatArg) -> LogFormat {
+        match arg {
+            LogFormatArg::Human => LogFormat::Human,
+            LogFormatArg::Json => LogFormat::Json,
+        }
+    }
+}
+
+/// `--prefix`, as clap parses it.
+#[derive(Clone, Copy, ValueEnum)]
+enum PrefixArg {
+    Ascii,
+    Binary,
+}
+
+impl From<PrefixArg> for PrefixMode {
+    fn from(arg: PrefixArg) -> PrefixMode {
+        match arg {
+            PrefixArg::Ascii => PrefixMode::Ascii,
+            PrefixArg::Binary => PrefixMode::Binary,
+        }
+    }
+}
+
+/// `journal list --state`, as clap parses it.
+#[derive(Clone, Copy, ValueEnum)]
+enum StateArg {
+    Sending,
+    Done,
+    Unknown,
+    #[value(name = "not_sent")]
+    NotSent,
+}
+
+impl From<StateArg> for State {
+    fn from(arg: StateArg) -> State {
+        match arg {
+            StateArg::Sending => State::Sending,
+            StateArg::Done => State::Done,
+            StateArg::Unknown => State::Unknown,
+            StateArg::NotSent => State::NotSent,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -149,8 +202,8 @@ struct SendArgs {
     #[arg(long, default_value_t = 1)]
     repeat: u32,
     /// Length prefix: `ascii` (4 digits) or `binary` (u32 big-endian).
-    #[arg(long, value_name = "ascii|binary", default_value = "ascii")]
-    prefix: String,
+    #[arg(long, value_enum, default_value = "ascii")]
+    prefix: PrefixArg,
     /// Folder of layout files; the shipped layouts when absent.
     #[arg(long, value_name = "DIR")]
     layouts_dir: Option<PathBuf>,
@@ -171,8 +224,8 @@ enum JournalAction {
     /// List transfers in a state (default: unknown, i.e. answered E901).
     List {
         /// sending, done, unknown (answered E901, not settled) or not_sent.
-        #[arg(long, default_value = "unknown")]
-        state: String,
+        #[arg(long, value_enum, default_value = "unknown")]
+        state: StateArg,
         /// At most this many rows.
         #[arg(long, default_value_t = 100)]
         limit: usize,
@@ -228,13 +281,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(config: &Config, format: Option<&str>) -> Result<(), String> {
-    let format = match format {
-        Some("json") => LogFormat::Json,
-        Some("human") => LogFormat::Human,
-        Some(other) => return Err(format!("--log-format {other:?}: use human or json")),
-        None => config.logging.format,
-    };
+fn init_logging(config: &Config, format: Option<LogFormat>) -> Result<(), String> {
+    let format = format.unwrap_or(config.logging.format);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.logging.filter))
         .map_err(|e| format!("logging.filter: {e}"))?;
@@ -255,7 +303,7 @@ fn init_logging(config: &Config, format: Option<&str>) -> Result<(), String> {
 async fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     let source = args.config.source();
     let config = source.load().map_err(|e| e.to_string())?;
-    init_logging(&config, args.log_format.as_deref())?;
+    init_logging(&config, args.log_format.map(LogFormat::from))?;
     // Handlers go in before anything is announced: a SIGTERM or SIGHUP sent the
     // moment the ready line appears must drain or reload, not kill the process.
     let mut signals = Signals::install()?;
@@ -332,11 +380,7 @@ fn load_layouts(
 }
 
 async fn send(args: SendArgs) -> Result<ExitCode, String> {
-    let prefix = match args.prefix.as_str() {
-        "ascii" => PrefixMode::Ascii,
-        "binary" => PrefixMode::Binary,
-        other => return Err(format!("--prefix {other:?}: use ascii or binary")),
-    };
+    let prefix = PrefixMode::from(args.prefix);
     let layouts = load_layouts(args.layouts_dir.as_ref())?;
     // Each item: (tx, guid, channel, fields).
     let mut items: Vec<(String, String, String, Map<String, Value>)> = Vec::new();
@@ -479,9 +523,7 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
 async fn journal(args: JournalArgs) -> Result<ExitCode, String> {
     match args.action {
         JournalAction::List { state, limit } => {
-            let state = State::parse(&state).ok_or_else(|| {
-                format!("--state {state:?}: use sending, done, unknown or not_sent")
-            })?;
+            let state = State::from(state);
             let j = relayhub::journal::Journal::open(&args.journal, 16)
                 .await
                 .map_err(|e| e.to_string())?;

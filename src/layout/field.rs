@@ -28,7 +28,7 @@ fn error(field: &str, offset: usize, reason: impl Into<String>) -> FieldError {
 }
 
 /// Bytes -> JSON object. The body must be exactly as long as the fields together;
-/// each field is checked by its type (PROTOCOL.md section 4).
+/// each field is checked by its type (docs/protocol.md section 4).
 pub fn decode_fields(fields: &[Field], bytes: &[u8], base: usize) -> Result<Object, FieldError> {
     decode_in(fields, bytes, base, None)
 }

@@ -3,8 +3,9 @@
 //! fresh schema per test, a TCP proxy that plays "the database is down", real
 //! `relayhub` processes, and TRF001 telegrams.
 //!
-//! Without `RELAYHUB_TEST_PG` every test prints a line and passes, so a plain
-//! `cargo test` needs no database. Nothing here sleeps to order events: waits
+//! Without `RELAYHUB_TEST_PG` every test prints a skip line on stderr and
+//! passes, so a plain `cargo test` needs no database; under `CI=true` it fails
+//! instead. Nothing here sleeps to order events: waits
 //! are on answers, the fixture's counters or ready lines, each bounded by
 //! [`PATIENCE`].
 //!
@@ -31,12 +32,31 @@ pub const PATIENCE: Duration = Duration::from_secs(20);
 #[allow(unused_imports)]
 pub use crate::common::{ACC1, ACC2, BANK, TempFile, calls, free_port, relayhub_bin, start_core};
 
-/// The test database's URL, or `None` (and a line saying the test is skipped).
+/// The test database's URL, or `None` after a line on stderr saying this test
+/// is skipped. Under `CI=true` a missing database fails the test instead: CI
+/// must not pass without the shared-journal tests.
+///
+/// The skip line is written to the process's stderr directly, not through
+/// `eprintln!`, which the test harness captures and shows only for failures:
+/// `cargo test` shows it even though the test passes.
 pub fn test_db() -> Option<String> {
     match std::env::var("RELAYHUB_TEST_PG") {
         Ok(url) if !url.is_empty() => Some(url),
         _ => {
-            println!("skipped: RELAYHUB_TEST_PG not set");
+            let thread = std::thread::current();
+            let test = thread.name().unwrap_or("a PostgreSQL test");
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!(
+                    "{test}: RELAYHUB_TEST_PG is not set and CI=true: run the tests \
+                     through scripts/with-postgres.sh"
+                );
+            }
+            // One write, so parallel tests do not interleave their lines.
+            let line = format!(
+                "\nskipped {test}: RELAYHUB_TEST_PG is not set (scripts/with-postgres.sh sets it)\n"
+            );
+            use std::io::Write;
+            let _ = std::io::stderr().write_all(line.as_bytes());
             None
         }
     }
