@@ -172,6 +172,11 @@ pub struct TargetConfig {
     /// a late answer is still journaled. 0 ends the call with the budget.
     #[serde(default = "default_late_answer_window_ms")]
     pub late_answer_window_ms: u64,
+    /// How old an attempt must be before the core's "never received" proves
+    /// that it never arrived: a request may still be on the wire (kernel
+    /// buffers outlive a killed hub; a proxy or balancer can hold it). At least
+    /// the late-answer window; by default budget + late-answer window + 5 s.
+    pub wire_grace_ms: Option<u64>,
     /// Calls to this target at once (the bulkhead).
     #[serde(default = "default_max_concurrency")]
     pub max_concurrency: usize,
@@ -222,12 +227,23 @@ impl TargetConfig {
             urls: vec![url.into()],
             connect_timeout_ms: None,
             late_answer_window_ms: default_late_answer_window_ms(),
+            wire_grace_ms: None,
             max_concurrency: default_max_concurrency(),
             queue_wait_ms: default_queue_wait_ms(),
             connect_attempts: default_connect_attempts(),
             inquiry_attempts: default_inquiry_attempts(),
             backoff_ms: default_backoff_ms(),
             auth: None,
+        }
+    }
+
+    /// The wire grace in force: the configured one, else budget + late-answer
+    /// window + 5 s (the longest the hub's own call can run, plus a margin for
+    /// bytes held in the network).
+    pub fn effective_wire_grace(&self, budget: Duration) -> Duration {
+        match self.wire_grace_ms {
+            Some(ms) => Duration::from_millis(ms),
+            None => budget + Duration::from_millis(self.late_answer_window_ms + 5_000),
         }
     }
 
@@ -451,6 +467,18 @@ impl Config {
                         &format!("{key}.urls"),
                         format!(
                             "{u:?}: this build speaks plain HTTP to the core; terminate TLS in front of it"
+                        ),
+                    ));
+                }
+            }
+            if let Some(grace) = t.wire_grace_ms {
+                if grace < t.late_answer_window_ms {
+                    return Err(bad(
+                        &format!("{key}.wire_grace_ms"),
+                        format!(
+                            "{grace} ms is shorter than the late-answer window ({} ms): a \"never received\" \
+                             could be believed while the hub's own call still runs",
+                            t.late_answer_window_ms
                         ),
                     ));
                 }

@@ -238,6 +238,8 @@ pub struct Target {
     agent: ureq::Agent,
     connect_timeout: Duration,
     late_window: Duration,
+    /// How old an attempt must be before "never received" is proof.
+    pub wire_grace: Duration,
     bulkhead: Arc<Semaphore>,
     max_concurrency: usize,
     queue_wait: Duration,
@@ -284,6 +286,7 @@ impl Target {
             agent,
             connect_timeout: cfg.effective_connect_timeout(budget),
             late_window: Duration::from_millis(cfg.late_answer_window_ms),
+            wire_grace: cfg.effective_wire_grace(budget),
             bulkhead: Arc::new(Semaphore::new(cfg.max_concurrency)),
             max_concurrency: cfg.max_concurrency,
             queue_wait: Duration::from_millis(cfg.queue_wait_ms),
@@ -329,11 +332,22 @@ impl Target {
         &self.urls[attempt as usize % self.urls.len()]
     }
 
+    /// The base URLs, in failover order.
+    pub fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
     /// Attempt `n` (0-based) of a request: a bulkhead slot, then the call on
     /// the endpoint for that attempt. No slot means nothing was sent.
     pub async fn attempt(&self, request: &CoreRequest, n: u32, deadline: Instant) -> CallEnd {
+        self.attempt_at(request, self.url_for(n), deadline).await
+    }
+
+    /// One try of a request at the base URL `url`: a bulkhead slot, then the
+    /// call. No slot means nothing was sent.
+    pub async fn attempt_at(&self, request: &CoreRequest, url: &str, deadline: Instant) -> CallEnd {
         match self.slot(deadline).await {
-            Ok(permit) => self.call(request, self.url_for(n), deadline, permit).await,
+            Ok(permit) => self.call(request, url, deadline, permit).await,
             Err(refused) => CallEnd::Done(Err(refused)),
         }
     }

@@ -247,14 +247,20 @@ async fn e905_does_not_restart_the_cooldown() {
 }
 
 /// E901 from a 502 that stood in front of the core (nothing recorded): the
-/// resend asks, hears "never received" (E904), which makes the GUID safe to
-/// post again, after the cooldown. Money moves once.
+/// resend asks and hears "never received". While the attempt is younger than
+/// the wire grace that proves nothing (the POST may still be on its way): E901.
+/// Past it, E904, which makes the GUID safe to post again, after the cooldown.
+/// Money moves once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resend_after_e904_posts_again_after_the_cooldown() {
     const COOLDOWN: u64 = 300;
+    const GRACE: u64 = 400;
     let core = start_core().await;
     let hub = HubSpec::new(&core.url())
-        .toml(&resend_policy(3, COOLDOWN))
+        .toml(&format!(
+            "{}[[target]]\nname = \"core\"\nlate_answer_window_ms = 0\nwire_grace_ms = {GRACE}\n",
+            resend_policy(3, COOLDOWN)
+        ))
         .start()
         .await;
     let g = guid("N904");
@@ -268,8 +274,14 @@ async fn resend_after_e904_posts_again_after_the_cooldown() {
     assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E901");
     assert!(!core.applied(&g));
 
-    assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E904");
+    // Inside the wire grace "never received" is no proof.
+    assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E901");
     assert_eq!((posts(&core, &g), gets(&core, &g)), (1, 1));
+    assert_eq!(hub.row(&g).await.map(|r| r.state), Some(State::Unknown));
+
+    cooldown_passes(GRACE).await;
+    assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E904");
+    assert_eq!((posts(&core, &g), gets(&core, &g)), (1, 2));
     assert_eq!(hub.row(&g).await.map(|r| r.state), Some(State::NotSent));
     assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E905");
 
@@ -279,7 +291,7 @@ async fn resend_after_e904_posts_again_after_the_cooldown() {
     assert_eq!(balance, 1_000_000 - 17_000);
     assert_eq!(
         (posts(&core, &g), gets(&core, &g)),
-        (2, 1),
+        (2, 2),
         "the first POST never got past the gateway"
     );
     assert_eq!(core.balance(ACC1), Some(1_000_000 - 17_000), "one debit");

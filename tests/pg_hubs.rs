@@ -285,7 +285,10 @@ async fn journal_commands_work_on_a_postgres_url() {
     let j = PgJournal::open(&journal_url(&url, "hub-gone", ""))
         .await
         .unwrap();
-    assert_eq!(j.claim(&g, "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    assert_eq!(
+        j.claim(&g, "TRF001", "fp", "http://core", 1).await.unwrap(),
+        Claim::New
+    );
     let e901 = Finish {
         state: State::Unknown,
         code: "E901".into(),

@@ -69,7 +69,7 @@ async fn fifty_concurrent_claims_from_two_hubs_make_one_new() {
             let j = if i % 2 == 0 { a.clone() } else { b.clone() };
             let g = g.clone();
             tasks.push(tokio::spawn(async move {
-                j.claim(&g, "TRF001", "fp", 1_000 + i).await
+                j.claim(&g, "TRF001", "fp", "http://core", 1_000 + i).await
             }));
         }
         let mut new = 0;
@@ -99,7 +99,12 @@ async fn fifty_concurrent_claims_from_two_hubs_make_one_new() {
 async fn claim_resend_is_a_compare_and_set_across_hubs() {
     let Some(base) = test_db() else { return };
     let (_url, a, b) = two_hubs(&base, "resend", 60_000).await;
-    assert_eq!(a.claim("g", "TRF001", "fp", 10).await.unwrap(), Claim::New);
+    assert_eq!(
+        a.claim("g", "TRF001", "fp", "http://core", 10)
+            .await
+            .unwrap(),
+        Claim::New
+    );
     assert!(
         a.finish_if(
             "g",
@@ -113,9 +118,9 @@ async fn claim_resend_is_a_compare_and_set_across_hubs() {
     let mut tasks = Vec::new();
     for i in 0..20 {
         let j = if i % 2 == 0 { a.clone() } else { b.clone() };
-        tasks.push(tokio::spawn(
-            async move { j.claim_resend("g", 1, 30 + i).await },
-        ));
+        tasks.push(tokio::spawn(async move {
+            j.claim_resend("g", 1, "http://core", 30 + i).await
+        }));
     }
     let mut won = 0;
     for t in tasks {
@@ -127,9 +132,9 @@ async fn claim_resend_is_a_compare_and_set_across_hubs() {
     let row = a.get("g").await.unwrap().unwrap();
     assert_eq!((row.state, row.attempts), (State::Sending, 2));
     // A stale count, or a row that is not "not sent", never wins.
-    assert!(!b.claim_resend("g", 1, 99).await.unwrap());
-    assert!(!b.claim_resend("g", 2, 99).await.unwrap());
-    assert!(!b.claim_resend("nope", 0, 99).await.unwrap());
+    assert!(!b.claim_resend("g", 1, "http://core", 99).await.unwrap());
+    assert!(!b.claim_resend("g", 2, "http://core", 99).await.unwrap());
+    assert!(!b.claim_resend("nope", 0, "http://core", 99).await.unwrap());
     let notes: Vec<String> = a
         .history("g")
         .await
@@ -146,11 +151,15 @@ async fn rows_events_and_conditional_finish_round_trip() {
     let Some(base) = test_db() else { return };
     let (_url, a, b) = two_hubs(&base, "rows", 60_000).await;
     assert_eq!(
-        a.claim("g1", "TRF001", "fp1", 100).await.unwrap(),
+        a.claim("g1", "TRF001", "fp1", "http://core", 100)
+            .await
+            .unwrap(),
         Claim::New
     );
     assert_eq!(
-        a.claim("g2", "TRF001", "fp2", 101).await.unwrap(),
+        a.claim("g2", "TRF001", "fp2", "http://core", 101)
+            .await
+            .unwrap(),
         Claim::New
     );
 
@@ -241,14 +250,20 @@ async fn rows_events_and_conditional_finish_round_trip() {
     assert_eq!(b.count(State::Done).await.unwrap(), 1);
 
     // A different body under a known GUID is visible to the other hub.
-    match b.claim("g1", "TRF001", "other", 200).await.unwrap() {
+    match b
+        .claim("g1", "TRF001", "other", "http://core", 200)
+        .await
+        .unwrap()
+    {
         Claim::Existing(r) => assert_eq!(r.fingerprint, "fp1"),
         Claim::New => panic!("a known GUID claimed as new"),
     }
 
     // Pruning drops old settled rows and their history, never `sending` ones.
     assert_eq!(
-        a.claim("g3", "TRF001", "fp3", 50).await.unwrap(),
+        a.claim("g3", "TRF001", "fp3", "http://core", 50)
+            .await
+            .unwrap(),
         Claim::New
     );
     assert_eq!(a.prune(1_000).await.unwrap(), 2);
@@ -262,11 +277,15 @@ async fn recover_leaves_live_leases_and_settles_expired_ones() {
     let Some(base) = test_db() else { return };
     let (url, a, b) = two_hubs(&base, "lease", 60_000).await;
     assert_eq!(
-        a.claim("live", "TRF001", "fp", 1).await.unwrap(),
+        a.claim("live", "TRF001", "fp", "http://core", 1)
+            .await
+            .unwrap(),
         Claim::New
     );
     assert_eq!(
-        a.claim("dead", "TRF001", "fp", 2).await.unwrap(),
+        a.claim("dead", "TRF001", "fp", "http://core", 2)
+            .await
+            .unwrap(),
         Claim::New
     );
 
@@ -293,13 +312,26 @@ async fn recover_leaves_live_leases_and_settles_expired_ones() {
 async fn a_claim_that_finds_an_expired_lease_sees_unknown() {
     let Some(base) = test_db() else { return };
     let (url, a, b) = two_hubs(&base, "lazy", 60_000).await;
-    assert_eq!(a.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
-    match b.claim("g", "TRF001", "fp", 2).await.unwrap() {
+    assert_eq!(
+        a.claim("g", "TRF001", "fp", "http://core", 1)
+            .await
+            .unwrap(),
+        Claim::New
+    );
+    match b
+        .claim("g", "TRF001", "fp", "http://core", 2)
+        .await
+        .unwrap()
+    {
         Claim::Existing(r) => assert_eq!(r.state, State::Sending, "live lease"),
         Claim::New => panic!("claimed twice"),
     }
     expire_lease(&url, "g").await;
-    match b.claim("g", "TRF001", "fp", 3).await.unwrap() {
+    match b
+        .claim("g", "TRF001", "fp", "http://core", 3)
+        .await
+        .unwrap()
+    {
         Claim::Existing(r) => {
             assert_eq!((r.state, r.attempts, r.updated_ms), (State::Unknown, 1, 3));
         }
@@ -329,7 +361,12 @@ async fn a_real_lease_runs_out_on_the_database_clock() {
     let Some(base) = test_db() else { return };
     // The shortest lease allowed: this test waits for it to end.
     let (_url, a, b) = two_hubs(&base, "clock", 1_000).await;
-    assert_eq!(a.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    assert_eq!(
+        a.claim("g", "TRF001", "fp", "http://core", 1)
+            .await
+            .unwrap(),
+        Claim::New
+    );
     let claimed = Instant::now();
     assert_eq!(b.recover(2).await.unwrap(), 0);
     // Poll (bounded) for the lease's end; no event tells us.
@@ -355,7 +392,12 @@ async fn a_real_lease_runs_out_on_the_database_clock() {
 async fn another_hubs_never_received_waits_for_the_owners_lease() {
     let Some(base) = test_db() else { return };
     let (url, a, b) = two_hubs(&base, "e904", 60_000).await;
-    assert_eq!(a.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    assert_eq!(
+        a.claim("g", "TRF001", "fp", "http://core", 1)
+            .await
+            .unwrap(),
+        Claim::New
+    );
     // Hub a answered E901 at its budget; its call goes on for late answers.
     assert!(
         a.finish_if(
@@ -397,7 +439,7 @@ async fn another_hubs_never_received_waits_for_the_owners_lease() {
         (State::NotSent, Some("E904"))
     );
     // Then a resend may post again, once.
-    assert!(b.claim_resend("g", 1, 5).await.unwrap());
+    assert!(b.claim_resend("g", 1, "http://core", 5).await.unwrap());
     let (owner, _) = a.lease_of("g").await.unwrap().unwrap();
     assert_eq!(owner.as_deref(), Some(b.hub_id()));
     assert!(b.hub_id().starts_with("hub-b#"), "{}", b.hub_id());
@@ -407,7 +449,12 @@ async fn another_hubs_never_received_waits_for_the_owners_lease() {
 async fn the_owners_own_not_sent_is_recorded_at_once() {
     let Some(base) = test_db() else { return };
     let (_url, a, _b) = two_hubs(&base, "own", 60_000).await;
-    assert_eq!(a.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    assert_eq!(
+        a.claim("g", "TRF001", "fp", "http://core", 1)
+            .await
+            .unwrap(),
+        Claim::New
+    );
     assert!(
         a.finish_if(
             "g",
@@ -482,9 +529,16 @@ async fn the_journal_enum_opens_postgres_urls() {
     let url = fresh_schema(&base, "enum").await;
     let j = Journal::open(&url, 16).await.expect("open by URL");
     assert_eq!(j.kind(), "postgres");
-    assert_eq!(j.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    assert_eq!(
+        j.claim("g", "TRF001", "fp", "http://core", 1)
+            .await
+            .unwrap(),
+        Claim::New
+    );
     assert!(matches!(
-        j.claim("g", "TRF001", "fp", 2).await.unwrap(),
+        j.claim("g", "TRF001", "fp", "http://core", 2)
+            .await
+            .unwrap(),
         Claim::Existing(_)
     ));
     assert_eq!(j.recover(3).await.unwrap(), 0);
@@ -504,13 +558,20 @@ async fn with_the_database_gone_every_call_fails_fast() {
     let j = PgJournal::open(&with_params(&proxy.url(&url), "timeout_ms=500"))
         .await
         .expect("open through the proxy");
-    assert_eq!(j.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    assert_eq!(
+        j.claim("g", "TRF001", "fp", "http://core", 1)
+            .await
+            .unwrap(),
+        Claim::New
+    );
 
     proxy.cut();
     let started = Instant::now();
     let writes = [
-        j.claim("g2", "TRF001", "fp", 2).await.map(|_| ()),
-        j.claim_resend("g", 1, 3).await.map(|_| ()),
+        j.claim("g2", "TRF001", "fp", "http://core", 2)
+            .await
+            .map(|_| ()),
+        j.claim_resend("g", 1, "http://core", 3).await.map(|_| ()),
         j.finish("g", finish(State::Done, "0000", "x"), 4).await,
         j.recover(5).await.map(|_| ()),
     ];
@@ -537,12 +598,17 @@ async fn with_the_database_hanging_calls_end_at_the_timeout() {
     let j = PgJournal::open(&with_params(&proxy.url(&url), "timeout_ms=300"))
         .await
         .expect("open through the proxy");
-    assert_eq!(j.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    assert_eq!(
+        j.claim("g", "TRF001", "fp", "http://core", 1)
+            .await
+            .unwrap(),
+        Claim::New
+    );
 
     proxy.freeze();
     for _ in 0..2 {
         let started = Instant::now();
-        let w = j.claim("g2", "TRF001", "fp", 2).await;
+        let w = j.claim("g2", "TRF001", "fp", "http://core", 2).await;
         let took = started.elapsed();
         assert!(
             matches!(&w, Err(JournalError::Write(r)) if r.contains("300 ms")),
@@ -556,7 +622,12 @@ async fn with_the_database_hanging_calls_end_at_the_timeout() {
     // Answers again at once: the stuck connections were closed, not reused.
     proxy.restore();
     assert_eq!(j.get("g").await.unwrap().unwrap().state, State::Sending);
-    assert_eq!(j.claim("g2", "TRF001", "fp", 3).await.unwrap(), Claim::New);
+    assert_eq!(
+        j.claim("g2", "TRF001", "fp", "http://core", 3)
+            .await
+            .unwrap(),
+        Claim::New
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -26,6 +26,7 @@ impl MemoryJournal {
         guid: &str,
         tx_code: &str,
         fingerprint: &str,
+        url: &str,
         now_ms: i64,
     ) -> Result<Claim, JournalError> {
         let mut rows = self.lock();
@@ -45,6 +46,7 @@ impl MemoryJournal {
             last_error: None,
             created_ms: now_ms,
             updated_ms: now_ms,
+            url: Some(url.into()),
         };
         let ev = Event {
             at_ms: now_ms,
@@ -60,6 +62,7 @@ impl MemoryJournal {
         &self,
         guid: &str,
         attempts: u32,
+        url: &str,
         now_ms: i64,
     ) -> Result<bool, JournalError> {
         let mut rows = self.lock();
@@ -73,11 +76,31 @@ impl MemoryJournal {
         row.attempts += 1;
         row.last_attempt_ms = now_ms;
         row.updated_ms = now_ms;
+        row.url = Some(url.into());
         events.push(Event {
             at_ms: now_ms,
             state: State::Sending,
             code: None,
             note: format!("attempt {}", row.attempts),
+        });
+        Ok(true)
+    }
+
+    pub fn note_url(&self, guid: &str, url: &str, now_ms: i64) -> Result<bool, JournalError> {
+        let mut rows = self.lock();
+        let Some((row, events)) = rows.get_mut(guid) else {
+            return Ok(false);
+        };
+        if row.state != State::Sending {
+            return Ok(false);
+        }
+        row.url = Some(url.into());
+        row.updated_ms = now_ms;
+        events.push(Event {
+            at_ms: now_ms,
+            state: State::Sending,
+            code: None,
+            note: format!("failover: attempt {} goes to {url}", row.attempts),
         });
         Ok(true)
     }
@@ -183,7 +206,7 @@ mod tests {
     fn count_by_state() {
         let j = MemoryJournal::default();
         for g in ["a", "b", "c"] {
-            j.claim(g, "TRF001", "fp", 1).unwrap();
+            j.claim(g, "TRF001", "fp", "http://core", 1).unwrap();
         }
         let done = Finish {
             state: State::Done,

@@ -76,6 +76,10 @@ pub struct Row {
     pub last_error: Option<String>,
     pub created_ms: i64,
     pub updated_ms: i64,
+    /// The base URL the latest attempt was (or was about to be) sent to,
+    /// written before its first request byte: an inquiry asks this URL, since a
+    /// "never received" from another one proves nothing.
+    pub url: Option<String>,
 }
 
 fn serialize_lossy<S: serde::Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
@@ -168,33 +172,55 @@ impl Journal {
     }
 
     /// Claims a GUID for its first attempt, or returns its row.
+    /// `url` is where attempt 1 will be sent.
     pub async fn claim(
         &self,
         guid: &str,
         tx_code: &str,
         fingerprint: &str,
+        url: &str,
         now_ms: i64,
     ) -> Result<Claim, JournalError> {
         match self {
-            Journal::Memory(j) => j.claim(guid, tx_code, fingerprint, now_ms),
-            Journal::Sqlite(j) => j.claim(guid, tx_code, fingerprint, now_ms).await,
-            Journal::Postgres(j) => j.claim(guid, tx_code, fingerprint, now_ms).await,
+            Journal::Memory(j) => j.claim(guid, tx_code, fingerprint, url, now_ms),
+            Journal::Sqlite(j) => j.claim(guid, tx_code, fingerprint, url, now_ms).await,
+            Journal::Postgres(j) => j.claim(guid, tx_code, fingerprint, url, now_ms).await,
         }
     }
 
     /// Claims a "not sent" GUID for attempt `attempts + 1`; false if its row
     /// is no longer "not sent" with that many attempts (someone else resent it).
+    /// `url` is where the new attempt will be sent.
     pub async fn claim_resend(
         &self,
         guid: &str,
         attempts: u32,
+        url: &str,
         now_ms: i64,
     ) -> Result<bool, JournalError> {
         match self {
-            Journal::Memory(j) => j.claim_resend(guid, attempts, now_ms),
-            Journal::Sqlite(j) => j.claim_resend(guid, attempts, now_ms).await,
-            Journal::Postgres(j) => j.claim_resend(guid, attempts, now_ms).await,
+            Journal::Memory(j) => j.claim_resend(guid, attempts, url, now_ms),
+            Journal::Sqlite(j) => j.claim_resend(guid, attempts, url, now_ms).await,
+            Journal::Postgres(j) => j.claim_resend(guid, attempts, url, now_ms).await,
         }
+    }
+
+    /// Before a failover inside one attempt (the previous URL certainly got
+    /// nothing): the attempt now goes to `url`. False unless the row is
+    /// `sending`.
+    pub async fn note_url(&self, guid: &str, url: &str, now_ms: i64) -> Result<bool, JournalError> {
+        match self {
+            Journal::Memory(j) => j.note_url(guid, url, now_ms),
+            Journal::Sqlite(j) => j.note_url(guid, url, now_ms).await,
+            Journal::Postgres(j) => j.note_url(guid, url, now_ms).await,
+        }
+    }
+
+    /// Whether other hubs share this journal: a `sending` row may then be
+    /// another live hub's call. In a journal of one hub, a `sending` row that
+    /// this process is not working on was orphaned (a crash, a failed write).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Journal::Postgres(_))
     }
 
     /// Records an outcome.

@@ -64,7 +64,7 @@ pub const LEASE_MARGIN_MS: u64 = 1_000;
 const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 const ROW_COLUMNS: &str = "guid, tx_code, fingerprint, state, code, answer, attempts, \
-     last_attempt_ms, answered_ms, last_error, created_ms, updated_ms";
+     last_attempt_ms, answered_ms, last_error, created_ms, updated_ms, url";
 
 /// A handle on the shared journal; clones share one connection pool.
 #[derive(Clone)]
@@ -224,6 +224,7 @@ impl PgJournal {
         guid: &str,
         tx_code: &str,
         fingerprint: &str,
+        url: &str,
         now_ms: i64,
     ) -> Result<Claim, JournalError> {
         self.bounded(true, async |c| {
@@ -234,9 +235,9 @@ impl PgJournal {
                 .prepare_cached(&format!(
                     "WITH ins AS ( \
                        INSERT INTO relayhub_journal (guid, tx_code, fingerprint, state, attempts, \
-                         last_attempt_ms, created_ms, updated_ms, owner, lease_until_ms) \
+                         last_attempt_ms, created_ms, updated_ms, owner, lease_until_ms, url) \
                        VALUES ($1::text, $2::text, $3::text, 'sending', 1, $4::bigint, $4, $4, \
-                         $5::text, {DB_NOW} + $6::bigint) \
+                         $5::text, {DB_NOW} + $6::bigint, $7::text) \
                        ON CONFLICT (guid) DO NOTHING RETURNING guid), \
                      ev AS ( \
                        INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
@@ -254,6 +255,7 @@ impl PgJournal {
                         &now_ms,
                         &self.hub_id,
                         &self.lease(),
+                        &url,
                     ],
                 )
                 .await?
@@ -298,6 +300,7 @@ impl PgJournal {
         &self,
         guid: &str,
         attempts: u32,
+        url: &str,
         now_ms: i64,
     ) -> Result<bool, JournalError> {
         let attempts = i32::try_from(attempts)
@@ -310,7 +313,7 @@ impl PgJournal {
                     "WITH up AS ( \
                        UPDATE relayhub_journal SET state = 'sending', attempts = attempts + 1, \
                          last_attempt_ms = $2::bigint, updated_ms = $2, owner = $4::text, \
-                         lease_until_ms = {DB_NOW} + $5::bigint \
+                         lease_until_ms = {DB_NOW} + $5::bigint, url = $6::text \
                        WHERE guid = $1::text AND state = 'not_sent' AND attempts = $3::integer \
                        RETURNING guid, attempts), \
                      ev AS ( \
@@ -323,8 +326,34 @@ impl PgJournal {
             let changed: i64 = c
                 .query_one(
                     &st,
-                    &[&guid, &now_ms, &attempts, &self.hub_id, &self.lease()],
+                    &[&guid, &now_ms, &attempts, &self.hub_id, &self.lease(), &url],
                 )
+                .await?
+                .get(0);
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    /// Before a failover inside one attempt: the attempt now goes to `url`.
+    /// Only this hub's own `sending` row is changed.
+    pub async fn note_url(&self, guid: &str, url: &str, now_ms: i64) -> Result<bool, JournalError> {
+        self.bounded(true, async |c| {
+            let st = c
+                .prepare_cached(
+                    "WITH up AS ( \
+                       UPDATE relayhub_journal SET url = $2::text, updated_ms = $3::bigint \
+                       WHERE guid = $1::text AND state = 'sending' AND owner = $4::text \
+                       RETURNING guid), \
+                     ev AS ( \
+                       INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
+                       SELECT guid, $3, 'sending', NULL, 'failover: the attempt goes to ' || $2 \
+                       FROM up) \
+                     SELECT count(*) FROM up",
+                )
+                .await?;
+            let changed: i64 = c
+                .query_one(&st, &[&guid, &url, &now_ms, &self.hub_id])
                 .await?
                 .get(0);
             Ok(changed == 1)
@@ -559,6 +588,7 @@ fn read_row(r: &PgRow) -> Result<Row, Fail> {
         last_error: r.try_get(9)?,
         created_ms: r.try_get(10)?,
         updated_ms: r.try_get(11)?,
+        url: r.try_get(12)?,
     })
 }
 

@@ -52,7 +52,7 @@ pub struct SqliteJournal {
 }
 
 const ROW_COLUMNS: &str = "guid, tx_code, fingerprint, state, code, answer, attempts, \
-     last_attempt_ms, answered_ms, last_error, created_ms, updated_ms";
+     last_attempt_ms, answered_ms, last_error, created_ms, updated_ms, url";
 
 impl SqliteJournal {
     /// Opens (creating if absent) the journal at `path`, and starts its writer,
@@ -103,18 +103,23 @@ impl SqliteJournal {
         guid: &str,
         tx_code: &str,
         fingerprint: &str,
+        url: &str,
         now_ms: i64,
     ) -> Result<Claim, JournalError> {
-        let (guid, tx_code, fingerprint) =
-            (guid.to_owned(), tx_code.to_owned(), fingerprint.to_owned());
+        let (guid, tx_code, fingerprint, url) = (
+            guid.to_owned(),
+            tx_code.to_owned(),
+            fingerprint.to_owned(),
+            url.to_owned(),
+        );
         self.call(true, move |c| {
             let inserted = c
                 .prepare_cached(
                     "INSERT INTO journal (guid, tx_code, fingerprint, state, attempts, \
-                     last_attempt_ms, created_ms, updated_ms) \
-                     VALUES (?1, ?2, ?3, 'sending', 1, ?4, ?4, ?4) ON CONFLICT (guid) DO NOTHING",
+                     last_attempt_ms, created_ms, updated_ms, url) \
+                     VALUES (?1, ?2, ?3, 'sending', 1, ?4, ?4, ?4, ?5) ON CONFLICT (guid) DO NOTHING",
                 )?
-                .execute(params![guid, tx_code, fingerprint, now_ms])?;
+                .execute(params![guid, tx_code, fingerprint, now_ms, url])?;
             if inserted == 0 {
                 let row = select_row(c, &guid)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
                 return Ok(Claim::Existing(row));
@@ -131,22 +136,49 @@ impl SqliteJournal {
         &self,
         guid: &str,
         attempts: u32,
+        url: &str,
         now_ms: i64,
     ) -> Result<bool, JournalError> {
-        let guid = guid.to_owned();
+        let (guid, url) = (guid.to_owned(), url.to_owned());
         self.call(true, move |c| {
             let changed = c
                 .prepare_cached(
                     "UPDATE journal SET state = 'sending', attempts = attempts + 1, \
-                     last_attempt_ms = ?2, updated_ms = ?2 \
+                     last_attempt_ms = ?2, updated_ms = ?2, url = ?4 \
                      WHERE guid = ?1 AND state = 'not_sent' AND attempts = ?3",
                 )?
-                .execute(params![guid, now_ms, attempts])?;
+                .execute(params![guid, now_ms, attempts, url])?;
             if changed == 0 {
                 return Ok(false);
             }
             let note = format!("attempt {}", u64::from(attempts) + 1);
             add_event(c, &guid, now_ms, State::Sending, None, &note)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Before a failover inside one attempt: the attempt now goes to `url`.
+    pub async fn note_url(&self, guid: &str, url: &str, now_ms: i64) -> Result<bool, JournalError> {
+        let (guid, url) = (guid.to_owned(), url.to_owned());
+        self.call(true, move |c| {
+            let changed = c
+                .prepare_cached(
+                    "UPDATE journal SET url = ?2, updated_ms = ?3 \
+                     WHERE guid = ?1 AND state = 'sending'",
+                )?
+                .execute(params![guid, url, now_ms])?;
+            if changed == 0 {
+                return Ok(false);
+            }
+            add_event(
+                c,
+                &guid,
+                now_ms,
+                State::Sending,
+                None,
+                &format!("failover: the attempt goes to {url}"),
+            )?;
             Ok(true)
         })
         .await
@@ -323,6 +355,7 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         last_error: r.get(9)?,
         created_ms: r.get(10)?,
         updated_ms: r.get(11)?,
+        url: r.get(12)?,
     })
 }
 

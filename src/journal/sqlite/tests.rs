@@ -77,7 +77,9 @@ async fn until_queued(j: &SqliteJournal, n: usize) {
 async fn claim_new_then_existing() {
     let (_dir, j) = fresh();
     assert_eq!(
-        j.claim("g1", "TRF001", "fp", 100).await.unwrap(),
+        j.claim("g1", "TRF001", "fp", "http://core", 100)
+            .await
+            .unwrap(),
         Claim::New
     );
     let row = j.get("g1").await.unwrap().unwrap();
@@ -96,10 +98,15 @@ async fn claim_new_then_existing() {
             last_error: None,
             created_ms: 100,
             updated_ms: 100,
+            url: Some("http://core".into()),
         }
     );
     // A repeat, even with another body, gets the stored row untouched.
-    match j.claim("g1", "TRF001", "other", 200).await.unwrap() {
+    match j
+        .claim("g1", "TRF001", "other", "http://core", 200)
+        .await
+        .unwrap()
+    {
         Claim::Existing(r) => assert_eq!(r, row),
         Claim::New => panic!("second claim must not be new"),
     }
@@ -120,7 +127,9 @@ async fn claim_new_then_existing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn finish_records_outcome_and_history() {
     let (_dir, j) = fresh();
-    j.claim("g", "TRF001", "fp", 100).await.unwrap();
+    j.claim("g", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
     j.finish(
         "g",
         finish(
@@ -192,7 +201,9 @@ async fn finish_records_outcome_and_history() {
 #[tokio::test(flavor = "multi_thread")]
 async fn finish_if_only_in_listed_states() {
     let (_dir, j) = fresh();
-    j.claim("g", "TRF001", "fp", 100).await.unwrap();
+    j.claim("g", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
     let unknown = finish(
         State::Unknown,
         "E901",
@@ -260,10 +271,16 @@ async fn finish_if_only_in_listed_states() {
 #[tokio::test(flavor = "multi_thread")]
 async fn claim_resend_is_compare_and_set() {
     let (_dir, j) = fresh();
-    assert!(!j.claim_resend("ghost", 1, 100).await.unwrap());
-    j.claim("g", "TRF001", "fp", 100).await.unwrap();
+    assert!(
+        !j.claim_resend("ghost", 1, "http://core", 100)
+            .await
+            .unwrap()
+    );
+    j.claim("g", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
     // Still sending: no resend.
-    assert!(!j.claim_resend("g", 1, 110).await.unwrap());
+    assert!(!j.claim_resend("g", 1, "http://core", 110).await.unwrap());
     j.finish(
         "g",
         finish(State::NotSent, "E902", None, None, "refused"),
@@ -272,8 +289,8 @@ async fn claim_resend_is_compare_and_set() {
     .await
     .unwrap();
     // Wrong attempt count: someone else resent it.
-    assert!(!j.claim_resend("g", 2, 130).await.unwrap());
-    assert!(j.claim_resend("g", 1, 140).await.unwrap());
+    assert!(!j.claim_resend("g", 2, "http://core", 130).await.unwrap());
+    assert!(j.claim_resend("g", 1, "http://core", 140).await.unwrap());
     let row = j.get("g").await.unwrap().unwrap();
     assert_eq!(
         (row.state, row.attempts, row.last_attempt_ms, row.updated_ms),
@@ -284,7 +301,7 @@ async fn claim_resend_is_compare_and_set() {
         (row.code.as_deref(), row.answered_ms),
         (Some("E902"), Some(120))
     );
-    assert!(!j.claim_resend("g", 1, 150).await.unwrap());
+    assert!(!j.claim_resend("g", 1, "http://core", 150).await.unwrap());
     assert_eq!(
         j.history("g").await.unwrap().last().unwrap(),
         &Event {
@@ -300,7 +317,7 @@ async fn claim_resend_is_compare_and_set() {
 async fn list_by_state_oldest_first_with_limit() {
     let (_dir, j) = fresh();
     for (g, t) in [("c", 30), ("a", 10), ("b", 20), ("d", 40)] {
-        j.claim(g, "TRF001", "fp", t).await.unwrap();
+        j.claim(g, "TRF001", "fp", "http://core", t).await.unwrap();
     }
     j.finish("d", finish(State::Done, "0000", None, None, "ok"), 50)
         .await
@@ -322,8 +339,12 @@ async fn list_by_state_oldest_first_with_limit() {
 #[tokio::test(flavor = "multi_thread")]
 async fn recover_turns_sending_into_unknown() {
     let (_dir, j) = fresh();
-    j.claim("a", "TRF001", "fp", 10).await.unwrap();
-    j.claim("b", "TRF001", "fp", 20).await.unwrap();
+    j.claim("a", "TRF001", "fp", "http://core", 10)
+        .await
+        .unwrap();
+    j.claim("b", "TRF001", "fp", "http://core", 20)
+        .await
+        .unwrap();
     j.finish("b", finish(State::Done, "0000", None, None, "ok"), 30)
         .await
         .unwrap();
@@ -349,7 +370,9 @@ async fn recover_turns_sending_into_unknown() {
 #[tokio::test(flavor = "multi_thread")]
 async fn prune_keeps_sending_and_recent_rows() {
     let (_dir, j) = fresh();
-    j.claim("old-done", "TRF001", "fp", 10).await.unwrap();
+    j.claim("old-done", "TRF001", "fp", "http://core", 10)
+        .await
+        .unwrap();
     j.finish(
         "old-done",
         finish(State::Done, "0000", None, None, "ok"),
@@ -357,8 +380,12 @@ async fn prune_keeps_sending_and_recent_rows() {
     )
     .await
     .unwrap();
-    j.claim("old-sending", "TRF001", "fp", 10).await.unwrap();
-    j.claim("recent", "TRF001", "fp", 10).await.unwrap();
+    j.claim("old-sending", "TRF001", "fp", "http://core", 10)
+        .await
+        .unwrap();
+    j.claim("recent", "TRF001", "fp", "http://core", 10)
+        .await
+        .unwrap();
     j.finish(
         "recent",
         finish(State::NotSent, "E902", None, None, "x"),
@@ -367,7 +394,9 @@ async fn prune_keeps_sending_and_recent_rows() {
     .await
     .unwrap();
     // Exactly at the cut-off is kept: only `updated_ms < before` goes.
-    j.claim("edge", "TRF001", "fp", 100).await.unwrap();
+    j.claim("edge", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
     j.finish("edge", finish(State::Unknown, "E901", None, None, "x"), 100)
         .await
         .unwrap();
@@ -386,7 +415,9 @@ async fn prune_keeps_sending_and_recent_rows() {
     assert!(j.get("old-sending").await.unwrap().is_some());
     // A pruned GUID is new again.
     assert_eq!(
-        j.claim("old-done", "TRF001", "fp", 600).await.unwrap(),
+        j.claim("old-done", "TRF001", "fp", "http://core", 600)
+            .await
+            .unwrap(),
         Claim::New
     );
     assert_eq!(j.history("old-done").await.unwrap().len(), 1);
@@ -398,7 +429,11 @@ async fn concurrent_claims_of_one_guid_yield_one_new() {
     let tasks: Vec<_> = (0..50)
         .map(|i| {
             let j = j.clone();
-            tokio::spawn(async move { j.claim("race", "TRF001", "fp", i).await.unwrap() })
+            tokio::spawn(async move {
+                j.claim("race", "TRF001", "fp", "http://core", i)
+                    .await
+                    .unwrap()
+            })
         })
         .collect();
     let mut new = 0;
@@ -414,7 +449,9 @@ async fn concurrent_claims_of_one_guid_yield_one_new() {
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_resends_yield_one_winner() {
     let (_dir, j) = fresh();
-    j.claim("g", "TRF001", "fp", 1).await.unwrap();
+    j.claim("g", "TRF001", "fp", "http://core", 1)
+        .await
+        .unwrap();
     j.finish(
         "g",
         finish(State::NotSent, "E902", None, None, "refused"),
@@ -425,7 +462,7 @@ async fn concurrent_resends_yield_one_winner() {
     let tasks: Vec<_> = (0..20)
         .map(|_| {
             let j = j.clone();
-            tokio::spawn(async move { j.claim_resend("g", 1, 3).await.unwrap() })
+            tokio::spawn(async move { j.claim_resend("g", 1, "http://core", 3).await.unwrap() })
         })
         .collect();
     let mut won = 0;
@@ -443,8 +480,15 @@ async fn survives_reopen_and_recovers() {
     let path = db(&dir);
     {
         let j = open(&path);
-        assert_eq!(j.claim("g", "TRF001", "fp", 100).await.unwrap(), Claim::New);
-        j.claim("h", "TRF001", "fp", 100).await.unwrap();
+        assert_eq!(
+            j.claim("g", "TRF001", "fp", "http://core", 100)
+                .await
+                .unwrap(),
+            Claim::New
+        );
+        j.claim("h", "TRF001", "fp", "http://core", 100)
+            .await
+            .unwrap();
         j.finish(
             "h",
             finish(State::Done, "0000", Some(b"body"), None, "ok"),
@@ -483,7 +527,11 @@ async fn concurrent_claims_share_commits() {
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let j = j.clone();
-            tokio::spawn(async move { j.claim(&format!("g{i}"), "TRF001", "fp", i).await.unwrap() })
+            tokio::spawn(async move {
+                j.claim(&format!("g{i}"), "TRF001", "fp", "http://core", i)
+                    .await
+                    .unwrap()
+            })
         })
         .collect();
     until_queued(&j, 200).await;
@@ -502,7 +550,11 @@ async fn unpaused_concurrent_claims_all_commit() {
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let j = j.clone();
-            tokio::spawn(async move { j.claim(&format!("g{i}"), "TRF001", "fp", i).await.unwrap() })
+            tokio::spawn(async move {
+                j.claim(&format!("g{i}"), "TRF001", "fp", "http://core", i)
+                    .await
+                    .unwrap()
+            })
         })
         .collect();
     for t in tasks {
@@ -521,7 +573,7 @@ async fn failing_command_fails_alone_in_its_batch() {
     let release = pause(&j).await;
     let a = tokio::spawn({
         let j = j.clone();
-        async move { j.claim("a", "TRF001", "fp", 1).await }
+        async move { j.claim("a", "TRF001", "fp", "http://core", 1).await }
     });
     until_queued(&j, 1).await;
     let bad = tokio::spawn({
@@ -541,7 +593,7 @@ async fn failing_command_fails_alone_in_its_batch() {
     until_queued(&j, 2).await;
     let b = tokio::spawn({
         let j = j.clone();
-        async move { j.claim("b", "TRF001", "fp", 1).await }
+        async move { j.claim("b", "TRF001", "fp", "http://core", 1).await }
     });
     until_queued(&j, 3).await;
     drop(release);
@@ -560,18 +612,24 @@ async fn failing_command_fails_alone_in_its_batch() {
 #[tokio::test(flavor = "multi_thread")]
 async fn stopped_writer_is_an_error_not_a_hang() {
     let (_dir, j) = fresh();
-    j.claim("g", "TRF001", "fp", 1).await.unwrap();
+    j.claim("g", "TRF001", "fp", "http://core", 1)
+        .await
+        .unwrap();
     let release = pause(&j).await;
     let queued_claim = tokio::spawn({
         let j = j.clone();
-        async move { j.claim("h", "TRF001", "fp", 1).await }
+        async move { j.claim("h", "TRF001", "fp", "http://core", 1).await }
     });
     until_queued(&j, 1).await;
     j.tx.send(Msg::Stop).await.unwrap();
     drop(release);
     let stopped = |r: Result<_, JournalError>| matches!(r, Err(JournalError::Write(m)) if m == "journal writer stopped");
     assert!(stopped(queued_claim.await.unwrap().map(|_| ())));
-    assert!(stopped(j.claim("i", "TRF001", "fp", 2).await.map(|_| ())));
+    assert!(stopped(
+        j.claim("i", "TRF001", "fp", "http://core", 2)
+            .await
+            .map(|_| ())
+    ));
     assert!(stopped(j.get("g").await.map(|_| ())));
     assert!(stopped(
         j.finish("g", finish(State::Done, "0000", None, None, "x"), 3)
@@ -675,7 +733,9 @@ async fn open_refuses_a_newer_schema() {
     let dir = tempfile::tempdir().unwrap();
     let path = db(&dir);
     let j = open(&path);
-    j.claim("g", "TRF001", "fp", 1).await.unwrap();
+    j.claim("g", "TRF001", "fp", "http://core", 1)
+        .await
+        .unwrap();
     drop(j);
     Connection::open(&path)
         .unwrap()
@@ -688,7 +748,9 @@ async fn open_refuses_a_newer_schema() {
 #[tokio::test(flavor = "multi_thread")]
 async fn open_sets_wal_and_full_sync_and_schema() {
     let (dir, j) = fresh();
-    j.claim("g", "TRF001", "fp", 1).await.unwrap();
+    j.claim("g", "TRF001", "fp", "http://core", 1)
+        .await
+        .unwrap();
     let (mode, sync) = j
         .call(false, |c| {
             let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
@@ -716,9 +778,16 @@ async fn journal_enum_dispatches_to_sqlite() {
     let spec = db(&dir).display().to_string();
     let j = crate::journal::Journal::open(&spec, 16).await.unwrap();
     assert_eq!(j.kind(), "sqlite");
-    assert_eq!(j.claim("g", "TRF001", "fp", 1).await.unwrap(), Claim::New);
+    assert_eq!(
+        j.claim("g", "TRF001", "fp", "http://core", 1)
+            .await
+            .unwrap(),
+        Claim::New
+    );
     assert!(matches!(
-        j.claim("g", "TRF001", "fp", 2).await.unwrap(),
+        j.claim("g", "TRF001", "fp", "http://core", 2)
+            .await
+            .unwrap(),
         Claim::Existing(_)
     ));
 }

@@ -1,0 +1,206 @@
+//! An INQ telegram (a channel asks what became of a transfer), and the
+//! `GET /v1/transfers/{guid}` with safe retries that both it and the transfer
+//! path's settlement use.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::bounded::{self, Bounded};
+use super::reply::{describe, error_of, reply_for};
+use super::settle::{self, AttemptFacts, Verdict, age_of, ask_plan};
+use super::{Deadline, Hub, Reply};
+use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target, parse_retry_after};
+use crate::header::HEADER_LEN;
+use crate::journal::{Finish, Row, State};
+use crate::layout::encode_fields;
+use crate::metric_names;
+use crate::outcome::{Code, CodeTable, Outcome, classify_inquiry, inquiry_is_retryable};
+use crate::rules::{Route, Rules};
+
+/// The hub's record of the GUID asked about.
+enum Record {
+    Known(Option<Row>),
+    /// The journal did not answer in time: a "never received" cannot be judged.
+    Unavailable(String),
+}
+
+/// Answers an inquiry telegram.
+pub(super) async fn run(
+    hub: &Hub,
+    route: &Route,
+    rules: &Rules,
+    fields: &Map<String, Value>,
+    deadline: Deadline,
+) -> (Reply, String) {
+    let orig = fields
+        .get("orig_guid")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if !is_guid(orig) {
+        return (
+            Reply::code(Code::FORMAT),
+            format!("field `orig_guid` at byte {HEADER_LEN}: not a GUID of 32 [0-9A-Za-z_-]"),
+        );
+    }
+    let target = hub.target(route);
+    let record = {
+        let (journal, g) = (hub.journal.clone(), orig.to_string());
+        match bounded::within(deadline.work, async move { journal.get(&g).await }).await {
+            Bounded::Done(Ok(row)) => Record::Known(row),
+            Bounded::Done(Err(e)) => Record::Unavailable(e.to_string()),
+            Bounded::Failed(e) => Record::Unavailable(e),
+            Bounded::Late(_) => Record::Unavailable("no answer within the budget".into()),
+        }
+    };
+    let (pin, asked_attempt_url) = match &record {
+        Record::Known(Some(row)) => ask_plan(target, row.url.as_deref()),
+        _ => (None, true),
+    };
+    let mut outcome = inquire(target, orig, pin, &rules.codes, deadline.work).await;
+    if outcome == Outcome::NeverReceived {
+        let verdict = match &record {
+            // The hub has no attempt of it: nothing of this hub can be on the wire.
+            Record::Known(None) if !hub.late_calls.running(orig) => Verdict::NeverReceived,
+            Record::Known(Some(row)) if matches!(row.state, State::Sending | State::Unknown) => {
+                settle::judge_never_received(&AttemptFacts {
+                    call_running: hub.late_calls.running(orig) || hub.flights.contains(orig),
+                    asked_attempt_url,
+                    attempt_age: age_of(row.last_attempt_ms),
+                    wire_grace: target.wire_grace,
+                })
+            }
+            // Settled or never sent: the journal already holds the truth.
+            Record::Known(Some(_)) => Verdict::NeverReceived,
+            Record::Known(None) => Verdict::NoProof("the hub's own call is still running"),
+            Record::Unavailable(_) => Verdict::NoProof("the hub's journal could not be read"),
+        };
+        if let Verdict::NoProof(why) = verdict {
+            outcome = Outcome::Unknown(format!("inquiry says never received, but {why}"));
+        }
+    }
+    let (reply, outcome) = reply_for(outcome, &route.layout, &rules.codes);
+    // An answer that settles an unknown (or orphaned) transfer is journaled too.
+    if reply.code.is_final() {
+        if let Record::Known(Some(row)) = &record {
+            let orphaned = row.state == State::Sending
+                && !hub.journal.is_shared()
+                && !hub.flights.contains(orig)
+                && !hub.late_calls.running(orig);
+            if row.state == State::Unknown || orphaned {
+                let body = rules.route(&row.tx_code).and_then(|r| match &outcome {
+                    Outcome::Processed(m) => encode_fields(&r.layout.response, m, HEADER_LEN).ok(),
+                    _ => None,
+                });
+                if reply.code != Code::OK || body.is_some() {
+                    let finish = Finish {
+                        state: State::Done,
+                        code: reply.code.as_str().into(),
+                        answer: body,
+                        error: error_of(&outcome),
+                        note: "settled by an inquiry telegram".into(),
+                    };
+                    let from: &'static [State] = if orphaned {
+                        &[State::Sending]
+                    } else {
+                        &[State::Unknown]
+                    };
+                    settle::settle_write(&hub.journal, orig, from, finish, deadline).await;
+                }
+            }
+        }
+    }
+    let mut note = format!("inquiry for {orig}: {}", describe(&outcome, 0));
+    if let Record::Unavailable(e) = &record {
+        note.push_str(&format!(" (journal: {e})"));
+    }
+    (reply, note)
+}
+
+/// `GET /v1/transfers/{guid}` with safe retries inside the budget, at `pin`
+/// when given (the URL a transfer was sent to), else across the target's URLs.
+pub(super) async fn inquire(
+    target: &Target,
+    guid: &str,
+    pin: Option<&str>,
+    codes: &CodeTable,
+    deadline: Instant,
+) -> Outcome {
+    let request = CoreRequest::Inquiry {
+        guid: guid.to_string(),
+    };
+    let started = Instant::now();
+    let mut tries = 0u32;
+    let outcome = loop {
+        let url = pin.unwrap_or_else(|| target.url_for(tries));
+        let end = target.attempt_at(&request, url, deadline).await;
+        tries += 1;
+        let (outcome, wait) = match end {
+            CallEnd::Done(Ok(answer)) => {
+                let o = classify_inquiry(answer.status, &answer.body, codes);
+                let retry = inquiry_is_retryable(answer.status);
+                let wait = answer.retry_after.as_deref().and_then(parse_retry_after);
+                (
+                    o,
+                    retry.then(|| wait.unwrap_or_else(|| target.backoff(tries))),
+                )
+            }
+            CallEnd::Done(Err(CallFailure::NotSent(r))) => {
+                (Outcome::NotSent(r), Some(target.backoff(tries)))
+            }
+            CallEnd::Done(Err(CallFailure::MaybeSent(r))) => {
+                (Outcome::Unknown(r), Some(target.backoff(tries)))
+            }
+            CallEnd::Done(Err(CallFailure::NoCapacity(r))) => (Outcome::NoCapacity(r), None),
+            CallEnd::Pending(_) => (
+                Outcome::Unknown("inquiry not answered within the budget".into()),
+                None,
+            ),
+        };
+        match wait {
+            // Retry only what is safe (a GET) and only if the wait fits the budget.
+            Some(pause) if tries < target.inquiry_attempts && fits(pause, deadline) => {
+                metrics::counter!(metric_names::CORE_RETRIES, "target" => target.name.clone(), "operation" => "inquiry").increment(1);
+                debug!(?pause, "retrying the inquiry");
+                tokio::time::sleep(pause).await;
+            }
+            _ => break outcome,
+        }
+    };
+    metrics::histogram!(metric_names::CORE_CALL_DURATION, "target" => target.name.clone(), "operation" => "inquiry")
+        .record(started.elapsed().as_secs_f64());
+    // Phase timing for the telegram's summary line (its span carries it).
+    tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
+    outcome
+}
+
+/// Whether a pause (and a little room to call again) ends before `deadline`;
+/// a pause too long to add to the clock does not fit.
+pub(super) fn fits(pause: Duration, deadline: Instant) -> bool {
+    pause
+        .checked_add(Duration::from_millis(5))
+        .and_then(|p| Instant::now().checked_add(p))
+        .is_some_and(|end| end < deadline)
+}
+
+fn is_guid(s: &str) -> bool {
+    s.len() == 32
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pause_past_the_clock_does_not_fit() {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        assert!(fits(Duration::from_millis(10), deadline));
+        assert!(!fits(Duration::from_secs(5), deadline));
+        assert!(!fits(Duration::MAX, deadline));
+        assert!(!fits(Duration::from_secs(u64::MAX / 2), deadline));
+    }
+}

@@ -1,0 +1,234 @@
+//! One telegram's path through the hub: check, route, convert, journal, call,
+//! map to a standard code, answer within the budget.
+//!
+//! The order of checks is the protocol's (section 3): header (E102), route
+//! (E101), channel (E103), body (E102). Only then is anything journaled or sent.
+//! Transfers go through the journal (section 8) so that at most one POST per GUID
+//! may reach the core; inquiries are idempotent and retried when safe.
+//!
+//! # Layout
+//!
+//! * this file: the [`Hub`] (what every telegram shares), the checks before
+//!   anything is journaled or sent, and the telegram's deadlines;
+//! * `transfer`: a transfer telegram: single flight, the journal claim, the
+//!   resend policy, the POST, the outcome;
+//! * `inquiry`: an inquiry telegram, and the GET with safe retries;
+//! * `settle`: "don't know" turned into an answer: what a "never received"
+//!   proves, inquiries after E901, late answers, reconcile;
+//! * `flights`: single flight of a GUID inside this process;
+//! * `bounded`: journal calls raced against the telegram's deadline;
+//! * `reply`: replies, and the journal state and words an outcome leaves;
+//! * `log_fields`: what the summary line shows of the request fields.
+
+mod bounded;
+mod flights;
+mod inquiry;
+mod log_fields;
+mod reply;
+mod settle;
+mod transfer;
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{Instrument, info, info_span};
+
+pub use log_fields::{mask_account, masked};
+pub use reply::Reply;
+pub use settle::{AttemptFacts, Verdict, judge_never_received};
+pub use transfer::fingerprint;
+
+use crate::config::{JournalConfig, Operation};
+use crate::core_client::Target;
+use crate::header::{Echo, HEADER_LEN, parse_header};
+use crate::journal::Journal;
+use crate::metric_names;
+use crate::outcome::Code;
+use crate::rules::{Route, Rules};
+
+/// When a resend of a "not sent" GUID is allowed.
+#[derive(Debug, Clone, Copy)]
+pub struct ResendPolicy {
+    pub max_resends: u32,
+    pub cooldown: Duration,
+}
+
+impl From<&JournalConfig> for ResendPolicy {
+    fn from(j: &JournalConfig) -> Self {
+        ResendPolicy {
+            max_resends: j.max_resends,
+            cooldown: Duration::from_millis(j.resend_cooldown_ms),
+        }
+    }
+}
+
+/// A telegram's deadlines, both inside its budget so the answer leaves before
+/// the budget ends (writing it takes a moment too).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    /// Calls to the core, waits and journal reads end here.
+    pub work: Instant,
+    /// The telegram's last journal write (its outcome) ends here; the answer
+    /// goes out right after.
+    pub reply: Instant,
+}
+
+impl Deadline {
+    pub(crate) fn new(read_at: Instant, budget: Duration) -> Deadline {
+        let margin = (budget / 20).min(Duration::from_millis(20));
+        Deadline {
+            work: read_at + budget - margin,
+            reply: read_at + budget - margin / 4,
+        }
+    }
+}
+
+/// The hub: targets, journal, the current rules, and what is in flight.
+pub struct Hub {
+    rules: RwLock<Arc<Rules>>,
+    targets: Vec<Arc<Target>>,
+    journal: Journal,
+    budget: Duration,
+    policy: ResendPolicy,
+    flights: flights::Flights,
+    late_calls: settle::LateCalls,
+    draining: AtomicBool,
+}
+
+impl Hub {
+    pub fn new(
+        rules: Rules,
+        targets: Vec<Arc<Target>>,
+        journal: Journal,
+        budget: Duration,
+        policy: ResendPolicy,
+    ) -> Hub {
+        Hub {
+            rules: RwLock::new(Arc::new(rules)),
+            targets,
+            journal,
+            budget,
+            policy,
+            flights: flights::Flights::default(),
+            late_calls: settle::LateCalls::default(),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    pub fn targets(&self) -> &[Arc<Target>] {
+        &self.targets
+    }
+
+    fn target(&self, route: &Route) -> &Target {
+        &self.targets[route.target]
+    }
+
+    /// The rules in force now.
+    pub fn rules(&self) -> Arc<Rules> {
+        self.rules.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the rules as one unit (SIGHUP reload).
+    pub fn set_rules(&self, rules: Rules) {
+        *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
+    }
+
+    /// From now on, valid telegrams get E903 and their connection is closed.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Asks the core about every unknown transfer and journals what it says
+    /// (`relayhub journal reconcile`). Returns each GUID with its code now.
+    pub async fn reconcile(&self) -> Result<Vec<(String, Code)>, crate::journal::JournalError> {
+        settle::reconcile(self).await
+    }
+
+    /// Answers one telegram (without its length prefix) read whole at `read_at`.
+    /// Returns the echo for the response header and the reply.
+    pub async fn handle(&self, telegram: &[u8], peer: IpAddr, read_at: Instant) -> (Echo, Reply) {
+        let deadline = Deadline::new(read_at, self.budget);
+        let echo = Echo::from_telegram(telegram);
+        let span = info_span!("telegram", guid = echo.guid_str(), tx = echo.tx_code_str(), channel = tracing::field::Empty, core_ms = tracing::field::Empty, fields = tracing::field::Empty, %peer);
+        // One version of the rules for the whole telegram, its metrics included.
+        let rules = self.rules();
+        let (reply, note) = self
+            .dispatch(telegram, peer, &rules, deadline)
+            .instrument(span.clone())
+            .await;
+        let elapsed = read_at.elapsed();
+        // Only routed tx codes become label values: garbage must not grow the metrics.
+        let tx = match rules.route(echo.tx_code_str()) {
+            Some(r) => r.tx_code.clone(),
+            None => metric_names::UNROUTED_TX.to_string(),
+        };
+        metrics::counter!(metric_names::TELEGRAMS, "tx_code" => tx.clone(), "code" => reply.code.as_str().to_string()).increment(1);
+        metrics::histogram!(metric_names::TELEGRAM_DURATION, "tx_code" => tx)
+            .record(elapsed.as_secs_f64());
+        span.in_scope(|| {
+            info!(code = %reply.code, ms = elapsed.as_millis() as u64, "{note}");
+        });
+        (echo, reply)
+    }
+
+    async fn dispatch(
+        &self,
+        telegram: &[u8],
+        peer: IpAddr,
+        rules: &Rules,
+        deadline: Deadline,
+    ) -> (Reply, String) {
+        let header = match parse_header(telegram) {
+            Ok(h) => h,
+            Err(e) => return (Reply::code(Code::FORMAT), e.to_string()),
+        };
+        tracing::Span::current().record("channel", header.channel_id.as_str());
+        let Some(route) = rules.route(&header.tx_code) else {
+            return (
+                Reply::code(Code::NOT_ROUTED),
+                format!("tx code {} has no route", header.tx_code),
+            );
+        };
+        if let Err(refusal) = rules.check_channel(&header.channel_id, peer, &header.tx_code) {
+            return (Reply::code(Code::CHANNEL), refusal.to_string());
+        }
+        let body = &telegram[HEADER_LEN..];
+        let fields = match route.layout.decode_request(body, HEADER_LEN) {
+            Ok(f) => f,
+            Err(e) => return (Reply::code(Code::FORMAT), e.to_string()),
+        };
+        if self.is_draining() {
+            return (
+                Reply {
+                    code: Code::NO_CAPACITY,
+                    body: Vec::new(),
+                    close: true,
+                },
+                "hub is draining".into(),
+            );
+        }
+        // On the span, so the one summary line carries them (masked).
+        tracing::Span::current().record("fields", masked(&fields).as_str());
+        match route.operation {
+            Operation::Transfer => {
+                transfer::run(self, &header, route, rules, fields, body, deadline).await
+            }
+            Operation::Inquiry => inquiry::run(self, route, rules, &fields, deadline).await,
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! A telegram's reply, and what an outcome leaves behind: the reply's code and
+//! body, the journal state, and the words of the log line.
+
+use crate::header::HEADER_LEN;
+use crate::journal::{Row, State};
+use crate::layout::{Layout, encode_fields};
+use crate::outcome::{Code, CodeTable, Outcome};
+
+/// The hub's answer to one telegram: a code, the body that goes with 0000, and
+/// whether the connection closes after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub code: Code,
+    pub body: Vec<u8>,
+    pub close: bool,
+}
+
+impl Reply {
+    pub(crate) fn code(code: Code) -> Reply {
+        Reply {
+            code,
+            body: Vec::new(),
+            close: false,
+        }
+    }
+}
+
+/// Turns an outcome into a reply; a 0000 whose answer does not fit the response
+/// layout is "unknown" (the core did something the hub cannot report).
+pub(super) fn reply_for(outcome: Outcome, layout: &Layout, codes: &CodeTable) -> (Reply, Outcome) {
+    if let Outcome::Processed(m) = &outcome {
+        return match encode_fields(&layout.response, m, HEADER_LEN) {
+            Ok(body) => (
+                Reply {
+                    code: Code::OK,
+                    body,
+                    close: false,
+                },
+                outcome,
+            ),
+            Err(e) => {
+                let o = Outcome::Unknown(format!("answer does not fit the response layout: {e}"));
+                (Reply::code(Code::UNKNOWN), o)
+            }
+        };
+    }
+    (Reply::code(codes.code(&outcome)), outcome)
+}
+
+/// The stored answer of a settled row, replayed to a repeat.
+pub(super) fn replay(row: &Row) -> Reply {
+    Reply {
+        code: row
+            .code
+            .as_deref()
+            .and_then(Code::parse)
+            .unwrap_or(Code::UNKNOWN),
+        body: row.answer.clone().unwrap_or_default(),
+        close: false,
+    }
+}
+
+/// The journal state a code leaves a GUID in.
+pub(super) fn state_for(code: Code) -> State {
+    if code.is_final() {
+        State::Done
+    } else if code == Code::UNKNOWN {
+        State::Unknown
+    } else {
+        State::NotSent
+    }
+}
+
+/// The words of the log line (and the journal's history) for an outcome.
+pub(super) fn describe(outcome: &Outcome, attempt: u32) -> String {
+    let what = match outcome {
+        Outcome::Processed(_) => "processed".to_string(),
+        Outcome::Rejected(r) => format!("rejected: {r}"),
+        Outcome::TargetError(r) => format!("target error: {r}"),
+        Outcome::NotSent(r) => format!("not sent: {r}"),
+        Outcome::NoCapacity(r) => format!("no capacity: {r}"),
+        Outcome::Unknown(r) => format!("unknown: {r}"),
+        Outcome::NeverReceived => "the core never received it".to_string(),
+    };
+    if attempt > 0 {
+        format!("attempt {attempt}: {what}")
+    } else {
+        what
+    }
+}
+
+/// The error text a journal row keeps for an outcome.
+pub(super) fn error_of(outcome: &Outcome) -> Option<String> {
+    match outcome {
+        Outcome::TargetError(r)
+        | Outcome::NotSent(r)
+        | Outcome::NoCapacity(r)
+        | Outcome::Unknown(r) => Some(r.clone()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_for_codes() {
+        assert_eq!(state_for(Code::OK), State::Done);
+        assert_eq!(state_for(Code::TARGET_ERROR), State::Done);
+        assert_eq!(state_for(Code::UNKNOWN), State::Unknown);
+        assert_eq!(state_for(Code::NOT_SENT), State::NotSent);
+        assert_eq!(state_for(Code::NO_CAPACITY), State::NotSent);
+        assert_eq!(state_for(Code::NEVER_RECEIVED), State::NotSent);
+    }
+}

@@ -1,0 +1,374 @@
+//! Turning "don't know" into an answer, and keeping the journal's truth.
+//!
+//! * [`judge_never_received`]: what the core's "never received" proves about an
+//!   attempt the hub made. It is the only licence for a new POST of a GUID that
+//!   may have been sent, so it is a pure function, checked by the state-machine
+//!   test (`tests/` "one rule" model) as well as end to end.
+//! * [`after_unknown`]: a repeat of a GUID whose transfer is unknown (or whose
+//!   `sending` row was orphaned) asks the core instead of posting.
+//! * late answers, late claims and outcome writes that failed: each finishes in
+//!   the background, and only ever moves a row forward from the state it was
+//!   seen in (`finish_if`), so it never overwrites a newer truth.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use super::bounded::{self, Bounded};
+use super::reply::{describe, error_of, reply_for, state_for};
+use super::{Deadline, Hub, Reply, inquiry};
+use crate::core_client::{LateAnswer, Target};
+use crate::journal::{Finish, Journal, JournalError, Row, State, now_ms};
+use crate::layout::Layout;
+use crate::outcome::{Code, CodeTable, Outcome, classify_transfer};
+use crate::rules::{Route, Rules};
+
+/// What is known about the latest attempt of a GUID when the core says it
+/// never received it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptFacts {
+    /// This process's own call for the GUID is still running (late-answer
+    /// window, or an outcome write still in progress).
+    pub call_running: bool,
+    /// The inquiry asked the URL the attempt was sent to.
+    pub asked_attempt_url: bool,
+    /// How long ago the attempt was claimed (journal clock).
+    pub attempt_age: Duration,
+    /// How old an attempt must be before "never received" is proof.
+    pub wire_grace: Duration,
+}
+
+/// What a "never received" is worth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Proof that the attempt never reached the core: E904, and the GUID may be
+    /// posted again.
+    NeverReceived,
+    /// No proof: the transfer stays unknown (E901), for this reason.
+    NoProof(&'static str),
+}
+
+/// Judges a "never received" from the core about an attempt the hub made.
+pub fn judge_never_received(f: &AttemptFacts) -> Verdict {
+    if f.call_running {
+        Verdict::NoProof("the hub's own call is still running")
+    } else if !f.asked_attempt_url {
+        Verdict::NoProof("it was asked at another URL than the one the attempt went to")
+    } else if f.attempt_age < f.wire_grace {
+        Verdict::NoProof("the attempt is younger than the wire grace (it may still be on the wire)")
+    } else {
+        Verdict::NeverReceived
+    }
+}
+
+/// Where to ask about an attempt recorded as sent to `attempt_url`: the URL to
+/// pin the inquiry to (None: any, in failover order), and whether a "never
+/// received" can then be about that attempt at all.
+pub(super) fn ask_plan<'a>(
+    target: &'a Target,
+    attempt_url: Option<&str>,
+) -> (Option<&'a str>, bool) {
+    let urls = target.urls();
+    match attempt_url {
+        Some(u) => match urls.iter().find(|x| x.as_str() == u) {
+            Some(x) => (Some(x.as_str()), true),
+            // The target's URLs changed since: nobody can be asked for proof.
+            None => (None, false),
+        },
+        // A row from before URLs were journaled: proof only from a target with one URL.
+        None if urls.len() == 1 => (Some(urls[0].as_str()), true),
+        None => (None, false),
+    }
+}
+
+/// How long ago a journal time was.
+pub(super) fn age_of(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(now_ms().saturating_sub(ms)).unwrap_or(0))
+}
+
+/// GUIDs whose POST is still running in this process past the budget
+/// (late-answer window): while one runs, "never received" proves nothing.
+#[derive(Clone, Default)]
+pub(super) struct LateCalls(Arc<Mutex<HashSet<String>>>);
+
+impl LateCalls {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn begin(&self, guid: &str) {
+        self.lock().insert(guid.to_string());
+    }
+
+    fn end(&self, guid: &str) {
+        self.lock().remove(guid);
+    }
+
+    pub(super) fn running(&self, guid: &str) -> bool {
+        self.lock().contains(guid)
+    }
+}
+
+/// A repeat of a GUID whose transfer is unknown: ask the core instead of
+/// posting, and journal what it settles. `from` are the states the row may be
+/// settled from (`unknown`; also `sending` for a row orphaned in a journal of
+/// one hub).
+pub(super) async fn after_unknown(
+    hub: &Hub,
+    row: &Row,
+    route: &Route,
+    rules: &Rules,
+    deadline: Deadline,
+    from: &'static [State],
+) -> (Reply, String) {
+    let guid = row.guid.as_str();
+    let target = hub.target(route);
+    let (pin, asked_attempt_url) = ask_plan(target, row.url.as_deref());
+    let outcome = inquiry::inquire(target, guid, pin, &rules.codes, deadline.work).await;
+    let outcome = match outcome {
+        Outcome::NeverReceived => {
+            let facts = AttemptFacts {
+                call_running: hub.late_calls.running(guid),
+                asked_attempt_url,
+                attempt_age: age_of(row.last_attempt_ms),
+                wire_grace: target.wire_grace,
+            };
+            match judge_never_received(&facts) {
+                Verdict::NeverReceived => Outcome::NeverReceived,
+                Verdict::NoProof(why) => {
+                    Outcome::Unknown(format!("inquiry says never received, but {why}"))
+                }
+            }
+        }
+        // Whatever stopped the inquiry, the transfer itself is still unknown.
+        Outcome::NotSent(r) | Outcome::NoCapacity(r) => {
+            Outcome::Unknown(format!("inquiry not sent: {r}"))
+        }
+        o => o,
+    };
+    let (reply, outcome) = reply_for(outcome, &route.layout, &rules.codes);
+    let note = format!("inquiry after unknown: {}", describe(&outcome, 0));
+    if reply.code != Code::UNKNOWN {
+        let finish = Finish {
+            state: state_for(reply.code),
+            code: reply.code.as_str().into(),
+            answer: (!reply.body.is_empty()).then(|| reply.body.clone()),
+            error: error_of(&outcome),
+            note: note.clone(),
+        };
+        settle_write(&hub.journal, guid, from, finish, deadline).await;
+    }
+    (reply, note)
+}
+
+/// Journals what an inquiry settled, within the telegram's deadline; the
+/// answer is the truth either way, so a failure is counted and logged only.
+pub(super) async fn settle_write(
+    journal: &Journal,
+    guid: &str,
+    from: &'static [State],
+    finish: Finish,
+    deadline: Deadline,
+) {
+    let (j, g) = (journal.clone(), guid.to_string());
+    match bounded::within(deadline.reply, async move {
+        j.finish_if(&g, from, finish, now_ms()).await
+    })
+    .await
+    {
+        Bounded::Done(Ok(true)) => {}
+        Bounded::Done(Ok(false)) => {
+            info!("the inquiry's answer was not journaled: the row had been settled meanwhile")
+        }
+        Bounded::Done(Err(e)) => {
+            bounded::count_failure("settle");
+            warn!(%e, "could not journal the inquiry's answer");
+        }
+        Bounded::Failed(e) => {
+            bounded::count_failure("settle");
+            warn!(%e, "could not journal the inquiry's answer");
+        }
+        Bounded::Late(_) => {
+            bounded::count_failure("settle");
+            warn!(
+                "journaling the inquiry's answer outlived the budget; it completes in the background"
+            );
+        }
+    }
+}
+
+/// Waits for a call that outlived the budget and journals what it says.
+pub(super) fn record_late(
+    journal: Journal,
+    late_calls: LateCalls,
+    guid: String,
+    layout: Arc<Layout>,
+    codes: CodeTable,
+    late: LateAnswer,
+) {
+    late_calls.begin(&guid);
+    tokio::spawn(async move {
+        let result = late.await;
+        let outcome = match result {
+            Ok(Ok(answer)) => classify_transfer(answer.status, &answer.body, &codes),
+            Ok(Err(f)) => Outcome::Unknown(format!("{f:?}")),
+            Err(_) => Outcome::Unknown("late call dropped".into()),
+        };
+        let (reply, outcome) = reply_for(outcome, &layout, &codes);
+        if !reply.code.is_final() {
+            late_calls.end(&guid);
+            info!(%guid, "late call ended without a readable answer; still unknown");
+            return;
+        }
+        let finish = Finish {
+            state: State::Done,
+            code: reply.code.as_str().into(),
+            answer: (!reply.body.is_empty()).then_some(reply.body),
+            error: error_of(&outcome),
+            note: format!("late answer: {}", describe(&outcome, 0)),
+        };
+        let written = journal
+            .finish_if(&guid, &[State::Sending, State::Unknown], finish, now_ms())
+            .await;
+        // Only now: until the answer is journaled, the call counts as running.
+        late_calls.end(&guid);
+        match written {
+            Ok(true) => info!(%guid, code = %reply.code, "late answer journaled"),
+            Ok(false) => info!(
+                %guid,
+                code = %reply.code,
+                "late answer not journaled: the row had already been settled"
+            ),
+            Err(e) => {
+                bounded::count_failure("late_answer");
+                warn!(%guid, %e, "could not journal a late answer")
+            }
+        }
+    });
+}
+
+/// A claim that completed after the hub already answered E903: nothing was
+/// sent, so the row must say so, or the GUID would look in flight forever.
+pub(super) fn release_late_claim(
+    journal: Journal,
+    guid: &str,
+    claimed: impl std::future::Future<Output = bool> + Send + 'static,
+) {
+    let guid = guid.to_string();
+    tokio::spawn(async move {
+        if claimed.await {
+            let finish = Finish {
+                state: State::NotSent,
+                code: Code::NO_CAPACITY.as_str().into(),
+                answer: None,
+                error: Some("journal slower than the budget".into()),
+                note: "claimed after the budget ran out; nothing sent".into(),
+            };
+            if let Err(e) = journal
+                .finish_if(&guid, &[State::Sending], finish, now_ms())
+                .await
+            {
+                bounded::count_failure("claim");
+                warn!(%guid, %e, "could not release a late claim");
+            }
+        }
+    });
+}
+
+/// An outcome that could not be journaled on the telegram path: retried in
+/// the background. Until it lands, the row stays `sending`; in a journal of one
+/// hub a repeat then settles it by inquiry (as after a restart).
+pub(super) fn finish_later(
+    journal: Journal,
+    guid: String,
+    finish: Finish,
+    pending: Option<tokio::task::JoinHandle<Result<bool, JournalError>>>,
+) {
+    tokio::spawn(async move {
+        if let Some(task) = pending {
+            if matches!(task.await, Ok(Ok(_))) {
+                return;
+            }
+        }
+        let mut pause = Duration::from_millis(100);
+        for _ in 0..6 {
+            tokio::time::sleep(pause).await;
+            pause = pause.saturating_mul(2);
+            match journal
+                .finish_if(&guid, &[State::Sending], finish.clone(), now_ms())
+                .await
+            {
+                Ok(_) => {
+                    info!(%guid, code = %finish.code, "outcome journaled on a retry");
+                    return;
+                }
+                Err(e) => {
+                    bounded::count_failure("outcome");
+                    warn!(%guid, %e, "journaling the outcome failed again");
+                }
+            }
+        }
+        bounded::count_failure("outcome");
+        error!(%guid, "outcome not journaled; the row stays sending and a repeat or INQ001 settles it by inquiry");
+    });
+}
+
+/// Asks the core about every unknown transfer and journals what it says.
+pub(super) async fn reconcile(hub: &Hub) -> Result<Vec<(String, Code)>, JournalError> {
+    let rows = hub.journal.list(State::Unknown, usize::MAX).await?;
+    let rules = hub.rules();
+    let mut report = Vec::with_capacity(rows.len());
+    for row in rows {
+        let Some(route) = rules.route(&row.tx_code) else {
+            warn!(guid = %row.guid, tx = %row.tx_code, "no route for this tx code any more; skipped");
+            continue;
+        };
+        let deadline = Deadline::new(Instant::now(), hub.budget);
+        let (reply, note) =
+            after_unknown(hub, &row, route, &rules, deadline, &[State::Unknown]).await;
+        info!(guid = %row.guid, code = %reply.code, "{note}");
+        report.push((row.guid, reply.code));
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> AttemptFacts {
+        AttemptFacts {
+            call_running: false,
+            asked_attempt_url: true,
+            attempt_age: Duration::from_secs(60),
+            wire_grace: Duration::from_secs(35),
+        }
+    }
+
+    #[test]
+    fn never_received_is_proof_only_when_every_condition_holds() {
+        assert_eq!(judge_never_received(&facts()), Verdict::NeverReceived);
+        for f in [
+            AttemptFacts {
+                call_running: true,
+                ..facts()
+            },
+            AttemptFacts {
+                asked_attempt_url: false,
+                ..facts()
+            },
+            AttemptFacts {
+                attempt_age: Duration::from_secs(34),
+                ..facts()
+            },
+        ] {
+            assert!(
+                matches!(judge_never_received(&f), Verdict::NoProof(_)),
+                "{f:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,479 @@
+//! A transfer telegram: single flight in this process, the journal claim
+//! (written ahead of the first request byte), the resend policy, the POST with
+//! failover only while nothing was sent, and the outcome journaled.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::bounded::{self, Bounded};
+use super::flights::Joined;
+use super::inquiry::fits;
+use super::reply::{describe, error_of, replay, reply_for, state_for};
+use super::{Deadline, Hub, Reply, settle};
+use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target};
+use crate::header::Header;
+use crate::journal::{Claim, Finish, Row, State, now_ms};
+use crate::metric_names;
+use crate::outcome::{Code, Outcome, classify_transfer};
+use crate::rules::{Route, Rules};
+
+/// SHA-256 over the tx code and the body: a repeat must match both.
+pub fn fingerprint(tx_code: &str, body: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(tx_code.as_bytes());
+    h.update([0u8]);
+    h.update(body);
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Answers a transfer telegram.
+pub(super) async fn run(
+    hub: &Hub,
+    header: &Header,
+    route: &Route,
+    rules: &Rules,
+    fields: Map<String, Value>,
+    body: &[u8],
+    deadline: Deadline,
+) -> (Reply, String) {
+    let fingerprint = fingerprint(&header.tx_code, body);
+    match hub.flights.join(&header.guid, &fingerprint) {
+        Joined::Follow {
+            fingerprint: theirs,
+            mut reply,
+        } => {
+            if theirs != fingerprint {
+                return (
+                    Reply::code(Code::FORMAT),
+                    "GUID is in flight with a different body".into(),
+                );
+            }
+            match tokio::time::timeout_at(deadline.work, reply.wait_for(Option::is_some)).await {
+                Ok(Ok(r)) => (
+                    r.clone().unwrap_or_else(|| Reply::code(Code::UNKNOWN)),
+                    "answer of the telegram in flight with this GUID".into(),
+                ),
+                _ => (
+                    Reply::code(Code::UNKNOWN),
+                    "the telegram in flight with this GUID did not finish within the budget".into(),
+                ),
+            }
+        }
+        Joined::Lead(lead) => {
+            let transfer = Transfer {
+                hub,
+                header,
+                route,
+                rules,
+                target: hub.target(route),
+                fields: &fields,
+                fingerprint: &fingerprint,
+                deadline,
+            };
+            let (reply, note) = transfer.lead().await;
+            lead.finish(&reply);
+            (reply, note)
+        }
+    }
+}
+
+/// One transfer telegram that leads its GUID's flight.
+struct Transfer<'a> {
+    hub: &'a Hub,
+    header: &'a Header,
+    route: &'a Route,
+    rules: &'a Rules,
+    target: &'a Target,
+    fields: &'a Map<String, Value>,
+    fingerprint: &'a str,
+    deadline: Deadline,
+}
+
+impl Transfer<'_> {
+    fn guid(&self) -> &str {
+        &self.header.guid
+    }
+
+    async fn lead(&self) -> (Reply, String) {
+        // A resend that loses a race re-reads the row once; after that the row
+        // is in flight elsewhere, which the `Sending` arm handles.
+        for _ in 0..2 {
+            let now = now_ms();
+            // Attempt 1 (and every resend) starts at the first URL.
+            let url = self.target.url_for(0);
+            let claim = {
+                let (journal, g, tx, fp, u) = (
+                    self.hub.journal.clone(),
+                    self.guid().to_string(),
+                    self.header.tx_code.clone(),
+                    self.fingerprint.to_string(),
+                    url.to_string(),
+                );
+                bounded::within(self.deadline.work, async move {
+                    journal.claim(&g, &tx, &fp, &u, now).await
+                })
+                .await
+            };
+            let row = match claim {
+                Bounded::Done(Ok(Claim::New)) => return self.post(1).await,
+                Bounded::Done(Ok(Claim::Existing(row))) => row,
+                Bounded::Done(Err(e)) => {
+                    return (bounded::claim_failed(), format!("not sent: {e}"));
+                }
+                Bounded::Failed(e) => return (bounded::claim_failed(), format!("not sent: {e}")),
+                Bounded::Late(task) => {
+                    settle::release_late_claim(self.hub.journal.clone(), self.guid(), async move {
+                        matches!(task.await, Ok(Ok(Claim::New)))
+                    });
+                    return (
+                        bounded::claim_failed(),
+                        "not sent: the journal did not answer within the budget".into(),
+                    );
+                }
+            };
+            if row.fingerprint != self.fingerprint {
+                return (
+                    Reply::code(Code::FORMAT),
+                    "GUID already journaled with a different body or tx code".into(),
+                );
+            }
+            match row.state {
+                State::Done => {
+                    return (
+                        replay(&row),
+                        format!(
+                            "replayed the stored answer {}",
+                            row.code.as_deref().unwrap_or("?")
+                        ),
+                    );
+                }
+                State::Unknown => {
+                    return settle::after_unknown(
+                        self.hub,
+                        &row,
+                        self.route,
+                        self.rules,
+                        self.deadline,
+                        &[State::Unknown],
+                    )
+                    .await;
+                }
+                // In a journal of one hub, a `sending` row nobody in this process
+                // works on was orphaned (an outcome write that failed): settle it
+                // as a restart would, by inquiry.
+                State::Sending if !self.hub.journal.is_shared() => {
+                    return settle::after_unknown(
+                        self.hub,
+                        &row,
+                        self.route,
+                        self.rules,
+                        self.deadline,
+                        &[State::Sending],
+                    )
+                    .await;
+                }
+                State::Sending => return self.await_other().await,
+                State::NotSent => match self.resend(&row, now).await {
+                    Resend::Post(attempt) => return self.post(attempt).await,
+                    Resend::Answer(reply, note) => return (reply, note),
+                    Resend::LostRace => continue,
+                },
+            }
+        }
+        (
+            Reply::code(Code::UNKNOWN),
+            "GUID is being resent elsewhere".into(),
+        )
+    }
+
+    /// A resend of a GUID that was certainly not sent: allowed by the policy
+    /// (maximum, cooldown), then claimed by a compare-and-set on the attempts.
+    async fn resend(&self, row: &Row, now: i64) -> Resend {
+        let policy = self.hub.policy;
+        let allowed = 1 + policy.max_resends;
+        if row.attempts >= allowed {
+            info!(attempts = row.attempts, "resend refused: past the maximum");
+            return Resend::Answer(
+                Reply::code(Code::RESEND_REFUSED),
+                format!(
+                    "resend refused: {} attempts made, at most {allowed} allowed",
+                    row.attempts
+                ),
+            );
+        }
+        let since = now - row.answered_ms.unwrap_or(row.last_attempt_ms);
+        let cooldown = policy.cooldown.as_millis() as i64;
+        if since < cooldown {
+            info!(since_ms = since, "resend refused: inside the cooldown");
+            return Resend::Answer(
+                Reply::code(Code::RESEND_REFUSED),
+                format!(
+                    "resend refused: {since} ms after the previous answer, cooldown is {cooldown} ms"
+                ),
+            );
+        }
+        let (journal, g, attempts, u) = (
+            self.hub.journal.clone(),
+            self.guid().to_string(),
+            row.attempts,
+            self.target.url_for(0).to_string(),
+        );
+        let claimed = bounded::within(self.deadline.work, async move {
+            journal.claim_resend(&g, attempts, &u, now).await
+        })
+        .await;
+        match claimed {
+            Bounded::Done(Ok(true)) => Resend::Post(row.attempts + 1),
+            Bounded::Done(Ok(false)) => Resend::LostRace,
+            Bounded::Done(Err(e)) => {
+                Resend::Answer(bounded::claim_failed(), format!("not sent: {e}"))
+            }
+            Bounded::Failed(e) => Resend::Answer(bounded::claim_failed(), format!("not sent: {e}")),
+            Bounded::Late(task) => {
+                settle::release_late_claim(self.hub.journal.clone(), self.guid(), async move {
+                    matches!(task.await, Ok(Ok(true)))
+                });
+                Resend::Answer(
+                    bounded::claim_failed(),
+                    "not sent: the journal did not answer within the budget".into(),
+                )
+            }
+        }
+    }
+
+    /// The row is `sending` in a shared journal and not ours: another hub has
+    /// it. Wait for its outcome within the budget.
+    async fn await_other(&self) -> (Reply, String) {
+        let step = Duration::from_millis(20);
+        loop {
+            if !fits(step, self.deadline.work) {
+                return (
+                    Reply::code(Code::UNKNOWN),
+                    "GUID in flight elsewhere past the budget".into(),
+                );
+            }
+            tokio::time::sleep(step).await;
+            let (journal, g) = (self.hub.journal.clone(), self.guid().to_string());
+            let read =
+                bounded::within(self.deadline.work, async move { journal.get(&g).await }).await;
+            let row = match read {
+                Bounded::Done(Ok(Some(row))) => row,
+                Bounded::Done(Ok(None)) => continue,
+                Bounded::Done(Err(e)) => {
+                    return (Reply::code(Code::UNKNOWN), format!("journal: {e}"));
+                }
+                Bounded::Failed(e) => return (Reply::code(Code::UNKNOWN), format!("journal: {e}")),
+                Bounded::Late(_) => {
+                    return (
+                        Reply::code(Code::UNKNOWN),
+                        "journal: no answer within the budget".into(),
+                    );
+                }
+            };
+            match row.state {
+                State::Done => {
+                    return (
+                        replay(&row),
+                        "answer of the attempt in flight elsewhere".into(),
+                    );
+                }
+                State::Unknown => {
+                    return settle::after_unknown(
+                        self.hub,
+                        &row,
+                        self.route,
+                        self.rules,
+                        self.deadline,
+                        &[State::Unknown],
+                    )
+                    .await;
+                }
+                State::NotSent => {
+                    let code = row
+                        .code
+                        .as_deref()
+                        .and_then(Code::parse)
+                        .unwrap_or(Code::NOT_SENT);
+                    return (
+                        Reply::code(code),
+                        "attempt in flight elsewhere was not sent".into(),
+                    );
+                }
+                State::Sending => continue,
+            }
+        }
+    }
+
+    /// Posts attempt `attempt` of a claimed GUID and journals the outcome.
+    async fn post(&self, attempt: u32) -> (Reply, String) {
+        let guid = self.guid();
+        let target = self.target;
+        let deadline = self.deadline;
+        let mut json = Map::with_capacity(self.fields.len() + 2);
+        json.insert("guid".into(), Value::String(self.header.guid.clone()));
+        json.insert(
+            "channel_id".into(),
+            Value::String(self.header.channel_id.clone()),
+        );
+        for (k, v) in self.fields {
+            json.insert(k.clone(), v.clone());
+        }
+        let request = CoreRequest::Transfer {
+            guid: guid.to_string(),
+            json: serde_json::to_vec(&Value::Object(json)).unwrap_or_default(),
+        };
+        let started = Instant::now();
+        let mut tries = 0u32;
+        // The URL the claim recorded; a failover records the next one first.
+        let mut url = target.url_for(0);
+        let outcome = loop {
+            match target.attempt_at(&request, url, deadline.work).await {
+                CallEnd::Done(Ok(answer)) => {
+                    if answer.replayed {
+                        debug!("the core replayed its stored answer");
+                    }
+                    if answer.status == 401 || answer.status == 403 {
+                        tracing::error!(target_name = %target.name, status = answer.status, "the core refused the hub's credentials: check the target's auth configuration");
+                    }
+                    break classify_transfer(answer.status, &answer.body, &self.rules.codes);
+                }
+                CallEnd::Done(Err(CallFailure::MaybeSent(r))) => break Outcome::Unknown(r),
+                CallEnd::Done(Err(CallFailure::NoCapacity(r))) => break Outcome::NoCapacity(r),
+                CallEnd::Done(Err(CallFailure::NotSent(r))) => {
+                    tries += 1;
+                    // Nothing left the hub: retry (on the next endpoint) if it fits.
+                    let pause = target.backoff(tries);
+                    if tries >= target.connect_attempts || !fits(pause, deadline.work) {
+                        break Outcome::NotSent(r);
+                    }
+                    let next = target.url_for(tries);
+                    if next != url {
+                        // Write-ahead: the journal names a URL before a byte goes there.
+                        match self.note_url(next).await {
+                            Ok(()) => url = next,
+                            Err(e) => break Outcome::NotSent(format!("{r}; no failover: {e}")),
+                        }
+                    }
+                    metrics::counter!(metric_names::CORE_RETRIES, "target" => target.name.clone(), "operation" => "transfer").increment(1);
+                    debug!(%r, "not sent; retrying");
+                    tokio::time::sleep(pause).await;
+                }
+                CallEnd::Pending(late) => {
+                    settle::record_late(
+                        self.hub.journal.clone(),
+                        self.hub.late_calls.clone(),
+                        guid.to_string(),
+                        self.route.layout.clone(),
+                        self.rules.codes.clone(),
+                        late,
+                    );
+                    break Outcome::Unknown(
+                        "no answer within the budget; the call goes on for late answers".into(),
+                    );
+                }
+            }
+        };
+        metrics::histogram!(metric_names::CORE_CALL_DURATION, "target" => target.name.clone(), "operation" => "transfer")
+            .record(started.elapsed().as_secs_f64());
+        // Phase timing for the telegram's summary line (its span carries it).
+        tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
+        let (reply, outcome) = reply_for(outcome, &self.route.layout, &self.rules.codes);
+        let note = describe(&outcome, attempt);
+        let finish = Finish {
+            state: state_for(reply.code),
+            code: reply.code.as_str().into(),
+            answer: (!reply.body.is_empty()).then(|| reply.body.clone()),
+            error: error_of(&outcome),
+            note: note.clone(),
+        };
+        self.journal_outcome(finish).await;
+        (reply, note)
+    }
+
+    /// Records a failover's URL before the first byte goes there.
+    async fn note_url(&self, url: &str) -> Result<(), String> {
+        let (journal, g, u) = (
+            self.hub.journal.clone(),
+            self.guid().to_string(),
+            url.to_string(),
+        );
+        match bounded::within(self.deadline.work, async move {
+            journal.note_url(&g, &u, now_ms()).await
+        })
+        .await
+        {
+            Bounded::Done(Ok(true)) => Ok(()),
+            Bounded::Done(Ok(false)) => Err("the row is no longer sending".into()),
+            Bounded::Done(Err(e)) => Err(e.to_string()),
+            Bounded::Failed(e) => Err(e),
+            // Not known to be written: the next URL must not be tried.
+            Bounded::Late(_) => Err("the journal did not answer within the budget".into()),
+        }
+    }
+
+    /// Journals the outcome within the telegram's deadline. The answer is the
+    /// truth either way; a write that failed or outlived the budget is finished
+    /// in the background.
+    async fn journal_outcome(&self, finish: Finish) {
+        let (journal, g, f) = (
+            self.hub.journal.clone(),
+            self.guid().to_string(),
+            finish.clone(),
+        );
+        let written = bounded::within(self.deadline.reply, async move {
+            journal.finish_if(&g, &[State::Sending], f, now_ms()).await
+        })
+        .await;
+        let pending = match written {
+            Bounded::Done(Ok(true)) => return,
+            Bounded::Done(Ok(false)) => {
+                info!("outcome not journaled: the row had been changed meanwhile");
+                return;
+            }
+            Bounded::Done(Err(e)) => {
+                bounded::count_failure("outcome");
+                warn!(%e, "could not journal the outcome; retrying in the background");
+                None
+            }
+            Bounded::Failed(e) => {
+                bounded::count_failure("outcome");
+                warn!(%e, "could not journal the outcome; retrying in the background");
+                None
+            }
+            Bounded::Late(task) => {
+                bounded::count_failure("outcome");
+                warn!("journaling the outcome outlived the budget; it completes in the background");
+                Some(task)
+            }
+        };
+        settle::finish_later(
+            self.hub.journal.clone(),
+            self.guid().to_string(),
+            finish,
+            pending,
+        );
+    }
+}
+
+/// What the resend policy and the resend claim decided.
+enum Resend {
+    Post(u32),
+    Answer(Reply, String),
+    LostRace,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprint_depends_on_tx_and_body() {
+        assert_eq!(fingerprint("TRF001", b"a"), fingerprint("TRF001", b"a"));
+        assert_ne!(fingerprint("TRF001", b"a"), fingerprint("TRF001", b"b"));
+        assert_ne!(fingerprint("TRF001", b"a"), fingerprint("TRF002", b"a"));
+    }
+}
