@@ -78,10 +78,11 @@ pub(crate) struct Deadline {
 
 impl Deadline {
     pub(crate) fn new(read_at: Instant, budget: Duration) -> Deadline {
-        let margin = (budget / 20).min(Duration::from_millis(20));
+        // Room for the outcome's journal write, then for the answer itself.
+        let margin = (budget / 10).min(Duration::from_millis(50));
         Deadline {
             work: read_at + budget - margin,
-            reply: read_at + budget - margin / 4,
+            reply: read_at + budget - margin / 2,
         }
     }
 }

@@ -6,7 +6,8 @@
 //! - [`telegram`]: telegram builders and answer checks;
 //! - [`wire`]: raw-wire helpers (prefixes, byte-by-byte writes, closes);
 //! - [`process`]: the real binaries, their ready lines, signals and exits;
-//! - [`files`]: temp files and directories removed when dropped.
+//! - [`files`]: temp files and directories removed when dropped;
+//! - [`holding`]: a proxy before the core that can hold a POST's bytes.
 //!
 //! Nothing here sleeps to order events: waits are on answers, the fixture's
 //! counters, or ready lines, each bounded by [`PATIENCE`] so a broken hub fails a
@@ -16,6 +17,7 @@
 
 mod files;
 mod fixture;
+mod holding;
 mod process;
 mod telegram;
 mod wire;
@@ -29,7 +31,7 @@ use relayhub::frame::PrefixMode;
 // One flat namespace for the suites (`use common::*`); a suite that uses no
 // item of a submodule would otherwise warn about its re-export.
 #[allow(unused_imports)]
-pub use {files::*, fixture::*, process::*, telegram::*, wire::*};
+pub use {files::*, fixture::*, holding::*, process::*, telegram::*, wire::*};
 
 /// Upper bound for any wait; never used to order events.
 pub const PATIENCE: Duration = Duration::from_secs(10);

@@ -1,0 +1,244 @@
+//! The one rule on the paths beside the hot one: failover and the URL an
+//! inquiry asks, a journal that stalls or fails under a telegram, and a request
+//! still on the wire when the hub restarts. Each test counts what reached the
+//! core.
+//!
+//! Waiting for a wire grace to pass is the subject of one test; every other
+//! wait is on an answer, the fixture's counters or the journal's row.
+
+mod common;
+mod journal_support;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use corebank::{FaultMethod, FaultRule, Phase};
+use journal_support::*;
+use relayhub::config::Overrides;
+use relayhub::daemon::{Daemon, Source};
+use relayhub::journal::State;
+
+/// A hub in-process with a config file, no `--core-url`.
+async fn hub_with_config(toml: &str, journal: &str, budget_ms: u64) -> (Daemon, TempFile) {
+    let file = TempFile::new("toml", toml);
+    let source = Source {
+        file: Some(file.0.clone()),
+        overrides: Overrides {
+            listen: Some("127.0.0.1:0".into()),
+            core_url: None,
+            budget_ms: Some(budget_ms),
+            connect_timeout_ms: None,
+            journal: Some(journal.into()),
+            admin_listen: None,
+        },
+    };
+    (Daemon::start(source).await.expect("hub starts"), file)
+}
+
+async fn send(hub: &Daemon, telegram: &[u8]) -> relayhub::client::Answer {
+    let mut ch = connect(hub.addr, relayhub::frame::PrefixMode::Ascii).await;
+    exchange(&mut ch, telegram).await
+}
+
+/// A target with two URLs: the first refuses, so the POST fails over to the
+/// second (core B), which applies it and loses the answer (E901). Then core A
+/// comes up on the first URL. The resend must ask B, the URL that got the POST:
+/// A's "never received" would be no proof, and a new POST would pay twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inquiry_asks_the_url_that_got_the_post() {
+    let b = start_core().await;
+    let port_a = free_port();
+    let g = guid("URL7");
+    b.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .phase(Phase::AfterApply)
+            .close()
+            .times(1),
+    );
+    let toml = format!(
+        "[[target]]\nname = \"core\"\nurls = [\"http://127.0.0.1:{port_a}\", \"{}\"]\nbackoff_ms = 1\n",
+        b.url()
+    );
+    let (hub, _config) = hub_with_config(&toml, "memory", 2000).await;
+    let telegram = transfer(&g, 12_000);
+    assert_header_only(&send(&hub, &telegram).await, "TRF001", &g, "E901");
+    assert!(b.applied(&g), "core B applied the transfer");
+    let row = hub
+        .hub()
+        .journal()
+        .get(&g)
+        .await
+        .unwrap()
+        .expect("journaled");
+    assert_eq!(row.url.as_deref(), Some(b.url().as_str()), "{row:?}");
+
+    let a = start_core_on(port_a).await;
+    let resend = send(&hub, &telegram).await;
+    assert_eq!(
+        resend.code, "0000",
+        "answered from core B's record: {resend:?}"
+    );
+    assert_eq!(calls(&a, &g), (0, 0), "core A was never asked");
+    assert_eq!(calls(&b, &g), (1, 1), "one POST, one inquiry, both at B");
+}
+
+/// Journal writes stall (another process holds SQLite's write lock) while a
+/// transfer is unknown: the inquiry telegram and the resend are still answered
+/// within the budget, with the core's truth, and the journal catches up once
+/// the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_journal_does_not_hold_the_answer() {
+    const BUDGET: u64 = 800;
+    let core = start_core().await;
+    let dir = TempDir::new("stall");
+    let db = dir.join("journal.db");
+    let hub = HubSpec::new(&core.url())
+        .journal(db.to_string_lossy().to_string())
+        .budget_ms(BUDGET)
+        .start()
+        .await;
+    let g = guid("STL8");
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .phase(Phase::AfterApply)
+            .close()
+            .times(1),
+    );
+    let telegram = transfer(&g, 13_000);
+    assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E901");
+    hub.wait_state(&g, State::Unknown).await;
+
+    let lock = rusqlite::Connection::open(&db).expect("open the journal beside the hub");
+    lock.execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+
+    // The inquiry telegram reads the row and asks the core: its answer is the
+    // core's truth even though the journal cannot record it.
+    let started = Instant::now();
+    let asked = hub.send(&inquiry(&guid("Q8"), &g)).await;
+    let took = started.elapsed();
+    assert_eq!(asked.code, "0000", "the core's truth: {asked:?}");
+    assert!(
+        took < Duration::from_millis(BUDGET),
+        "inquiry answered after {took:?}, budget {BUDGET} ms"
+    );
+    // The resend cannot even be claimed while the journal is stuck: E903,
+    // nothing sent (a later resend is answered by inquiry), within the budget.
+    let started = Instant::now();
+    let resend = hub.send(&telegram).await;
+    let took = started.elapsed();
+    assert_header_only(&resend, "TRF001", &g, "E903");
+    assert!(
+        took < Duration::from_millis(BUDGET),
+        "resend answered after {took:?}, budget {BUDGET} ms"
+    );
+    assert_eq!(posts(&core, &g), 1);
+
+    lock.execute_batch("ROLLBACK").expect("release the lock");
+    let again = hub.send(&telegram).await;
+    assert_eq!(again.code, "0000", "{again:?}");
+    let row = hub.wait_state(&g, State::Done).await;
+    assert_eq!(row.code.as_deref(), Some("0000"));
+    assert_eq!(posts(&core, &g), 1);
+}
+
+/// The outcome of a POST cannot be written (the journal refuses the update):
+/// the channel still gets the truth, and the row left `sending` does not make
+/// every repeat wait out its budget. The repeat and an inquiry telegram settle
+/// it by asking the core, as a restart would; no second POST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_that_could_not_be_journaled_is_settled_by_inquiry() {
+    const BUDGET: u64 = 1500;
+    let core = start_core().await;
+    let dir = TempDir::new("orphan");
+    let db = dir.join("journal.db");
+    let hub = HubSpec::new(&core.url())
+        .journal(db.to_string_lossy().to_string())
+        .budget_ms(BUDGET)
+        .start()
+        .await;
+    let side = rusqlite::Connection::open(&db).expect("open the journal beside the hub");
+    side.execute_batch(
+        "CREATE TRIGGER refuse_outcomes BEFORE UPDATE OF state ON journal \
+         WHEN NEW.state <> 'sending' BEGIN SELECT RAISE(ABORT, 'outcome writes refused'); END;",
+    )
+    .expect("create the trigger");
+
+    let g = guid("ORF9");
+    let telegram = transfer(&g, 14_000);
+    let first = hub.send(&telegram).await;
+    assert_eq!(first.code, "0000", "{first:?}");
+    assert_eq!(
+        hub.row(&g).await.map(|r| r.state),
+        Some(State::Sending),
+        "the outcome was not journaled"
+    );
+
+    let started = Instant::now();
+    let repeat = hub.send(&telegram).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(BUDGET / 2),
+        "the repeat waited {:?}",
+        started.elapsed()
+    );
+    assert_eq!(repeat.code, "0000", "{repeat:?}");
+    assert_eq!(repeat.body, first.body, "the same txn_id, balance and time");
+    let asked = hub.send(&inquiry(&guid("Q9"), &g)).await;
+    assert_eq!(asked.code, "0000", "{asked:?}");
+    assert_eq!(calls(&core, &g), (1, 2), "one POST, then two inquiries");
+
+    side.execute_batch("DROP TRIGGER refuse_outcomes")
+        .expect("drop the trigger");
+    // The outcome lands (the hub's retry, or the next settlement).
+    let again = hub.send(&telegram).await;
+    assert_eq!(again.code, "0000");
+    let row = hub.wait_state(&g, State::Done).await;
+    assert_eq!(row.code.as_deref(), Some("0000"));
+    assert_eq!(posts(&core, &g), 1);
+}
+
+/// The network holds the POST while the hub is killed and restarted: the row
+/// found `sending` becomes unknown, and the core's "never received" right after
+/// the restart proves nothing (the POST is still on the wire): E901, not E904.
+/// Once the POST lands, the resend is answered 0000 from it. One POST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_received_while_the_post_is_on_the_wire_is_no_proof() {
+    let core = start_core().await;
+    let proxy = HoldingProxy::start(core.addr()).await;
+    proxy.hold_posts(Some(Duration::from_millis(1500)));
+    let dir = TempDir::new("wire");
+    let db = dir.join("journal.db");
+    let start = || {
+        let mut cmd = Command::new(relayhub_bin());
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--core-url",
+            &proxy.url(),
+        ])
+        .arg("--journal")
+        .arg(&db)
+        .args(["--budget-ms", "500"]);
+        try_start(&mut cmd).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let mut hub = start();
+    let g = guid("WIR13");
+    let telegram = transfer(&g, 15_000);
+    assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E901");
+    hub.sigkill();
+    proxy.hold_posts(None);
+
+    let hub = start();
+    let early = hub.send(&telegram).await;
+    assert_header_only(&early, "TRF001", &g, "E901");
+    assert_eq!(posts(&core, &g), 0, "the POST is still held by the network");
+
+    within(core.wait_applied(&g)).await;
+    let resend = hub.send(&telegram).await;
+    assert_eq!(resend.code, "0000", "{resend:?}\n{}", hub.stderr());
+    assert_eq!(posts(&core, &g), 1, "one POST in all");
+}
