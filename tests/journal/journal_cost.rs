@@ -12,8 +12,8 @@
 //! It still fails if any transfer is not 0000 or the fixture did not see
 //! exactly one POST per transfer.
 
-mod common;
-mod journal_support;
+use crate::common;
+use crate::journal_support;
 
 use std::time::{Duration, Instant};
 
