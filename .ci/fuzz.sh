@@ -6,7 +6,7 @@
 # fuzz build (every dependency instrumented) costs minutes that CI on 2 cores
 # cannot spare on top of installing cargo-fuzz. FUZZ_INSTALL=1 installs
 # cargo-fuzz when missing. Elsewhere it says so and exits 0: the property tests
-# (tests/prop_frame.rs, tests/prop_layout.rs) cover the same code in cargo test.
+# (tests/props/prop_frame.rs, tests/props/prop_layout.rs) cover the same code in cargo test.
 # See docs/fuzzing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

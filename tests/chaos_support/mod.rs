@@ -3,9 +3,9 @@
 //! it and start it again on the same file; a TCP proxy in front of the fixture that can refuse
 //! or drop connections on command; and a snapshot of the fixture's ledger.
 //!
-//! Include it after `mod common;`: it uses that module. Nothing here orders
-//! events with a sleep: waits are on ready lines, process exits, answers and
-//! the fixture's counters, each bounded.
+//! Declare it beside `mod common;` at the test binary's root: it uses that
+//! module. Nothing here orders events with a sleep: waits are on ready lines,
+//! process exits, answers and the fixture's counters, each bounded.
 
 #![allow(dead_code)] // each suite uses a different part of it
 

@@ -2,7 +2,7 @@
 //! journal (memory or a SQLite file) with a TOML of its own, and the real
 //! `relayhub` binary on a journal file, started so that a test can SIGKILL it.
 //!
-//! Include it after `mod common;`: it uses that module.
+//! Declare it beside `mod common;` at the test binary's root: it uses that module.
 
 #![allow(dead_code)] // each suite uses a different part of it
 

@@ -6,7 +6,7 @@
 //! `admin endpoints on HOST:PORT` on stdout; [`Hub::spawn`] waits for both.
 //! Waits are bounded by [`PATIENCE`]; nothing sleeps to order events.
 //!
-//! Include it after `mod common;`: it uses that module.
+//! Declare it beside `mod common;` at the test binary's root: it uses that module.
 
 #![allow(dead_code)] // each suite uses a different part of it
 

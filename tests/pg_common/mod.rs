@@ -1,4 +1,4 @@
-//! Shared setup for the shared-journal suites (`tests/pg_*.rs`): the test
+//! Shared setup for the shared-journal suites (`tests/pg/`): the test
 //! database from `RELAYHUB_TEST_PG` (set by `scripts/with-postgres.sh`), a
 //! fresh schema per test, a TCP proxy that plays "the database is down", real
 //! `relayhub` processes, and TRF001 telegrams.
@@ -9,7 +9,7 @@
 //! are on answers, the fixture's counters or ready lines, each bounded by
 //! [`PATIENCE`].
 //!
-//! Include it after `mod common;`: it builds on that module.
+//! Declare it beside `mod common;` at the test binary's root: it builds on that module.
 
 #![allow(dead_code)] // each suite uses a different part of it
 

@@ -5,8 +5,8 @@
 
 #![cfg(unix)]
 
-mod common;
-mod journal_support;
+use crate::common;
+use crate::journal_support;
 
 use std::os::unix::process::ExitStatusExt;
 

@@ -2,7 +2,7 @@
 //! (docs/protocol.md section 11), the business rejections B201-B203, E101, and the
 //! E500 family. Each test also counts the calls that reached the fixture.
 
-mod common;
+use crate::common;
 
 use common::*;
 use corebank::FaultRule;

@@ -2,7 +2,7 @@
 //! segments, pipelined telegrams answered in order, many telegrams per
 //! connection, the binary prefix, and a slow transfer not holding up others.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,8 +3,8 @@
 //! through `relayhub check` with the example config in place of
 //! `/etc/relayhub/relayhub.toml`. Real processes.
 
-mod common;
-mod ops_support;
+use crate::common;
+use crate::ops_support;
 
 use std::collections::BTreeMap;
 use std::process::Command;

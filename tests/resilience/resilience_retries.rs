@@ -4,8 +4,8 @@
 //! transfer that reached the core is never sent again; the core is told how
 //! much of the budget is left.
 
-mod common;
-mod resilience_support;
+use crate::common;
+use crate::resilience_support;
 
 use std::time::{Duration, Instant};
 

@@ -5,8 +5,8 @@
 //! Every test counts what reached the fixture: "no call" is `post == 0` and
 //! `get == 0` for that GUID, proven at the core, not inferred from the answer.
 
-mod common;
-mod journal_support;
+use crate::common;
+use crate::journal_support;
 
 use common::*;
 use corebank::{FaultMethod, FaultRule, Phase};

@@ -2,7 +2,7 @@
 //! body field, framing errors that close the connection, and the connection
 //! staying usable after any other E102. Nothing here may reach the fixture.
 
-mod common;
+use crate::common;
 
 use common::*;
 use relayhub::header::local_timestamp;

@@ -7,8 +7,8 @@
 //! the subject of the test, not a way to order events. Every other wait is on
 //! an answer, the fixture's counters or the journal's row.
 
-mod common;
-mod journal_support;
+use crate::common;
+use crate::journal_support;
 
 use std::time::Duration;
 

@@ -5,8 +5,8 @@
 //! A real process, so the counters are this run's alone (the recorder is
 //! process-wide).
 
-mod common;
-mod ops_support;
+use crate::common;
+use crate::ops_support;
 
 use common::{ACC2, ACC3, BANK, exchange, guid, start_core, transfer, trf, trf_fields};
 use corebank::FaultRule;

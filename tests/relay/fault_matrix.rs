@@ -21,8 +21,8 @@
 //! Colleagues' suites (`relay_*`, `journal_*`) cover many of these one way;
 //! this file is the one place that checks each fault both ways at once.
 
-mod chaos_support;
-mod common;
+use crate::chaos_support;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -7,8 +7,7 @@
 //! `RELAYHUB_TEST_PG` each test says on stderr that it is skipped and passes,
 //! or fails under `CI=true` (see `pg_common::test_db`).
 
-mod common;
-mod pg_common;
+use crate::pg_common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -4,8 +4,8 @@
 //! reloads routes, layouts and channels, and refuses a broken version while the
 //! old one keeps working. The fixture runs in-process.
 
-mod common;
-mod resilience_support;
+use crate::common;
+use crate::resilience_support;
 
 use std::path::Path;
 

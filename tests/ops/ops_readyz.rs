@@ -7,8 +7,7 @@
 //! (busy timeout, 5 s) until the test lets go. The hub logs the admin address
 //! when it binds, before it is ready, so the test finds it on stderr.
 
-mod common;
-mod ops_support;
+use crate::ops_support;
 
 use ops_support::{Hub, http_get};
 use serde_json::Value;

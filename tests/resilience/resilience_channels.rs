@@ -3,8 +3,8 @@
 //! code the channel may not use), the connection limit, and the two
 //! channel-side timeouts that close a connection without an answer.
 
-mod common;
-mod resilience_support;
+use crate::common;
+use crate::resilience_support;
 
 use std::time::{Duration, Instant};
 

@@ -2,8 +2,8 @@
 //! channel table are swapped as one unit; a broken version is refused with its
 //! reason and the old one stays; a telegram keeps the rules it started with.
 
-mod common;
-mod resilience_support;
+use crate::common;
+use crate::resilience_support;
 
 use common::*;
 use corebank::{FaultMethod, FaultRule};

@@ -2,7 +2,7 @@
 //! open connection gets E903 and the close (a malformed one still gets E102),
 //! while a telegram already in flight gets its real answer; nothing new is sent.
 
-mod common;
+use crate::common;
 
 use common::*;
 use corebank::{FaultRule, Phase};

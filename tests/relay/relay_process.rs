@@ -2,7 +2,7 @@
 //! on port 0, ready lines on stdout, `relayhub send` against them, the fixture's
 //! admin API over HTTP, and a clean exit 0 on SIGTERM.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! sections 1, 6 and 7): every E901 case reached the fixture exactly once, every
 //! E902 case never did, and the hub answers within its budget either way.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

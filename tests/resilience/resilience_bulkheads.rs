@@ -6,8 +6,8 @@
 //! Timing is asserted relatively (who is answered before whom), measured at
 //! the channel; the fixture's counters say how many calls were made.
 
-mod common;
-mod resilience_support;
+use crate::common;
+use crate::resilience_support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

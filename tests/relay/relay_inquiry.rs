@@ -2,7 +2,7 @@
 //! transfer's own 45-byte body, E904 for a GUID the core never received, E901
 //! while the core is still processing. An inquiry never posts.
 
-mod common;
+use crate::common;
 
 use common::*;
 use corebank::{FaultMethod, FaultRule, Phase};

@@ -4,8 +4,8 @@
 //! to their last four digits, and no full account number or memo anywhere.
 //! The human format masks the same way.
 
-mod common;
-mod ops_support;
+use crate::common;
+use crate::ops_support;
 
 use common::{ACC1, ACC2, MEMO, exchange, guid, start_core, transfer};
 use ops_support::Hub;

@@ -6,14 +6,14 @@
 //! A measurement, not a check of speed, so it is ignored by default:
 //!
 //! ```text
-//! cargo test --release --test journal_cost -- --ignored --nocapture
+//! cargo test --release --test journal journal_cost -- --ignored --nocapture
 //! ```
 //!
 //! It still fails if any transfer is not 0000 or the fixture did not see
 //! exactly one POST per transfer.
 
-mod common;
-mod journal_support;
+use crate::common;
+use crate::journal_support;
 
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,18 @@
+//! The journal suite, one test binary: what the GUID journal promises across
+//! repeats, resends and crashes, and what it costs (`journal_cost`, ignored by
+//! default).
+//!
+//! ```sh
+//! cargo test --test journal                                       # the whole suite
+//! cargo test --release --test journal journal_cost -- --ignored --nocapture
+//! ```
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../journal_support/mod.rs"]
+mod journal_support;
+
+mod journal_cost;
+mod journal_crash;
+mod journal_repeats;
+mod journal_resend;

@@ -1,0 +1,19 @@
+//! The resilience suite, one test binary: bulkheads, channels, retries
+//! (`resilience_*`), and the hub's lifecycle under reloads and signals
+//! (`lifecycle_*`).
+//!
+//! ```sh
+//! cargo test --test resilience                        # the whole suite
+//! cargo test --test resilience lifecycle_signals::    # one file's tests
+//! ```
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../resilience_support/mod.rs"]
+mod resilience_support;
+
+mod lifecycle_reload;
+mod lifecycle_signals;
+mod resilience_bulkheads;
+mod resilience_channels;
+mod resilience_retries;
