@@ -1,5 +1,5 @@
 //! The journal suite, one test binary: what the GUID journal promises across
-//! repeats, resends and crashes, and what it costs (`journal_cost`, ignored by
+//! repeats, resends and crashes, the one rule beside the hot path (`one_rule`), and what it costs (`journal_cost`, ignored by
 //! default).
 //!
 //! ```sh
@@ -16,3 +16,4 @@ mod journal_cost;
 mod journal_crash;
 mod journal_repeats;
 mod journal_resend;
+mod one_rule;

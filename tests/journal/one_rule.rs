@@ -6,8 +6,8 @@
 //! Waiting for a wire grace to pass is the subject of one test; every other
 //! wait is on an answer, the fixture's counters or the journal's row.
 
-mod common;
-mod journal_support;
+use crate::common;
+use crate::journal_support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
