@@ -285,7 +285,7 @@ async fn journal_commands_work_on_a_postgres_url() {
         .await
         .unwrap();
     assert_eq!(
-        j.claim(&g, "TRF001", "fp", "http://core", 1).await.unwrap(),
+        j.claim(&g, "TRF001", "fp", &core.url(), 1).await.unwrap(),
         Claim::New
     );
     let e901 = Finish {
