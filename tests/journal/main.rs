@@ -17,3 +17,4 @@ mod journal_crash;
 mod journal_repeats;
 mod journal_resend;
 mod one_rule;
+mod one_rule_model;
