@@ -506,4 +506,6 @@ fn the_model_catches_a_broken_judge() {
     let broken = |_: &AttemptFacts| Verdict::NeverReceived;
     let found = explore(broken, 10_000).expect_err("the broken judge must be caught");
     assert!(found.contains("POST"), "{found}");
+    // The shrunk history, for docs/design.md: `-- --nocapture` shows it.
+    println!("{found}");
 }
