@@ -27,9 +27,10 @@ pub const CONNECTIONS_REFUSED: &str = "relayhub_connections_refused_total";
 pub const JOURNAL_UNKNOWN: &str = "relayhub_journal_unknown";
 /// SIGHUP reloads, by `result` (`ok` or `refused`).
 pub const CONFIG_RELOADS: &str = "relayhub_config_reloads_total";
-/// Journal calls on the telegram path that failed or outlived the budget, by
-/// `stage` (`claim`: the transfer was not sent, E903; `outcome`: the answer
-/// was given but not recorded).
+/// Journal calls that failed or outlived the budget, by `stage`: `claim` (the
+/// transfer was not sent, E903), `outcome` (answered, not recorded yet: retried
+/// in the background), `settle` (an inquiry's answer not recorded), or
+/// `late_answer` (a late answer not recorded).
 pub const JOURNAL_ERRORS: &str = "relayhub_journal_errors_total";
 
 /// The `tx_code` label of a telegram whose tx code has no route (or whose
@@ -93,7 +94,7 @@ pub fn describe_all() {
     describe_counter!(
         JOURNAL_ERRORS,
         Unit::Count,
-        "Journal calls on the telegram path that failed or outlived the budget, by stage: claim (transfer not sent, E903) or outcome (answered but not recorded)."
+        "Journal calls that failed or outlived the budget, by stage: claim (transfer not sent, E903), outcome (answered, not recorded yet; retried), settle (an inquiry's answer not recorded) or late_answer."
     );
     metrics::gauge!(OPEN_CONNECTIONS).increment(0.0);
     metrics::gauge!(JOURNAL_UNKNOWN).increment(0.0);
