@@ -323,7 +323,7 @@ pub(super) async fn reconcile(hub: &Hub) -> Result<Vec<(String, Code)>, JournalE
     let mut report = Vec::with_capacity(rows.len());
     for row in rows {
         let Some(route) = rules.route(&row.tx_code) else {
-            warn!(guid = %row.guid, tx = %row.tx_code, "no route for this tx code any more; skipped");
+            info!(guid = %row.guid, tx = %row.tx_code, "not reconciled: no route for this tx code any more");
             continue;
         };
         let deadline = Deadline::new(Instant::now(), hub.budget);

@@ -242,3 +242,55 @@ async fn never_received_while_the_post_is_on_the_wire_is_no_proof() {
     assert_eq!(resend.code, "0000", "{resend:?}\n{}", hub.stderr());
     assert_eq!(posts(&core, &g), 1, "one POST in all");
 }
+
+/// A late answer that arrives after the row was settled (here by the resend's
+/// inquiry) is not journaled, and the log says so instead of claiming it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_answer_for_a_settled_row_says_it_was_not_journaled() {
+    let core = start_core().await;
+    let g = guid("LATE18");
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .phase(Phase::AfterApply)
+            .delay_ms(1_500)
+            .times(1),
+    );
+    let dir = TempDir::new("late");
+    let mut cmd = Command::new(relayhub_bin());
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--core-url",
+        &core.url(),
+    ])
+    .arg("--journal")
+    .arg(dir.join("journal.db"))
+    .args(["--budget-ms", "500"]);
+    let mut hub = try_start(&mut cmd).unwrap_or_else(|e| panic!("{e}"));
+    let telegram = transfer(&g, 16_000);
+    assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E901");
+    // The core applied it at once and holds its answer: the inquiry settles it.
+    let settled = hub.send(&telegram).await;
+    assert_eq!(settled.code, "0000", "{settled:?}");
+    // Then the held answer reaches the hub's late call.
+    let log = within(async {
+        loop {
+            let log = hub.stderr();
+            if log.contains("late answer journaled") || log.contains("late answer not journaled") {
+                return log;
+            }
+            // Nothing to wait on but the log file; the pause only avoids spinning.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        log.contains("late answer not journaled: the row had already been settled"),
+        "{log}"
+    );
+    assert!(!log.contains("late answer journaled"), "{log}");
+    assert_eq!(posts(&core, &g), 1);
+    hub.terminate();
+}
