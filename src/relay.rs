@@ -197,8 +197,9 @@ impl Hub {
                 "hub is draining".into(),
             );
         }
-        // On the span, so the one summary line carries them (masked).
-        tracing::Span::current().record("fields", masked(&fields).as_str());
+        // On the span, so the one summary line carries them (masked by the layout).
+        let logged = crate::layout::fields_text(&route.layout.masked_request(&fields));
+        tracing::Span::current().record("fields", logged.as_str());
         match route.operation {
             Operation::Transfer => {
                 self.transfer(&header, route, rules, fields, body, deadline)

@@ -325,10 +325,7 @@ impl Signals {
 fn load_layouts(
     dir: Option<&PathBuf>,
 ) -> Result<std::collections::BTreeMap<String, Layout>, String> {
-    match dir {
-        Some(d) => layout::load_dir(d).map_err(|e| e.to_string()),
-        None => Ok(layout::builtin()),
-    }
+    layout::with_dir(dir.map(PathBuf::as_path)).map_err(|e| e.to_string())
 }
 
 async fn send(args: SendArgs) -> Result<ExitCode, String> {
@@ -440,26 +437,63 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
     let names: Vec<String> = config.targets.iter().map(|t| t.name.clone()).collect();
     let rules = Rules::build(&config, &names)?;
     build_targets(&config).map_err(|e| e.to_string())?;
+    let s = &config.server;
     println!(
-        "config OK: budget {} ms, journal {}",
-        config.server.budget_ms, config.journal.path
+        "config OK: listen {}, prefix {}, budget {} ms, journal {}",
+        s.listen,
+        prefix_name(s.prefix),
+        s.budget_ms,
+        config.journal.path
     );
+    if let Some(admin) = &s.admin_listen {
+        println!("admin endpoints on {admin}");
+    }
     println!(
-        "{:<8} {:<10} {:<10} {:>8} {:>9}",
+        "{:<8} {:<10} {:<10} {:>8} {:>9}  LAYOUT",
         "TX", "OPERATION", "TARGET", "REQUEST", "RESPONSE"
     );
     for r in rules.routes() {
-        let op = match r.operation {
-            Operation::Transfer => "transfer",
-            Operation::Inquiry => "inquiry",
-        };
         println!(
-            "{:<8} {:<10} {:<10} {:>8} {:>9}",
+            "{:<8} {:<10} {:<10} {:>8} {:>9}  {} ({})",
             r.tx_code,
-            op,
+            operation_name(r.operation),
             names[r.target],
             r.layout.request_len(),
-            r.layout.response_len()
+            r.layout.response_len(),
+            r.layout.tx_code,
+            r.layout.source
+        );
+    }
+    // What the logs may show: everything not listed here is masked.
+    for layout in rules.layouts.values() {
+        let clear = layout.clear_fields();
+        println!(
+            "layout {} ({}): logs in clear: {}",
+            layout.tx_code,
+            layout.source,
+            if clear.is_empty() {
+                "nothing".to_string()
+            } else {
+                clear.join(", ")
+            }
+        );
+    }
+    if config.channels.is_empty() {
+        println!("channels: no table, every well-formed channel id may call");
+    }
+    for c in &config.channels {
+        let list = |v: &[String], all: &str| {
+            if v.is_empty() {
+                all.to_string()
+            } else {
+                v.join(", ")
+            }
+        };
+        println!(
+            "channel {}: from {}; tx codes {}",
+            c.id,
+            list(&c.allow_from, "any address"),
+            list(&c.tx_codes, "any routed")
         );
     }
     for t in &config.targets {
@@ -474,6 +508,20 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn operation_name(op: Operation) -> &'static str {
+    match op {
+        Operation::Transfer => "transfer",
+        Operation::Inquiry => "inquiry",
+    }
+}
+
+fn prefix_name(p: PrefixMode) -> &'static str {
+    match p {
+        PrefixMode::Ascii => "ascii",
+        PrefixMode::Binary => "binary",
+    }
 }
 
 async fn journal(args: JournalArgs) -> Result<ExitCode, String> {

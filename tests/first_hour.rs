@@ -1,0 +1,459 @@
+//! The first hour of an operator and a channel developer, with the real
+//! binaries: every step of the docs works, and none fails silently.
+//!
+//! - `check` and a SIGHUP reload refuse a layout that does not fit the core's
+//!   API (a misspelt response field, a missing request field), naming the
+//!   layout, the field and the fix; every shipped layout passes.
+//! - Masking is declared per field; a field that declares nothing is masked
+//!   unless it is a code, an amount or a date, and `check` lists what is clear.
+//!
+//! Waits are on ready lines, answers and log lines, each bounded by `PATIENCE`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::Instant;
+
+use common::*;
+use relayhub::client::build_telegram;
+use relayhub::header::local_timestamp;
+use relayhub::layout::Layout;
+use serde_json::json;
+
+fn repo(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+// ---- running the binaries ------------------------------------------------------
+
+/// What a finished command left.
+struct Out {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn all(&self) -> String {
+        format!(
+            "status {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.status.code(),
+            self.stdout,
+            self.stderr
+        )
+    }
+}
+
+/// Runs `bin args` in `dir` to its end (bounded by `PATIENCE`).
+fn run_in(dir: &Path, bin: &Path, args: &[&str]) -> Out {
+    let mut child = Command::new(bin)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let stdout = pipe(Box::new(child.stdout.take().unwrap()));
+    let stderr = pipe(Box::new(child.stderr.take().unwrap()));
+    let pid = child.id();
+    let status = wait_exit_within(child, PATIENCE).unwrap_or_else(|e| {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        panic!(
+            "{} {args:?} did not finish within {PATIENCE:?}: {e}",
+            bin.display()
+        )
+    });
+    Out {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
+
+fn relayhub(args: &[&str]) -> Out {
+    run_in(&std::env::temp_dir(), &relayhub_bin(), args)
+}
+
+/// `relayhub serve ARGS`, ready once it printed its listening line.
+fn serve(args: &[&str]) -> Proc {
+    let mut cmd = Command::new(relayhub_bin());
+    cmd.arg("serve").args(args).env("RUST_LOG", "info");
+    try_start(&mut cmd).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Waits (bounded) for a log line containing `needle` beyond the first `skip`
+/// such lines, and returns it.
+fn log_line(hub: &Proc, needle: &str, skip: usize) -> String {
+    let until = Instant::now() + PATIENCE;
+    loop {
+        let log = hub.stderr();
+        if let Some(line) = log.lines().filter(|l| l.contains(needle)).nth(skip) {
+            return line.to_string();
+        }
+        assert!(
+            Instant::now() < until,
+            "no log line with {needle:?} within {PATIENCE:?}; stderr:\n{log}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Sends SIGHUP and returns the hub's next line about a reload.
+fn reload(hub: &Proc) -> String {
+    let before = hub
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("reload"))
+        .count();
+    send_signal(hub.pid, "HUP");
+    log_line(hub, "reload", before)
+}
+
+fn write(dir: &TempDir, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write file");
+    path
+}
+
+fn target(url: &str) -> String {
+    format!("[[target]]\nname = \"core\"\nurls = [{url:?}]\n\n")
+}
+
+fn route(tx: &str, op: &str, layout: Option<&str>) -> String {
+    let layout = layout
+        .map(|l| format!("layout = {l:?}\n"))
+        .unwrap_or_default();
+    format!("[[route]]\ntx_code = {tx:?}\noperation = {op:?}\n{layout}\n")
+}
+
+// ---- layouts against the core's API ---------------------------------------------
+
+/// The deliberately wrong layouts, and what `check` must say about each: the
+/// layout, the field and the fix.
+const NOT_FITTING: &[(&str, &[&str])] = &[
+    (
+        "response_field_typo.json",
+        &[
+            "layout TRF001",
+            "response field `balnce`",
+            "did you mean `balance`?",
+        ],
+    ),
+    (
+        "missing_to_bank.json",
+        &[
+            "layout TRF001",
+            "no field `to_bank`",
+            r#"add { "name": "to_bank", "type": "N", "length": 3 }"#,
+        ],
+    ),
+    (
+        "missing_memo.json",
+        &[
+            "layout TRF001",
+            "no field `memo`",
+            r#"add { "name": "memo""#,
+        ],
+    ),
+    (
+        "missing_orig_guid.json",
+        &[
+            "layout INQ001",
+            "no field `orig_guid`",
+            r#"add { "name": "orig_guid", "type": "AN", "length": 32"#,
+        ],
+    ),
+    (
+        "amount_as_text.json",
+        &["layout TRF001", "`amount` is type AN", "\"type\": \"U\""],
+    ),
+];
+
+fn not_fitting_files() -> Vec<PathBuf> {
+    let dir = repo("layouts/invalid/core_api");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let names: Vec<String> = files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().to_string())
+        .collect();
+    let mut listed: Vec<String> = NOT_FITTING.iter().map(|(n, _)| n.to_string()).collect();
+    listed.sort();
+    assert_eq!(
+        names, listed,
+        "every file under layouts/invalid/core_api is tested"
+    );
+    files
+}
+
+fn expected_for(file: &Path) -> &'static [&'static str] {
+    let name = file.file_name().unwrap().to_string_lossy();
+    NOT_FITTING.iter().find(|(n, _)| *n == name).unwrap().1
+}
+
+#[test]
+fn check_accepts_every_shipped_layout() {
+    let dir = TempDir::new("fh-shipped");
+    let layouts = repo("layouts");
+    let cfg = write(
+        &dir,
+        "relayhub.toml",
+        &format!(
+            "[server]\nlayouts_dir = {:?}\n\n{}",
+            layouts.display().to_string(),
+            target("http://127.0.0.1:1")
+        ),
+    );
+    let out = relayhub(&["check", "--config", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", out.all());
+    for tx in ["TRF001", "INQ001"] {
+        let file = layouts.join(format!("{tx}.json")).display().to_string();
+        assert!(
+            out.stdout
+                .lines()
+                .any(|l| l.starts_with(tx) && l.contains(&file)),
+            "route {tx} with its layout file {file}:\n{}",
+            out.all()
+        );
+    }
+}
+
+#[test]
+fn check_refuses_layouts_that_do_not_fit_the_core() {
+    for file in not_fitting_files() {
+        let dir = TempDir::new("fh-badlayout");
+        let layouts = dir.join("layouts");
+        std::fs::create_dir(&layouts).unwrap();
+        std::fs::copy(&file, layouts.join("bad.json")).unwrap();
+        let cfg = write(
+            &dir,
+            "relayhub.toml",
+            &format!(
+                "[server]\nlayouts_dir = {:?}\n\n{}",
+                layouts.display().to_string(),
+                target("http://127.0.0.1:1")
+            ),
+        );
+        let out = relayhub(&["check", "--config", cfg.to_str().unwrap()]);
+        assert!(
+            !out.status.success(),
+            "{}: check passed\n{}",
+            file.display(),
+            out.all()
+        );
+        for want in expected_for(&file) {
+            assert!(
+                out.stderr.contains(want),
+                "{}: the message lacks {want:?}\n{}",
+                file.display(),
+                out.all()
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_refuses_layouts_that_do_not_fit_the_core() {
+    let core = start_core().await;
+    let dir = TempDir::new("fh-reloadlayout");
+    let layouts = dir.join("layouts");
+    std::fs::create_dir(&layouts).unwrap();
+    let cfg = write(
+        &dir,
+        "relayhub.toml",
+        &format!(
+            "[server]\nlayouts_dir = {:?}\n\n{}",
+            layouts.display().to_string(),
+            target(&core.url())
+        ),
+    );
+    let hub = serve(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        "memory",
+    ]);
+    for file in not_fitting_files() {
+        std::fs::copy(&file, layouts.join("bad.json")).unwrap();
+        let line = reload(&hub);
+        assert!(
+            line.contains("refused"),
+            "{}: reload accepted: {line}",
+            file.display()
+        );
+        for want in expected_for(&file) {
+            assert!(
+                line.contains(want),
+                "{}: {line} lacks {want:?}",
+                file.display()
+            );
+        }
+        std::fs::remove_file(layouts.join("bad.json")).unwrap();
+    }
+    // The shipped layouts stayed in force: a transfer is processed.
+    let g = guid("FHRL");
+    let a = hub.send(&transfer(&g, 1_000)).await;
+    assert_eq!(a.code, "0000", "{a:?}\n{}", hub.stderr());
+}
+
+// ---- masking ---------------------------------------------------------------------
+
+/// A transfer layout with two more fields, named as nobody foresaw, and no
+/// `log` key anywhere.
+const EXTENDED: &str = r#"{
+  "tx_code": "TRF002",
+  "request_length": 114,
+  "request": [
+    { "name": "from_account", "type": "AN", "length": 16 },
+    { "name": "to_bank", "type": "N", "length": 3 },
+    { "name": "to_account", "type": "AN", "length": 16 },
+    { "name": "amount", "type": "U", "length": 13 },
+    { "name": "memo", "type": "H", "length": 20 },
+    { "name": "from_acct_no", "type": "AN", "length": 16 },
+    { "name": "note", "type": "H", "length": 30 }
+  ],
+  "response_length": 45,
+  "response": [
+    { "name": "txn_id", "type": "AN", "length": 16 },
+    { "name": "processed_at", "type": "N", "length": 14 },
+    { "name": "balance", "type": "U", "length": 15 }
+  ]
+}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_that_declare_no_log_rule_are_masked() {
+    let core = start_core().await;
+    let dir = TempDir::new("fh-mask");
+    let layouts = dir.join("layouts");
+    std::fs::create_dir(&layouts).unwrap();
+    std::fs::write(layouts.join("TRF002.json"), EXTENDED).unwrap();
+    let cfg = write(
+        &dir,
+        "relayhub.toml",
+        &format!(
+            "[server]\nlayouts_dir = {:?}\n\n{}{}",
+            layouts.display().to_string(),
+            target(&core.url()),
+            route("TRF002", "transfer", None)
+        ),
+    );
+
+    // `check` lists, per layout, what it logs in clear.
+    let out = relayhub(&["check", "--config", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", out.all());
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.contains("TRF002") && l.contains("in clear"))
+        .unwrap_or_else(|| panic!("no clear-fields line for TRF002:\n{}", out.all()));
+    assert!(
+        line.contains("request.to_bank")
+            && line.contains("request.amount")
+            && !line.contains("from_acct_no")
+            && !line.contains("note")
+            && !line.contains("memo"),
+        "{line}"
+    );
+
+    let hub = serve(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        "memory",
+    ]);
+    let layout = Layout::from_json("TRF002.json", EXTENDED).unwrap();
+    let g = guid("FHMASK");
+    let fields = json!({
+        "from_account": ACC1, "to_bank": BANK, "to_account": ACC2, "amount": 1000,
+        "memo": "010-2345-6789", "from_acct_no": ACC5, "note": "call 010-9876-5432",
+    });
+    let telegram = build_telegram(
+        &layout,
+        &g,
+        CHANNEL,
+        &local_timestamp(),
+        fields.as_object().unwrap(),
+    )
+    .unwrap();
+    let a = hub.send(&telegram).await;
+    assert_eq!(a.code, "0000", "{a:?}");
+    let summary = log_line(&hub, &g, 0);
+    assert!(summary.contains("from_acct_no=*********4005"), "{summary}");
+    let log = hub.stderr();
+    for secret in [ACC1, ACC2, ACC5, "2345-6789", "9876-5432"] {
+        assert!(!log.contains(secret), "{secret} is in the log:\n{log}");
+    }
+}
+
+// ---- layouts_dir and check's report ------------------------------------
+
+#[test]
+fn layouts_dir_adds_to_the_built_in_layouts_and_check_shows_the_whole_setup() {
+    let dir = TempDir::new("fh-adds");
+    let layouts = dir.join("layouts");
+    std::fs::create_dir(&layouts).unwrap();
+    let shipped = std::fs::read_to_string(repo("layouts/TRF001.json")).unwrap();
+    let trf003 = layouts.join("TRF003.json");
+    std::fs::write(&trf003, shipped.replace("\"TRF001\"", "\"TRF003\"")).unwrap();
+    let cfg = write(
+        &dir,
+        "relayhub.toml",
+        &format!(
+            "[server]\nlayouts_dir = {:?}\nlisten = \"127.0.0.1:9333\"\nprefix = \"binary\"\n\n{}{}{}{}{}\
+             [[channel]]\nid = \"IBANK\"\nallow_from = [\"10.0.0.0/8\"]\ntx_codes = [\"TRF001\", \"INQ001\"]\n",
+            layouts.display().to_string(),
+            target("http://127.0.0.1:1"),
+            route("TRF001", "transfer", None),
+            route("TRF002", "transfer", Some("TRF001")),
+            route("TRF003", "transfer", None),
+            route("INQ001", "inquiry", None),
+        ),
+    );
+    let out = relayhub(&["check", "--config", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", out.all());
+    let routes: HashMap<&str, &str> = out
+        .stdout
+        .lines()
+        .filter_map(|l| Some((l.split_whitespace().next()?, l)))
+        .collect();
+    let trf003 = trf003.display().to_string();
+    for (tx, layout) in [
+        ("TRF001", "TRF001 (builtin TRF001.json)"),
+        ("TRF002", "TRF001 (builtin TRF001.json)"),
+        ("TRF003", &*format!("TRF003 ({trf003})")),
+        ("INQ001", "INQ001 (builtin INQ001.json)"),
+    ] {
+        let line = routes
+            .get(tx)
+            .unwrap_or_else(|| panic!("no route line for {tx}\n{}", out.all()));
+        assert!(line.contains(layout), "{tx}: {line} lacks {layout:?}");
+    }
+    for want in [
+        "listen 127.0.0.1:9333",
+        "prefix binary",
+        "channel IBANK",
+        "10.0.0.0/8",
+    ] {
+        assert!(out.stdout.contains(want), "lacks {want:?}\n{}", out.all());
+    }
+}
