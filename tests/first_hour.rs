@@ -6,6 +6,7 @@
 //!   layout, the field and the fix; every shipped layout passes.
 //! - Masking is declared per field; a field that declares nothing is masked
 //!   unless it is a code, an amount or a date, and `check` lists what is clear.
+//! - A reload names the changed keys that wait for a restart.
 //!
 //! Waits are on ready lines, answers and log lines, each bounded by `PATIENCE`.
 
@@ -403,6 +404,72 @@ async fn fields_that_declare_no_log_rule_are_masked() {
     for secret in [ACC1, ACC2, ACC5, "2345-6789", "9876-5432"] {
         assert!(!log.contains(secret), "{secret} is in the log:\n{log}");
     }
+}
+
+// ---- reload and restart-only keys ------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_names_the_changed_keys_that_wait_for_a_restart() {
+    let core = start_core().await;
+    let other = start_core().await;
+    let dir = TempDir::new("fh-restart");
+    let first = format!("[server]\nbudget_ms = 3000\n\n{}", target(&core.url()));
+    let cfg = write(&dir, "relayhub.toml", &first);
+    let hub = serve(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        "memory",
+    ]);
+
+    // Nothing changed: a plain ok.
+    let line = reload(&hub);
+    assert!(
+        !line.contains("refused") && !line.contains("restart"),
+        "{line}"
+    );
+
+    // Restart-only keys and a route: the route is in force, the keys wait.
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\nbudget_ms = 2000\nprefix = \"binary\"\n\n{}{}{}{}",
+            target(&other.url()),
+            route("TRF001", "transfer", None),
+            route("TRF002", "transfer", Some("TRF001")),
+            route("INQ001", "inquiry", None),
+        ),
+    )
+    .unwrap();
+    let line = reload(&hub);
+    assert!(!line.contains("refused"), "{line}");
+    for want in [
+        "wait for a restart",
+        "server.budget_ms (3000 -> 2000)",
+        "server.prefix (ascii -> binary)",
+        &format!(
+            "target.core.urls ([\"{}\"] -> [\"{}\"])",
+            core.url(),
+            other.url()
+        ),
+    ] {
+        assert!(line.contains(want), "{line} lacks {want:?}");
+    }
+    // What is in force: the new route, the old target and prefix.
+    let g = guid("FHRS");
+    let a = hub.send(&transfer_as_tx("TRF002", &g)).await;
+    assert_eq!(a.code, "0000", "{a:?}");
+    assert_eq!(posts(&core, &g), 1);
+    assert_eq!(posts(&other, &g), 0);
+}
+
+/// An own-bank transfer by the TRF001 layout, sent as tx code `tx`.
+fn transfer_as_tx(tx: &str, guid: &str) -> Vec<u8> {
+    let mut t = transfer(guid, 1_000);
+    t[..6].copy_from_slice(tx.as_bytes());
+    t
 }
 
 // ---- layouts_dir and check's report ------------------------------------
