@@ -7,6 +7,7 @@
 //! - Masking is declared per field; a field that declares nothing is masked
 //!   unless it is a code, an amount or a date, and `check` lists what is clear.
 //! - A reload names the changed keys that wait for a restart.
+//! - The core's own words on a 400 reach the log line and the journal row.
 //!
 //! Waits are on ready lines, answers and log lines, each bounded by `PATIENCE`.
 
@@ -19,6 +20,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::Instant;
 
 use common::*;
+use corebank::{FaultMethod, FaultRule};
 use relayhub::client::build_telegram;
 use relayhub::header::local_timestamp;
 use relayhub::layout::Layout;
@@ -470,6 +472,52 @@ fn transfer_as_tx(tx: &str, guid: &str) -> Vec<u8> {
     let mut t = transfer(guid, 1_000);
     t[..6].copy_from_slice(tx.as_bytes());
     t
+}
+
+// ---- the core's reason -------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_400_from_the_core_keeps_the_core_s_words() {
+    let core = start_core().await;
+    let dir = TempDir::new("fh-400");
+    let journal = dir.join("journal.db");
+    let hub = serve(&[
+        "--core-url",
+        &core.url(),
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        journal.to_str().unwrap(),
+    ]);
+    let g = guid("FH400");
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .status(400)
+            .body("{\"result\":\"BAD_REQUEST\",\n\"error\":\"to_bank 088 is closed today\"}"),
+    );
+    let a = hub.send(&transfer(&g, 1_000)).await;
+    assert_eq!(a.code, "E500", "{a:?}");
+    let summary = log_line(&hub, &g, 0);
+    assert!(
+        summary.contains("400") && summary.contains("to_bank 088 is closed today"),
+        "{summary}"
+    );
+    assert!(summary.contains("\\n"), "the newline is escaped: {summary}");
+
+    let out = relayhub(&[
+        "journal",
+        "--journal",
+        journal.to_str().unwrap(),
+        "show",
+        &g,
+    ]);
+    assert!(out.status.success(), "{}", out.all());
+    assert!(
+        out.stdout.contains("to_bank 088 is closed today"),
+        "{}",
+        out.all()
+    );
 }
 
 // ---- layouts_dir and check's report ------------------------------------
