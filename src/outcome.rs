@@ -163,6 +163,15 @@ impl CodeTable {
         self.business.get(result).copied()
     }
 
+    /// The business results that map to `code` (for explaining a B-code).
+    pub fn results_for(&self, code: Code) -> Vec<&str> {
+        self.business
+            .iter()
+            .filter(|(_, c)| **c == code)
+            .map(|(r, _)| r.as_str())
+            .collect()
+    }
+
     /// The standard code for an outcome.
     pub fn code(&self, outcome: &Outcome) -> Code {
         match outcome {

@@ -8,6 +8,8 @@
 //!   unless it is a code, an amount or a date, and `check` lists what is clear.
 //! - A reload names the changed keys that wait for a restart.
 //! - The core's own words on a 400 reach the log line and the journal row.
+//! - `send` checks what it can before sending, explains a mismatched prefix,
+//!   follows a config's routes and explains each code by operation.
 //!
 //! Waits are on ready lines, answers and log lines, each bounded by `PATIENCE`.
 
@@ -140,6 +142,12 @@ fn route(tx: &str, op: &str, layout: Option<&str>) -> String {
         .map(|l| format!("layout = {l:?}\n"))
         .unwrap_or_default();
     format!("[[route]]\ntx_code = {tx:?}\noperation = {op:?}\n{layout}\n")
+}
+
+fn trf_json(amount: u64) -> String {
+    json!({"from_account": ACC1, "to_bank": BANK, "to_account": ACC2,
+           "amount": amount, "memo": "rent"})
+    .to_string()
 }
 
 // ---- layouts against the core's API ---------------------------------------------
@@ -517,6 +525,224 @@ async fn a_400_from_the_core_keeps_the_core_s_words() {
         out.stdout.contains("to_bank 088 is closed today"),
         "{}",
         out.all()
+    );
+}
+
+// ---- send ---------------------------------------------------------------------------
+
+#[test]
+fn send_checks_what_it_can_before_sending() {
+    // Nothing listens on port 1: each refusal below comes before any connect.
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["--guid", "20261129SHORT"], &["--guid", "32"]),
+        (
+            &["--guid", "20261129IBANK000000000000000001!"],
+            &["--guid", "'!'", "byte 31"],
+        ),
+        (&["--channel", "TOOLONGID"], &["--channel", "8"]),
+        (
+            &[
+                "--json",
+                r#"{"from_account":"1002003004001","to_bank":"088","to_account":"1","amount":"12a"}"#,
+            ],
+            &["field `amount` at byte 99"],
+        ),
+        (
+            &["--json", r#"{"from_acount":"1002003004001"}"#],
+            &["`from_acount`", "layout TRF001", "from_account"],
+        ),
+        (
+            &[
+                "--json",
+                r#"{"from_account":"","to_bank":"088","to_account":"1","amount":1}"#,
+            ],
+            &["field `from_account` at byte 64", "required"],
+        ),
+    ];
+    for (args, wants) in cases {
+        let mut all = vec!["send", "--to", "127.0.0.1:1"];
+        all.extend_from_slice(args);
+        let out = relayhub(&all);
+        assert!(!out.status.success(), "{args:?}: accepted\n{}", out.all());
+        assert!(
+            !out.stderr.contains("cannot connect"),
+            "{args:?}: tried to send first\n{}",
+            out.all()
+        );
+        for want in *wants {
+            assert!(
+                out.stderr.contains(want),
+                "{args:?}: lacks {want:?}\n{}",
+                out.all()
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_explains_a_mismatched_prefix() {
+    let core = start_core().await;
+    let dir = TempDir::new("fh-prefix");
+    for (hub_prefix, send_prefix, wants) in [
+        (
+            "ascii",
+            "binary",
+            &[
+                "808465972 is ASCII '0064'",
+                "the hub speaks the ascii prefix",
+            ][..],
+        ),
+        (
+            "binary",
+            "ascii",
+            &["the hub speaks the binary prefix", "--prefix binary"][..],
+        ),
+    ] {
+        let cfg = write(
+            &dir,
+            &format!("{hub_prefix}.toml"),
+            &format!(
+                "[server]\nprefix = {hub_prefix:?}\n\n{}",
+                target(&core.url())
+            ),
+        );
+        let hub = serve(&[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--journal",
+            "memory",
+        ]);
+        let addr = hub.addr.to_string();
+        let out = relayhub(&[
+            "send",
+            "--to",
+            &addr,
+            "--prefix",
+            send_prefix,
+            "--json",
+            &trf_json(1_000),
+        ]);
+        assert!(!out.status.success(), "{}", out.all());
+        for want in wants {
+            assert!(
+                out.stderr.contains(want),
+                "hub {hub_prefix}, send {send_prefix}: lacks {want:?}\n{}",
+                out.all()
+            );
+        }
+    }
+    assert_eq!(core.stats().post, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reason_for_an_e102_is_on_the_hub_s_line_with_the_guid() {
+    let core = start_core().await;
+    let hub = serve(&[
+        "--core-url",
+        &core.url(),
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        "memory",
+    ]);
+    let g = guid("FHE102");
+    let mut t = transfer(&g, 1_000);
+    // amount (U 13) starts at byte 64 + 16 + 3 + 16 = 99.
+    t[101] = b'x';
+    let a = hub.send(&t).await;
+    assert_eq!(a.code, "E102");
+    let line = log_line(&hub, &g, 0);
+    assert!(
+        line.contains("E102") && line.contains("field `amount` at byte 101"),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_follows_a_config_s_routes_and_explains_codes_by_operation() {
+    let core = start_core().await;
+    let dir = TempDir::new("fh-sendcfg");
+    let cfg = write(
+        &dir,
+        "relayhub.toml",
+        &format!(
+            "{}{}{}{}",
+            target(&core.url()),
+            route("TRF001", "transfer", None),
+            route("TRF002", "transfer", Some("TRF001")),
+            route("INQ001", "inquiry", None),
+        ),
+    );
+    let hub = serve(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        "memory",
+    ]);
+    let addr = hub.addr.to_string();
+    let send = |args: &[&str]| {
+        let mut all = vec!["send", "--config", cfg.to_str().unwrap(), "--to", &addr];
+        all.extend_from_slice(args);
+        relayhub(&all)
+    };
+    let answer_line = |out: &Out| {
+        out.stdout
+            .lines()
+            .find(|l| l.starts_with("<<"))
+            .unwrap_or_else(|| panic!("no answer line\n{}", out.all()))
+            .to_string()
+    };
+
+    // TRF002 is an alias of TRF001's layout, known only from the config.
+    let g = guid("FHALIAS");
+    let out = send(&["--tx", "TRF002", "--guid", &g, "--json", &trf_json(1_000)]);
+    assert!(out.status.success(), "{}", out.all());
+    let transfer_line = answer_line(&out);
+    assert!(
+        transfer_line.contains("0000") && transfer_line.contains("money moved"),
+        "{transfer_line}"
+    );
+
+    // An inquiry's 0000 speaks of the transfer asked about.
+    let orig = json!({ "orig_guid": g }).to_string();
+    let out = send(&["--tx", "INQ001", "--json", &orig]);
+    assert!(out.status.success(), "{}", out.all());
+    let line = answer_line(&out);
+    assert!(
+        line.contains("0000") && line.contains("the original transfer was processed"),
+        "{line}"
+    );
+    assert_ne!(
+        line.split("0000").nth(1),
+        transfer_line.split("0000").nth(1),
+        "an inquiry's 0000 has a text of its own"
+    );
+
+    // Each B-code its own meaning, by the code table's business result.
+    let rejected = |json: String| {
+        let out = send(&["--json", &json]);
+        assert_eq!(out.status.code(), Some(2), "{}", out.all());
+        answer_line(&out)
+    };
+    let b201 = rejected(
+        json!({"from_account": ACC3, "to_bank": BANK, "to_account": ACC2, "amount": 600_000})
+            .to_string(),
+    );
+    let b202 = rejected(
+        json!({"from_account": ACC1, "to_bank": BANK, "to_account": UNKNOWN_ACC, "amount": 1})
+            .to_string(),
+    );
+    assert!(
+        b201.contains("B201") && b201.contains("INSUFFICIENT_FUNDS"),
+        "{b201}"
+    );
+    assert!(
+        b202.contains("B202") && b202.contains("ACCOUNT_NOT_FOUND"),
+        "{b202}"
     );
 }
 
