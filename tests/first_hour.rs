@@ -10,6 +10,8 @@
 //! - The core's own words on a 400 reach the log line and the journal row.
 //! - `send` checks what it can before sending, explains a mismatched prefix,
 //!   follows a config's routes and explains each code by operation.
+//! - The "First hour" walk-through of docs/operations.md, replayed command by
+//!   command from the doc itself.
 //!
 //! Waits are on ready lines, answers and log lines, each bounded by `PATIENCE`.
 
@@ -746,7 +748,7 @@ async fn send_follows_a_config_s_routes_and_explains_codes_by_operation() {
     );
 }
 
-// ---- layouts_dir and check's report ------------------------------------
+// ---- layouts_dir, check's report, the docs' paths ------------------------------------
 
 #[test]
 fn layouts_dir_adds_to_the_built_in_layouts_and_check_shows_the_whole_setup() {
@@ -797,4 +799,308 @@ fn layouts_dir_adds_to_the_built_in_layouts_and_check_shows_the_whole_setup() {
     ] {
         assert!(out.stdout.contains(want), "lacks {want:?}\n{}", out.all());
     }
+}
+
+#[test]
+fn the_docs_name_layout_files_that_exist() {
+    for doc in ["docs/operations.md", "README.md", "layouts/README.md"] {
+        let text = std::fs::read_to_string(repo(doc)).unwrap();
+        for piece in text.split('`').skip(1).step_by(2) {
+            if piece.starts_with("layouts/") && piece.ends_with(".json") {
+                assert!(
+                    repo(piece).is_file(),
+                    "{doc} names {piece}, which does not exist"
+                );
+            }
+        }
+    }
+}
+
+// ---- the walk-through of docs/operations.md ------------------------------------------
+
+/// The `sh` block of docs/operations.md's "First hour" section.
+fn walk_through() -> String {
+    let doc = std::fs::read_to_string(repo("docs/operations.md")).unwrap();
+    let start = doc
+        .find("\n## First hour\n")
+        .expect("docs/operations.md has a `## First hour` section");
+    let section = &doc[start + 1..];
+    let section = &section[..section[1..].find("\n## ").map_or(section.len(), |i| i + 1)];
+    let open = section.find("```sh\n").expect("a ```sh block") + "```sh\n".len();
+    let len = section[open..].find("```").expect("the block's end");
+    section[open..open + len].to_string()
+}
+
+/// Splits a command line into words the way `sh` does for the forms the
+/// walk-through uses (quotes, `\` escapes); a word starting with `#` begins
+/// the comment, returned apart.
+fn words(line: &str) -> (Vec<String>, String) {
+    let mut out = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '#' if word.is_none() => return (out, chars.collect::<String>().trim().to_string()),
+            ' ' | '\t' => {
+                if let Some(w) = word.take() {
+                    out.push(w);
+                }
+            }
+            '\'' => {
+                let w = word.get_or_insert_with(String::new);
+                for c in chars.by_ref() {
+                    if c == '\'' {
+                        break;
+                    }
+                    w.push(c);
+                }
+            }
+            '"' => {
+                let w = word.get_or_insert_with(String::new);
+                while let Some(c) = chars.next() {
+                    match c {
+                        '"' => break,
+                        '\\' => w.extend(chars.next()),
+                        c => w.push(c),
+                    }
+                }
+            }
+            '\\' => word.get_or_insert_with(String::new).extend(chars.next()),
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    out.extend(word);
+    (out, String::new())
+}
+
+/// The walk-through's state: its directory, processes and the addresses the
+/// doc's fixed ports stand for.
+struct Replay {
+    dir: TempDir,
+    ports: Vec<(String, String)>,
+    vars: HashMap<String, u32>,
+    procs: Vec<Proc>,
+    hub: Option<usize>,
+    last_pid: Option<u32>,
+}
+
+impl Replay {
+    fn subst(&self, text: &str) -> String {
+        self.ports
+            .iter()
+            .fold(text.to_string(), |t, (doc, real)| t.replace(doc, real))
+    }
+
+    fn proc_by_pid(&mut self, pid: u32) -> &mut Proc {
+        self.procs
+            .iter_mut()
+            .find(|p| p.pid == pid)
+            .expect("a process the walk-through started")
+    }
+
+    /// `corebank ... &` or `relayhub serve ... &`: started on a free port.
+    fn background(&mut self, argv: &[String]) {
+        let listen = argv
+            .iter()
+            .position(|w| w == "--listen")
+            .map(|i| argv[i + 1].clone())
+            .expect("a background command gives --listen");
+        let args: Vec<String> = argv[1..]
+            .iter()
+            .map(|w| {
+                if *w == listen {
+                    "127.0.0.1:0".into()
+                } else {
+                    self.subst(w)
+                }
+            })
+            .collect();
+        let bin = match argv[0].as_str() {
+            "corebank" => corebank_bin(),
+            "relayhub" => relayhub_bin(),
+            other => panic!("the walk-through starts {other} in the background"),
+        };
+        let mut cmd = Command::new(bin);
+        cmd.args(&args)
+            .current_dir(self.dir.join(""))
+            .env("RUST_LOG", "info");
+        let p = try_start(&mut cmd).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        self.ports.push((listen, p.addr.to_string()));
+        self.last_pid = Some(p.pid);
+        if argv[0] == "relayhub" {
+            self.hub = Some(self.procs.len());
+        }
+        self.procs.push(p);
+    }
+
+    fn kill(&mut self, argv: &[String], expect: &str) {
+        let (signal, targets) = match argv[1].strip_prefix('-') {
+            Some(sig) => (sig.to_string(), &argv[2..]),
+            None => ("TERM".to_string(), &argv[1..]),
+        };
+        let hub_log_before = self.hub.map(|i| self.procs[i].stderr().lines().count());
+        for t in targets {
+            let name = t.strip_prefix('$').expect("kill takes $VARIABLES");
+            let pid = self.vars[name];
+            if signal == "TERM" {
+                let status = self.proc_by_pid(pid).terminate();
+                assert!(status.success(), "kill {t}: exit {status:?}");
+            } else {
+                send_signal(pid, &signal);
+            }
+        }
+        if let Some(want) = expect.strip_prefix("log:") {
+            let hub = &self.procs[self.hub.expect("a hub runs")];
+            let before = hub_log_before.unwrap_or(0);
+            let until = Instant::now() + PATIENCE;
+            loop {
+                let log = hub.stderr();
+                if log.lines().skip(before).any(|l| l.contains(want.trim())) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < until,
+                    "{argv:?}: no log line with {want:?}; stderr:\n{log}"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    }
+
+    fn curl(&self, argv: &[String]) {
+        let (mut method, mut headers, mut body, mut url) = ("GET", Vec::new(), None, None);
+        let mut i = 1;
+        while i < argv.len() {
+            match argv[i].as_str() {
+                "-s" => {}
+                "-X" => {
+                    i += 1;
+                    method = argv[i].as_str();
+                }
+                "-H" => {
+                    i += 1;
+                    headers.push(argv[i].clone());
+                }
+                "-d" => {
+                    i += 1;
+                    body = Some(self.subst(&argv[i]));
+                }
+                u => url = Some(self.subst(u)),
+            }
+            i += 1;
+        }
+        let url = url.expect("curl names a URL");
+        let url = if url.starts_with("http") {
+            url
+        } else {
+            format!("http://{url}")
+        };
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(PATIENCE))
+            .build()
+            .new_agent();
+        let mut req = ureq::http::Request::builder().method(method).uri(&url);
+        for h in &headers {
+            let (k, v) = h.split_once(':').expect("-H 'Name: value'");
+            req = req.header(k.trim(), v.trim());
+        }
+        let req = req.body(body.unwrap_or_default()).unwrap();
+        let resp = agent.run(req).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        assert!(resp.status().is_success(), "{argv:?}: {}", resp.status());
+    }
+
+    fn relayhub(&self, argv: &[String], expect: &str) {
+        let args: Vec<String> = argv[1..].iter().map(|w| self.subst(w)).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run_in(&self.dir.join(""), &relayhub_bin(), &args);
+        // `send` exits 2 for any answer but 0000; the expectation says which.
+        let ok = out.status.success() || (args[0] == "send" && out.status.code() == Some(2));
+        assert!(ok, "{argv:?} failed\n{}", out.all());
+        // What was sent (`>>` lines) holds digits that would match anything.
+        let shown: String = format!("{}\n{}", out.stdout, out.stderr)
+            .lines()
+            .filter(|l| !l.starts_with(">>"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        if !expect.is_empty() {
+            assert!(
+                shown.contains(expect),
+                "{argv:?}: no {expect:?}\n{}",
+                out.all()
+            );
+        }
+        if args[0] == "send" && out.status.code() == Some(2) {
+            assert!(
+                expect.starts_with('E') || expect.starts_with('B'),
+                "{argv:?}: not 0000 although the doc expects {expect:?}\n{}",
+                out.all()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_first_hour_walk_through_replays_command_by_command() {
+    let block = walk_through();
+    let mut replay = Replay {
+        dir: TempDir::new("fh-walk"),
+        ports: Vec::new(),
+        vars: HashMap::new(),
+        procs: Vec::new(),
+        hub: None,
+        last_pid: None,
+    };
+    // Continuation lines joined; heredocs kept with their command.
+    let mut lines = block.lines().peekable();
+    let mut steps = 0;
+    while let Some(first) = lines.next() {
+        let mut line = first.to_string();
+        while line.ends_with('\\') {
+            line.pop();
+            line.push_str(lines.next().expect("a continued line"));
+        }
+        let (argv, comment) = words(&line);
+        if argv.is_empty() {
+            continue;
+        }
+        steps += 1;
+        let expect = comment.strip_prefix("->").unwrap_or("").trim().to_string();
+        match argv[0].as_str() {
+            "cat" => {
+                // cat > FILE <<'EOF' ... EOF
+                assert_eq!(
+                    (argv[1].as_str(), argv[3].as_str()),
+                    (">", "<<EOF"),
+                    "{line}"
+                );
+                let mut text = String::new();
+                for l in lines.by_ref() {
+                    if l == "EOF" {
+                        break;
+                    }
+                    text.push_str(l);
+                    text.push('\n');
+                }
+                std::fs::write(replay.dir.join(&argv[2]), replay.subst(&text)).unwrap();
+            }
+            _ if argv.last().is_some_and(|w| w == "&") => {
+                replay.background(&argv[..argv.len() - 1]);
+            }
+            v if v.ends_with("=$!") => {
+                let name = v.trim_end_matches("=$!").to_string();
+                replay
+                    .vars
+                    .insert(name, replay.last_pid.expect("a background process"));
+            }
+            "kill" => replay.kill(&argv, &expect),
+            "curl" => replay.curl(&argv),
+            "relayhub" => replay.relayhub(&argv, &expect),
+            other => {
+                panic!("the walk-through runs {other:?}, which this test does not replay: {line}")
+            }
+        }
+    }
+    assert!(steps >= 15, "the walk-through has only {steps} commands");
+    assert!(replay.hub.is_some(), "the walk-through starts a hub");
 }
