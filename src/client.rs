@@ -108,9 +108,12 @@ impl Channel {
                 Ok(Some(t)) => return Ok(Some(t.to_vec())),
                 Ok(None) => {}
                 Err(e) => {
-                    // A bad byte is reported at once; the whole prefix says more.
+                    // A bad byte is reported at once; the whole prefix says more
+                    // (the rest of an answer follows at once, or never).
+                    let wait = std::time::Duration::from_millis(500);
                     while self.buf.len() < PREFIX_LEN {
-                        if !matches!(self.stream.read_buf(&mut self.buf).await, Ok(n) if n > 0) {
+                        let more = tokio::time::timeout(wait, self.stream.read_buf(&mut self.buf));
+                        if !matches!(more.await, Ok(Ok(n)) if n > 0) {
                             break;
                         }
                     }
