@@ -1,15 +1,22 @@
 //! A channel's side of the wire: build a telegram from JSON by a layout, send it,
 //! read the answer and decode it. Used by `relayhub send`, `relayhub bench` and
 //! the end-to-end tests.
+//!
+//! For a channel developer it also says what the hub would refuse before
+//! anything is sent ([`check_request`]), why an answer's length prefix cannot be
+//! read ([`prefix_hint`]: the hub speaks the other prefix) and what a code means
+//! for the operation that got it ([`explain`]).
 
 use bytes::BytesMut;
 use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::frame::{FrameCodec, PrefixMode};
-use crate::header::HEADER_LEN;
+use crate::config::Operation;
+use crate::frame::{FrameCodec, PREFIX_LEN, PrefixMode};
+use crate::header::{HEADER_LEN, parse_header};
 use crate::layout::{FieldError, Layout, decode_fields, encode_fields};
+use crate::outcome::{Code, CodeTable};
 
 /// Builds a request telegram: header (blank resp_code) + body by the layout.
 pub fn build_telegram(
@@ -101,9 +108,21 @@ impl Channel {
                 Ok(Some(t)) => return Ok(Some(t.to_vec())),
                 Ok(None) => {}
                 Err(e) => {
+                    // A bad byte is reported at once; the whole prefix says more
+                    // (the rest of an answer follows at once, or never).
+                    let wait = std::time::Duration::from_millis(500);
+                    while self.buf.len() < PREFIX_LEN {
+                        let more = tokio::time::timeout(wait, self.stream.read_buf(&mut self.buf));
+                        if !matches!(more.await, Ok(Ok(n)) if n > 0) {
+                            break;
+                        }
+                    }
+                    let hint = prefix_hint(self.codec.mode, &self.buf)
+                        .map(|h| format!("; {h}"))
+                        .unwrap_or_default();
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::InvalidData,
-                        e.to_string(),
+                        format!("answer's length prefix: {e}{hint}"),
                     ));
                 }
             }
@@ -142,4 +161,230 @@ pub fn new_guid(prefix: &str) -> String {
         g.push('0');
     }
     g
+}
+
+/// Why an answer's prefix cannot be read in `mode`, when the hub speaks the
+/// other prefix: four ASCII digits read as a binary length (`0064` is
+/// 808465972), or a binary length that is not ASCII digits.
+pub fn prefix_hint(mode: PrefixMode, buffered: &[u8]) -> Option<String> {
+    let prefix: [u8; PREFIX_LEN] = buffered.get(..PREFIX_LEN)?.try_into().ok()?;
+    let as_binary = u32::from_be_bytes(prefix);
+    let digits = prefix.iter().all(u8::is_ascii_digit);
+    match mode {
+        PrefixMode::Binary if digits => Some(format!(
+            "{as_binary} is ASCII '{}': the hub speaks the ascii prefix (use --prefix ascii)",
+            String::from_utf8_lossy(&prefix)
+        )),
+        PrefixMode::Ascii if !digits && (1..=9999).contains(&as_binary) => Some(format!(
+            "bytes {:02x} {:02x} {:02x} {:02x} are not ASCII digits, but read as a binary length they are {as_binary}: the hub speaks the binary prefix (use --prefix binary)",
+            prefix[0], prefix[1], prefix[2], prefix[3]
+        )),
+        _ => None,
+    }
+}
+
+/// `[0-9A-Za-z_-]{32}` (header bytes 6-37); the reason names the character
+/// and its position.
+pub fn check_guid(guid: &str) -> Result<(), String> {
+    let n = guid.chars().count();
+    if n != 32 {
+        return Err(format!(
+            "{guid:?} is {n} characters; a GUID is 32 of [0-9A-Za-z_-]"
+        ));
+    }
+    match guid
+        .char_indices()
+        .find(|&(_, c)| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+    {
+        Some((i, c)) => Err(format!(
+            "{guid:?}: '{c}' at byte {i} is not one of [0-9A-Za-z_-]"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// 1-8 printable ASCII characters, no spaces (header bytes 38-45).
+pub fn check_channel_id(id: &str) -> Result<(), String> {
+    let n = id.chars().count();
+    if n == 0 || n > 8 {
+        return Err(format!("{id:?} is {n} characters; a channel id is 1-8"));
+    }
+    match id.chars().find(|c| !('!'..='~').contains(c)) {
+        Some(c) => Err(format!(
+            "{id:?}: {c:?} is not printable ASCII without spaces"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Builds a request telegram and checks it as the hub would (header, then body
+/// by the layout), so a telegram the hub would answer E102 is refused here
+/// with the field and its byte offset. Keys the layout does not name are
+/// refused too: a misspelt key would otherwise be sent blank.
+pub fn check_request(
+    layout: &Layout,
+    operation: Option<Operation>,
+    guid: &str,
+    channel_id: &str,
+    sent_at: &str,
+    fields: &Map<String, Value>,
+) -> Result<Vec<u8>, String> {
+    check_guid(guid).map_err(|e| format!("guid {e}"))?;
+    check_channel_id(channel_id).map_err(|e| format!("channel id {e}"))?;
+    if let Some(k) = fields
+        .keys()
+        .find(|k| !layout.request.iter().any(|f| f.name == **k))
+    {
+        let names: Vec<&str> = layout.request.iter().map(|f| f.name.as_str()).collect();
+        return Err(format!(
+            "field `{k}` is not in layout {} (its request fields: {})",
+            layout.tx_code,
+            names.join(", ")
+        ));
+    }
+    let telegram =
+        build_telegram(layout, guid, channel_id, sent_at, fields).map_err(|e| e.to_string())?;
+    parse_header(&telegram).map_err(|e| e.to_string())?;
+    let body = layout
+        .decode_request(&telegram[HEADER_LEN..], HEADER_LEN)
+        .map_err(|e| e.to_string())?;
+    if operation == Some(Operation::Inquiry) {
+        let orig = body.get("orig_guid").and_then(Value::as_str).unwrap_or("");
+        check_guid(orig).map_err(|e| format!("field `orig_guid` at byte {HEADER_LEN}: {e}"))?;
+    }
+    Ok(telegram)
+}
+
+/// What `code` tells the channel that sent a telegram of `operation` (`None`:
+/// a tx code without a route). B-codes are named by their business result from
+/// the code table.
+pub fn explain(code: &str, operation: Option<Operation>, codes: &CodeTable) -> String {
+    let Some(c) = Code::parse(code) else {
+        return "unreadable code".into();
+    };
+    let results = codes.results_for(c).join(" or ");
+    let inquiry = operation == Some(Operation::Inquiry);
+    match code.as_bytes() {
+        b"0000" if inquiry => {
+            "the original transfer was processed (its money moved); the body is its result".into()
+        }
+        [b'B', ..] if inquiry => format!(
+            "the original transfer was rejected by the core: {}; no money moved",
+            or_unnamed(&results)
+        ),
+        [b'B', ..] => format!(
+            "rejected by the core: {}; no money moved (a resend replays this answer)",
+            or_unnamed(&results)
+        ),
+        b"E901" if inquiry => {
+            "the original transfer's outcome is still unknown (the core is processing it or could not be asked); ask again later".into()
+        }
+        b"E500" if inquiry => {
+            "the core says the original transfer ended with a result the hub cannot map; ask the core team".into()
+        }
+        b"E102" => format!(
+            "{}; the hub's log line for this GUID says which field and byte",
+            c.meaning()
+        ),
+        _ => c.meaning().into(),
+    }
+}
+
+fn or_unnamed(results: &str) -> &str {
+    if results.is_empty() {
+        "a result the code table does not name"
+    } else {
+        results
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::builtin;
+
+    #[test]
+    fn prefix_hints_name_the_prefix_the_hub_speaks() {
+        let h = prefix_hint(PrefixMode::Binary, b"0064TRF001").unwrap();
+        assert!(
+            h.starts_with("808465972 is ASCII '0064': the hub speaks the ascii prefix"),
+            "{h}"
+        );
+        let h = prefix_hint(PrefixMode::Ascii, &[0, 0, 0, 0x40, b'T']).unwrap();
+        assert!(
+            h.contains("are 64: the hub speaks the binary prefix"),
+            "{h}"
+        );
+        assert_eq!(prefix_hint(PrefixMode::Ascii, b"0064"), None);
+        assert_eq!(prefix_hint(PrefixMode::Ascii, b"ABCD"), None);
+        assert_eq!(prefix_hint(PrefixMode::Binary, &[0, 0, 0, 0x40]), None);
+        assert_eq!(prefix_hint(PrefixMode::Binary, b"00"), None);
+    }
+
+    #[test]
+    fn requests_are_checked_as_the_hub_would() {
+        let l = builtin();
+        let trf = &l["TRF001"];
+        let ok: Map<String, Value> = serde_json::from_str(
+            r#"{"from_account":"1002003004001","to_bank":"088","to_account":"1002003004002","amount":5}"#,
+        )
+        .unwrap();
+        let g = "20261129IBANK000000000000000001A";
+        let t = check_request(
+            trf,
+            Some(Operation::Transfer),
+            g,
+            "IBANK",
+            "20261129132000",
+            &ok,
+        );
+        assert_eq!(t.unwrap().len(), 64 + 68);
+        let e = |guid: &str, ch: &str, sent_at: &str, f: &Map<String, Value>| {
+            check_request(trf, Some(Operation::Transfer), guid, ch, sent_at, f).unwrap_err()
+        };
+        assert!(e("SHORT", "IBANK", "20261129132000", &ok).contains("5 characters"));
+        assert!(e(&format!("{}!", &g[..31]), "IBANK", "20261129132000", &ok).contains("byte 31"));
+        assert!(e(g, "I BANK", "20261129132000", &ok).contains("channel id"));
+        assert!(
+            e(g, "IBANK", "20261399132000", &ok).contains("header field `sent_at`"),
+            "{}",
+            e(g, "IBANK", "20261399132000", &ok)
+        );
+        let mut typo = ok.clone();
+        typo.insert("memmo".into(), Value::from("x"));
+        assert!(e(g, "IBANK", "20261129132000", &typo).contains("`memmo` is not in layout TRF001"));
+        let mut zero = ok.clone();
+        zero.insert("amount".into(), Value::from(0));
+        assert!(e(g, "IBANK", "20261129132000", &zero).contains("field `amount` at byte 99"));
+        let inq: Map<String, Value> =
+            serde_json::from_str(r#"{"orig_guid":"not a guid"}"#).unwrap();
+        let err = check_request(
+            &l["INQ001"],
+            Some(Operation::Inquiry),
+            g,
+            "IBANK",
+            "20261129132000",
+            &inq,
+        )
+        .unwrap_err();
+        assert!(err.contains("field `orig_guid` at byte 64"), "{err}");
+    }
+
+    #[test]
+    fn codes_are_explained_by_operation_and_business_result() {
+        let t = CodeTable::builtin();
+        let (trf, inq) = (Some(Operation::Transfer), Some(Operation::Inquiry));
+        assert!(explain("0000", trf, &t).contains("money moved"));
+        assert!(explain("0000", inq, &t).starts_with("the original transfer was processed"));
+        assert!(explain("B201", trf, &t).contains("INSUFFICIENT_FUNDS"));
+        assert!(explain("B202", trf, &t).contains("ACCOUNT_NOT_FOUND"));
+        assert!(
+            explain("B203", inq, &t)
+                .contains("original transfer was rejected by the core: LIMIT_EXCEEDED")
+        );
+        assert!(explain("B299", trf, &t).contains("does not name"));
+        assert!(explain("E102", trf, &t).contains("log line for this GUID"));
+        assert_eq!(explain("E902", None, &t), Code::NOT_SENT.meaning());
+        assert_eq!(explain("????", None, &t), "unreadable code");
+    }
 }

@@ -78,7 +78,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Telegrams one connection may have in flight (pipelined) at once.
     pub max_in_flight_per_connection: usize,
-    /// Folder of layout files; the shipped layouts are built in when absent.
+    /// Folder of layout files, added to the built-in ones (a file with a
+    /// built-in tx code replaces that layout).
     pub layouts_dir: Option<PathBuf>,
     /// The business-result -> standard-code table; the shipped one when absent.
     pub codes_file: Option<PathBuf>,

@@ -89,6 +89,8 @@ pub struct Daemon {
     pub admin_addr: Option<SocketAddr>,
     hub: Arc<Hub>,
     source: Source,
+    /// The config the hub started with: what restart-only keys are set to.
+    started: Config,
     target_names: Vec<String>,
     shutdown: Option<oneshot::Sender<()>>,
     server: JoinHandle<()>,
@@ -164,6 +166,7 @@ impl Daemon {
             admin_addr,
             hub,
             source,
+            started: config,
             target_names,
             shutdown: Some(tx),
             server,
@@ -177,26 +180,33 @@ impl Daemon {
 
     /// Re-reads routes, layouts, channels and the code table and swaps them in
     /// as one unit; an invalid new version is refused and the old one stays.
-    /// Targets are fixed at start-up.
-    pub fn reload(&self) -> Result<(), String> {
+    /// Everything else (listeners, prefix, budget, targets, journal, logging) is
+    /// fixed at start-up: the changed keys of that kind are returned, and
+    /// logged, with their running and new values.
+    pub fn reload(&self) -> Result<Reloaded, String> {
         let result = self
             .source
             .load()
             .map_err(|e| e.to_string())
             .and_then(|config| {
-                let names: Vec<String> = config.targets.iter().map(|t| t.name.clone()).collect();
-                if names != self.target_names {
-                    warn!("reload: targets changed; target changes take effect at the next start");
-                }
-                Rules::build(&config, &self.target_names)
+                let rules = Rules::build(&config, &self.target_names)?;
+                Ok((rules, restart_only_changes(&self.started, &config)))
             });
         match result {
-            Ok(rules) => {
+            Ok((rules, restart_pending)) => {
                 self.hub.set_rules(rules);
                 metrics::counter!(crate::metric_names::CONFIG_RELOADS, "result" => "ok")
                     .increment(1);
-                info!("reload: new routes, layouts, channels and codes in force");
-                Ok(())
+                let reloaded = Reloaded { restart_pending };
+                if reloaded.restart_pending.is_empty() {
+                    info!("reload: new routes, layouts, channels and codes in force");
+                } else {
+                    warn!(
+                        "reload: new routes, layouts, channels and codes in force; {}",
+                        reloaded
+                    );
+                }
+                Ok(reloaded)
             }
             Err(e) => {
                 metrics::counter!(crate::metric_names::CONFIG_RELOADS, "result" => "refused")
@@ -227,6 +237,123 @@ impl Drop for Daemon {
             task.abort();
         }
     }
+}
+
+/// What a reload that took left for a restart.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Changed keys that only a restart applies; empty when there are none.
+    pub restart_pending: Vec<PendingKey>,
+}
+
+impl std::fmt::Display for Reloaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.restart_pending.len();
+        if n == 0 {
+            return f.write_str("nothing waits for a restart");
+        }
+        write!(
+            f,
+            "{n} changed key{} wait for a restart: ",
+            if n == 1 { "" } else { "s" }
+        )?;
+        for (i, k) in self.restart_pending.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{k}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One restart-only key whose value in the file differs from the running one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingKey {
+    /// Dotted, targets by name: `server.budget_ms`, `target.core.urls`.
+    pub key: String,
+    /// The value in force (`unset` when the key is absent).
+    pub running: String,
+    /// The value in the file.
+    pub file: String,
+}
+
+impl std::fmt::Display for PendingKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({} -> {})", self.key, self.running, self.file)
+    }
+}
+
+/// The keys a reload applies; every other key waits for a restart.
+const RELOADABLE: [&str; 4] = [
+    "route",
+    "channel",
+    "server.layouts_dir",
+    "server.codes_file",
+];
+
+/// Restart-only keys that differ between the running config and a new one.
+/// Credentials are named, never shown.
+pub fn restart_only_changes(running: &Config, file: &Config) -> Vec<PendingKey> {
+    let (a, b) = (flat(running), flat(file));
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter(|k| {
+            !RELOADABLE
+                .iter()
+                .any(|r| *k == r || k.starts_with(&format!("{r}.")))
+        })
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| {
+            let show = |v: Option<&String>| match v {
+                None => "unset".to_string(),
+                Some(_) if k.contains(".auth.") => "hidden".to_string(),
+                Some(v) => v.clone(),
+            };
+            PendingKey {
+                key: k.clone(),
+                running: show(a.get(k)),
+                file: show(b.get(k)),
+            }
+        })
+        .collect()
+}
+
+/// A config as dotted keys -> values; `[[target]]` entries keyed by name.
+fn flat(config: &Config) -> std::collections::BTreeMap<String, String> {
+    fn walk(prefix: &str, v: &toml::Value, out: &mut std::collections::BTreeMap<String, String>) {
+        match v {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    walk(&format!("{prefix}.{k}"), v, out);
+                }
+            }
+            toml::Value::String(s) => {
+                out.insert(prefix.to_string(), s.clone());
+            }
+            other => {
+                out.insert(prefix.to_string(), other.to_string());
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(toml::Value::Table(top)) = toml::Value::try_from(config) else {
+        return out;
+    };
+    for (name, v) in &top {
+        match v {
+            toml::Value::Array(items) if name == "target" => {
+                for t in items {
+                    let id = t.get("name").and_then(toml::Value::as_str).unwrap_or("?");
+                    walk(&format!("target.{id}"), t, &mut out);
+                }
+            }
+            // Routes and channels are reloaded as a whole.
+            toml::Value::Array(_) => {}
+            v => walk(name, v, &mut out),
+        }
+    }
+    out
 }
 
 fn bind(addr: &str) -> Result<tokio::net::TcpListener, StartError> {
@@ -283,5 +410,68 @@ async fn housekeeping(hub: Arc<Hub>, retention_hours: u64) {
                 Err(e) => warn!(%e, "journal prune failed"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> Config {
+        let mut c = Config::from_toml("t.toml", text).unwrap();
+        c.apply(&Overrides::default());
+        c
+    }
+
+    #[test]
+    fn restart_only_keys_are_named_with_both_values() {
+        let a = cfg(
+            "[server]\nbudget_ms = 3000\n[[target]]\nname = \"core\"\nurls = [\"http://a:1\"]\nauth = { bearer = \"old\" }\n",
+        );
+        let b = cfg(
+            "[server]\nbudget_ms = 2000\nlayouts_dir = \"/x\"\n[journal]\nmax_resends = 5\n\
+             [[target]]\nname = \"core\"\nurls = [\"http://b:1\"]\nauth = { bearer = \"new\" }\n\
+             [[route]]\ntx_code = \"TRF009\"\noperation = \"transfer\"\n\
+             [[channel]]\nid = \"IBANK\"\n",
+        );
+        let changes: Vec<String> = restart_only_changes(&a, &b)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            changes,
+            [
+                "journal.max_resends (3 -> 5)",
+                "server.budget_ms (3000 -> 2000)",
+                "target.core.auth.bearer (hidden -> hidden)",
+                "target.core.urls ([\"http://a:1\"] -> [\"http://b:1\"])",
+            ]
+        );
+        assert!(restart_only_changes(&a, &a).is_empty());
+        let r = Reloaded {
+            restart_pending: restart_only_changes(&a, &b),
+        };
+        assert!(
+            r.to_string()
+                .starts_with("4 changed keys wait for a restart: journal.")
+        );
+    }
+
+    #[test]
+    fn an_added_target_or_an_unset_key_is_named() {
+        let a = cfg("[[target]]\nname = \"core\"\nurls = [\"http://a:1\"]\n");
+        let b = cfg(
+            "[server]\nadmin_listen = \"127.0.0.1:9101\"\n[[target]]\nname = \"core\"\nurls = [\"http://a:1\"]\n\
+             [[target]]\nname = \"ledger\"\nurls = [\"http://c:1\"]\n",
+        );
+        let keys: Vec<String> = restart_only_changes(&a, &b)
+            .into_iter()
+            .map(|k| format!("{} {} {}", k.key, k.running, k.file))
+            .collect();
+        assert!(
+            keys.contains(&"server.admin_listen unset 127.0.0.1:9101".to_string())
+                && keys.contains(&"target.ledger.name unset ledger".to_string()),
+            "{keys:?}"
+        );
     }
 }

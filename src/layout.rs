@@ -6,15 +6,19 @@
 //! telegram at run time. The conversion itself lives in the private `field` module,
 //! re-exported here.
 //!
-//! - [`Layout::from_json`], [`load_dir`], [`builtin`]: load and validate.
+//! - [`Layout::from_json`], [`load_dir`], [`builtin`], [`with_dir`]: load and validate.
 //! - [`decode_fields`], [`encode_fields`]: one body <-> one JSON object.
+//! - [`Layout::masked_request`]: the request fields as a log line may show them,
+//!   each by the `log` rule its layout declares (module `masking`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 mod field;
+mod masking;
 
 pub use field::{decode_fields, encode_fields};
+pub use masking::{LogRule, fields_text, mask_account};
 
 /// The four field types of section 4.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -53,10 +57,26 @@ pub struct Field {
     /// Largest value allowed (`U` only).
     #[serde(default)]
     pub max: Option<u64>,
+    /// How the field's value appears in the logs; `None` is the safe default of
+    /// its type ([`Field::log_rule`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<LogRule>,
+}
+
+impl Field {
+    /// The log rule in force: the declared one, else the default of the type
+    /// (codes, amounts and dates, `N` and `U`, in clear; text, `AN` and `H`, masked).
+    pub fn log_rule(&self) -> LogRule {
+        self.log.unwrap_or(match self.kind {
+            FieldType::N | FieldType::U => LogRule::Clear,
+            FieldType::AN | FieldType::H => LogRule::Mask,
+        })
+    }
 }
 
 /// A validated layout: the request and response bodies of one transaction code.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Two layouts are equal when they convert the same way, wherever they came from.
+#[derive(Debug, Clone)]
 pub struct Layout {
     /// `[A-Z0-9]{6}`, the header's `tx_code`.
     pub tx_code: String,
@@ -66,7 +86,27 @@ pub struct Layout {
     pub request: Vec<Field>,
     /// Response body fields (sent on `0000` only), in byte order.
     pub response: Vec<Field>,
+    /// Where it was loaded from: a path, or `builtin TRF001.json` (for messages).
+    pub source: String,
 }
+
+impl PartialEq for Layout {
+    fn eq(&self, other: &Layout) -> bool {
+        (
+            &self.tx_code,
+            &self.description,
+            &self.request,
+            &self.response,
+        ) == (
+            &other.tx_code,
+            &other.description,
+            &other.request,
+            &other.response,
+        )
+    }
+}
+
+impl Eq for Layout {}
 
 /// Why a layout could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +177,7 @@ impl Layout {
             description: raw.description,
             request: raw.request,
             response: raw.response,
+            source: file.to_owned(),
         })
     }
 
@@ -302,6 +343,16 @@ const BUILTIN: [(&str, &str); 2] = [
         include_str!("../layouts/INQ001.json"),
     ),
 ];
+
+/// The built-in layouts with those of `dir` added: a file in `dir` with the tx
+/// code of a built-in layout replaces it. What `layouts_dir` gives the hub.
+pub fn with_dir(dir: Option<&Path>) -> Result<BTreeMap<String, Layout>, LayoutError> {
+    let mut layouts = builtin();
+    if let Some(dir) = dir {
+        layouts.extend(load_dir(dir)?);
+    }
+    Ok(layouts)
+}
 
 /// The shipped layouts (TRF001, INQ001), compiled in so the hub runs from any
 /// directory without `--config`.

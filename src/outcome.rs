@@ -163,6 +163,15 @@ impl CodeTable {
         self.business.get(result).copied()
     }
 
+    /// The business results that map to `code` (for explaining a B-code).
+    pub fn results_for(&self, code: Code) -> Vec<&str> {
+        self.business
+            .iter()
+            .filter(|(_, c)| **c == code)
+            .map(|(r, _)| r.as_str())
+            .collect()
+    }
+
     /// The standard code for an outcome.
     pub fn code(&self, outcome: &Outcome) -> Code {
         match outcome {
@@ -209,7 +218,7 @@ pub fn classify_transfer(status: u16, body: &[u8], table: &CodeTable) -> Outcome
         401 | 403 => Outcome::TargetError(format!(
             "{status}: the core refused the hub's credentials (configuration problem)"
         )),
-        _ => Outcome::TargetError(format!("status {status}")),
+        _ => Outcome::TargetError(format!("status {status}{}", core_says(body))),
     }
 }
 
@@ -238,8 +247,37 @@ pub fn classify_inquiry(status: u16, body: &[u8], table: &CodeTable) -> Outcome 
         // Only the core's own NOT_FOUND says "never received": a proxy's 404 for
         // a wrong path must not make a channel resend a transfer that happened.
         404 if m.as_ref().and_then(result_of) == Some("NOT_FOUND") => Outcome::NeverReceived,
-        _ => Outcome::Unknown(format!("inquiry answered {status}")),
+        _ => Outcome::Unknown(format!("inquiry answered {status}{}", core_says(body))),
     }
+}
+
+/// The most of the core's own text a reason keeps.
+pub const CORE_TEXT_MAX: usize = 200;
+
+/// `, the core said: TEXT` with the core's body, or nothing for an empty one.
+/// At most [`CORE_TEXT_MAX`] characters, control characters escaped, so it
+/// fits on one log line and in the journal's `last_error`.
+fn core_says(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    if text.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(", the core said: ");
+    for (n, c) in text.chars().enumerate() {
+        if n == CORE_TEXT_MAX {
+            out.push_str("...");
+            break;
+        }
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Whether an inquiry answer is worth another try within the budget.
@@ -316,6 +354,40 @@ mod tests {
         assert_eq!(c(404, "Not Found"), Code::UNKNOWN);
         assert_eq!(c(503, ""), Code::UNKNOWN);
         assert_eq!(c(200, "garbage"), Code::UNKNOWN);
+    }
+
+    #[test]
+    fn the_core_s_text_is_kept_bounded_and_on_one_line() {
+        let o = classify_transfer(
+            400,
+            b"{\"result\":\"BAD_REQUEST\",\"error\":\"missing field to_bank\"}\r\n",
+            &t(),
+        );
+        assert_eq!(
+            o,
+            Outcome::TargetError(
+                "status 400, the core said: {\"result\":\"BAD_REQUEST\",\"error\":\"missing field to_bank\"}".into()
+            )
+        );
+        let long = format!("line one\nline two\u{1b}[31m{}", "x".repeat(500));
+        let Outcome::TargetError(r) = classify_transfer(503, long.as_bytes(), &t()) else {
+            panic!("503 is a target error");
+        };
+        assert!(r.contains("line one\\nline two\\u{1b}[31m"), "{r}");
+        assert!(!r.chars().any(char::is_control), "{r}");
+        assert!(
+            r.ends_with("...") && r.len() < 260,
+            "{} chars: {r}",
+            r.len()
+        );
+        assert_eq!(
+            classify_transfer(500, b"", &t()),
+            Outcome::TargetError("status 500".into())
+        );
+        assert_eq!(
+            classify_inquiry(503, b"busy", &t()),
+            Outcome::Unknown("inquiry answered 503, the core said: busy".into())
+        );
     }
 
     #[test]

@@ -4,14 +4,20 @@
 //! A telegram takes one `Arc<Rules>` when it starts and uses it to the end, so a
 //! reload (SIGHUP) swaps the whole set at once or, when the new set is invalid,
 //! not at all.
+//!
+//! Each route's layout is checked against the core API its operation calls
+//! ([`core_api`]), so a layout the core cannot work with is refused here rather
+//! than answered E500 or E901 telegram after telegram.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::config::{Cidr, Config, Operation};
-use crate::layout::{self, FieldType, Layout};
+use crate::layout::{self, Layout};
 use crate::outcome::CodeTable;
+
+pub mod core_api;
 
 /// A tx code's route.
 #[derive(Debug, Clone)]
@@ -61,10 +67,9 @@ impl Rules {
     /// Builds and checks the rules; `target_names` are the hub's targets in order.
     /// The error names the file or key and the reason.
     pub fn build(cfg: &Config, target_names: &[String]) -> Result<Rules, String> {
-        let layouts = match &cfg.server.layouts_dir {
-            Some(dir) => layout::load_dir(dir).map_err(|e| e.to_string())?,
-            None => layout::builtin(),
-        };
+        // The folder adds to the built-in layouts (and replaces one by tx code).
+        let layouts =
+            layout::with_dir(cfg.server.layouts_dir.as_deref()).map_err(|e| e.to_string())?;
         let layouts: BTreeMap<String, Arc<Layout>> =
             layouts.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
         let codes = match &cfg.server.codes_file {
@@ -88,8 +93,9 @@ impl Rules {
                     )
                 })?
                 .clone();
-            check_layout_fits(r.operation, &layout)
-                .map_err(|reason| format!("{key}: layout {layout_name}: {reason}"))?;
+            core_api::check(r.operation, &layout).map_err(|reason| {
+                format!("{key}: layout {layout_name} ({}): {reason}", layout.source)
+            })?;
             routes.insert(
                 r.tx_code.clone(),
                 Route {
@@ -166,32 +172,4 @@ impl Rules {
         }
         Ok(())
     }
-}
-
-/// A transfer or inquiry route needs the fields its core call is built from.
-fn check_layout_fits(op: Operation, layout: &Layout) -> Result<(), String> {
-    if op == Operation::Transfer {
-        // The hub adds these two keys from the header to the core's JSON body.
-        if let Some(f) = layout
-            .request
-            .iter()
-            .find(|f| f.name == "guid" || f.name == "channel_id")
-        {
-            return Err(format!(
-                "request field `{}` clashes with the key the hub takes from the header",
-                f.name
-            ));
-        }
-    }
-    if op == Operation::Inquiry {
-        let f = layout
-            .request
-            .iter()
-            .find(|f| f.name == "orig_guid")
-            .ok_or("an inquiry layout needs a request field `orig_guid`")?;
-        if f.kind != FieldType::AN || f.length != 32 {
-            return Err("`orig_guid` must be AN 32".into());
-        }
-    }
-    Ok(())
 }

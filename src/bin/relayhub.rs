@@ -6,13 +6,15 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::{Map, Value};
 
-use relayhub::client::{Answer, Channel, build_telegram, new_guid};
+use relayhub::client::{
+    Answer, Channel, check_channel_id, check_guid, check_request, explain, new_guid,
+};
 use relayhub::config::{Config, LogFormat, Operation, Overrides};
 use relayhub::daemon::{Daemon, Source, build_targets, open_journal};
 use relayhub::frame::PrefixMode;
 use relayhub::header::local_timestamp;
 use relayhub::journal::State;
-use relayhub::layout::{self, Layout};
+use relayhub::layout::Layout;
 use relayhub::outcome::Code;
 use relayhub::rules::Rules;
 
@@ -178,10 +180,11 @@ impl From<StateArg> for State {
 
 #[derive(Args)]
 struct SendArgs {
-    /// The hub's telegram address.
-    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9100")]
-    to: String,
-    /// Tx code; its layout builds the body.
+    /// The hub's telegram address [default: the config's listen address, else
+    /// 127.0.0.1:9100].
+    #[arg(long, value_name = "HOST:PORT")]
+    to: Option<String>,
+    /// Tx code; its route's layout builds the body.
     #[arg(long, value_name = "CODE", default_value = "TRF001")]
     tx: String,
     /// Body fields as a JSON object, e.g. '{"from_account":"1002003004001",...}';
@@ -201,10 +204,16 @@ struct SendArgs {
     /// Send the same telegram (same GUID) this many times: shows the replay.
     #[arg(long, default_value_t = 1)]
     repeat: u32,
-    /// Length prefix: `ascii` (4 digits) or `binary` (u32 big-endian).
-    #[arg(long, value_enum, default_value = "ascii")]
-    prefix: PrefixArg,
-    /// Folder of layout files; the shipped layouts when absent.
+    /// Length prefix: `ascii` (4 digits) or `binary` (u32 big-endian)
+    /// [default: the config's prefix, else ascii].
+    #[arg(long, value_enum)]
+    prefix: Option<PrefixArg>,
+    /// The hub's config file: its routes (tx code aliases included), layouts,
+    /// code table, listen address and prefix are used.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Folder of layout files, added to the built-in ones (overrides the
+    /// config's layouts_dir).
     #[arg(long, value_name = "DIR")]
     layouts_dir: Option<PathBuf>,
 }
@@ -370,20 +379,52 @@ impl Signals {
     }
 }
 
-fn load_layouts(
-    dir: Option<&PathBuf>,
-) -> Result<std::collections::BTreeMap<String, Layout>, String> {
-    match dir {
-        Some(d) => layout::load_dir(d).map_err(|e| e.to_string()),
-        None => Ok(layout::builtin()),
+/// What `send` needs of a hub's config: routes, layouts, codes, address, prefix.
+struct SendRules {
+    rules: Rules,
+    listen: String,
+    prefix: PrefixMode,
+}
+
+/// The config of `--config` (or the built-in one), read as the hub would.
+fn send_rules(args: &SendArgs) -> Result<SendRules, String> {
+    let mut config = match &args.config {
+        Some(path) => Config::from_file(path).map_err(|e| e.to_string())?,
+        None => Config::default(),
+    };
+    if args.layouts_dir.is_some() {
+        config.server.layouts_dir = args.layouts_dir.clone();
     }
+    config.apply(&Overrides::default());
+    // The targets do not matter here, only which routes name them.
+    let mut names: Vec<String> = config.targets.iter().map(|t| t.name.clone()).collect();
+    if !names.iter().any(|n| n == relayhub::config::DEFAULT_TARGET) {
+        names.push(relayhub::config::DEFAULT_TARGET.into());
+    }
+    let rules = Rules::build(&config, &names)?;
+    Ok(SendRules {
+        rules,
+        listen: config.server.listen,
+        prefix: config.server.prefix,
+    })
+}
+
+/// One telegram to send, before it is checked.
+struct Item {
+    /// Where it comes from (`--json`, `FILE line N`), for messages.
+    what: String,
+    tx: String,
+    guid: String,
+    channel: String,
+    fields: Map<String, Value>,
 }
 
 async fn send(args: SendArgs) -> Result<ExitCode, String> {
-    let prefix = PrefixMode::from(args.prefix);
-    let layouts = load_layouts(args.layouts_dir.as_ref())?;
-    // Each item: (tx, guid, channel, fields).
-    let mut items: Vec<(String, String, String, Map<String, Value>)> = Vec::new();
+    let setup = send_rules(&args)?;
+    let prefix = args.prefix.map(PrefixMode::from).unwrap_or(setup.prefix);
+    let to = args.to.clone().unwrap_or_else(|| setup.listen.clone());
+    let rules = &setup.rules;
+    let mut items: Vec<Item> = Vec::new();
     let parse_obj = |text: &str, what: &str| -> Result<Map<String, Value>, String> {
         match serde_json::from_str::<Value>(text) {
             Ok(Value::Object(m)) => Ok(m),
@@ -398,46 +439,90 @@ async fn send(args: SendArgs) -> Result<ExitCode, String> {
             .enumerate()
             .filter(|(_, l)| !l.trim().is_empty())
         {
-            let mut m = parse_obj(line, &format!("{} line {}", path.display(), n + 1))?;
+            let what = format!("{} line {}", path.display(), n + 1);
+            let mut m = parse_obj(line, &what)?;
             let take = |m: &mut Map<String, Value>, k: &str| {
                 m.remove(k).and_then(|v| v.as_str().map(str::to_string))
             };
             let tx = take(&mut m, "tx").unwrap_or_else(|| args.tx.clone());
             let guid = take(&mut m, "guid").unwrap_or_else(|| new_guid("CLI"));
             let channel = take(&mut m, "channel").unwrap_or_else(|| args.channel.clone());
-            items.push((tx, guid, channel, m));
+            items.push(Item {
+                what,
+                tx,
+                guid,
+                channel,
+                fields: m,
+            });
         }
     } else {
         let m = parse_obj(args.json.as_deref().unwrap_or("{}"), "--json")?;
         let guid = args.guid.clone().unwrap_or_else(|| new_guid("CLI"));
-        items.push((args.tx.clone(), guid, args.channel.clone(), m));
+        items.push(Item {
+            what: "--json".into(),
+            tx: args.tx.clone(),
+            guid,
+            channel: args.channel.clone(),
+            fields: m,
+        });
     }
-    let mut channel = Channel::connect(&args.to, prefix)
+    // Everything is checked before anything is sent: what the hub would
+    // answer E102 is refused here, with the field and its byte offset.
+    let mut telegrams = Vec::with_capacity(items.len());
+    for Item {
+        what,
+        tx,
+        guid,
+        channel: ch,
+        fields,
+    } in items
+    {
+        let (layout, operation) = match rules.route(&tx) {
+            Some(r) => (r.layout.clone(), Some(r.operation)),
+            None => match rules.layouts.get(&tx) {
+                // A layout without a route: the hub will answer E101.
+                Some(l) => (l.clone(), None),
+                None => {
+                    let routed: Vec<&str> =
+                        rules.routes().iter().map(|r| r.tx_code.as_str()).collect();
+                    return Err(format!(
+                        "{what}: tx code {tx} has no route and no layout (routes: {}; give --config for a hub's own routes)",
+                        routed.join(", ")
+                    ));
+                }
+            },
+        };
+        let refused = |e: String| format!("{what}: {e}; nothing sent");
+        if args.file.is_none() {
+            // Name the flag at fault.
+            check_guid(&guid).map_err(|e| format!("--guid {e}; nothing sent"))?;
+            check_channel_id(&ch).map_err(|e| format!("--channel {e}; nothing sent"))?;
+        }
+        let telegram = check_request(&layout, operation, &guid, &ch, &local_timestamp(), &fields)
+            .map_err(refused)?;
+        telegrams.push((telegram, layout, operation));
+    }
+    let mut channel = Channel::connect(&to, prefix)
         .await
-        .map_err(|e| format!("cannot connect to {}: {e}", args.to))?;
+        .map_err(|e| format!("cannot connect to {to}: {e}"))?;
     let mut all_ok = true;
-    for (tx, guid, ch, fields) in items {
-        let layout = layouts
-            .get(&tx)
-            .ok_or_else(|| format!("no layout for tx code {tx}"))?;
-        let telegram = build_telegram(layout, &guid, &ch, &local_timestamp(), &fields)
-            .map_err(|e| e.to_string())?;
+    for (telegram, layout, operation) in &telegrams {
         for _ in 0..args.repeat.max(1) {
-            println!(">> {}", escape_wire(&telegram));
-            let answer = match channel.exchange(&telegram).await {
+            println!(">> {}", escape_wire(telegram));
+            let answer = match channel.exchange(telegram).await {
                 Ok(a) => a,
                 Err(e) => {
                     // The hub closed the connection (e.g. after E102 on framing):
                     // reconnect for the next telegram.
                     eprintln!("relayhub: {e}");
-                    channel = Channel::connect(&args.to, prefix)
+                    channel = Channel::connect(&to, prefix)
                         .await
-                        .map_err(|e| format!("cannot reconnect to {}: {e}", args.to))?;
+                        .map_err(|e| format!("cannot reconnect to {to}: {e}"))?;
                     all_ok = false;
                     continue;
                 }
             };
-            print_answer(&answer, layout);
+            print_answer(&answer, layout, *operation, &rules.codes);
             all_ok &= answer.code == "0000";
         }
     }
@@ -462,13 +547,20 @@ fn escape_wire(bytes: &[u8]) -> String {
     out
 }
 
-fn print_answer(answer: &Answer, layout: &Layout) {
-    let meaning = Code::parse(&answer.code)
-        .map(|c| c.meaning())
-        .unwrap_or("unreadable code");
+fn print_answer(
+    answer: &Answer,
+    layout: &Layout,
+    operation: Option<Operation>,
+    codes: &relayhub::outcome::CodeTable,
+) {
     println!(
         "<< {} {} {} {}  {}  {}",
-        answer.tx_code, answer.guid, answer.channel_id, answer.sent_at, answer.code, meaning
+        answer.tx_code,
+        answer.guid,
+        answer.channel_id,
+        answer.sent_at,
+        answer.code,
+        explain(&answer.code, operation, codes)
     );
     if answer.code == "0000" {
         match answer.fields(layout) {
@@ -484,26 +576,63 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
     let names: Vec<String> = config.targets.iter().map(|t| t.name.clone()).collect();
     let rules = Rules::build(&config, &names)?;
     build_targets(&config).map_err(|e| e.to_string())?;
+    let s = &config.server;
     println!(
-        "config OK: budget {} ms, journal {}",
-        config.server.budget_ms, config.journal.path
+        "config OK: listen {}, prefix {}, budget {} ms, journal {}",
+        s.listen,
+        prefix_name(s.prefix),
+        s.budget_ms,
+        config.journal.path
     );
+    if let Some(admin) = &s.admin_listen {
+        println!("admin endpoints on {admin}");
+    }
     println!(
-        "{:<8} {:<10} {:<10} {:>8} {:>9}",
+        "{:<8} {:<10} {:<10} {:>8} {:>9}  LAYOUT",
         "TX", "OPERATION", "TARGET", "REQUEST", "RESPONSE"
     );
     for r in rules.routes() {
-        let op = match r.operation {
-            Operation::Transfer => "transfer",
-            Operation::Inquiry => "inquiry",
-        };
         println!(
-            "{:<8} {:<10} {:<10} {:>8} {:>9}",
+            "{:<8} {:<10} {:<10} {:>8} {:>9}  {} ({})",
             r.tx_code,
-            op,
+            operation_name(r.operation),
             names[r.target],
             r.layout.request_len(),
-            r.layout.response_len()
+            r.layout.response_len(),
+            r.layout.tx_code,
+            r.layout.source
+        );
+    }
+    // What the logs may show: everything not listed here is masked.
+    for layout in rules.layouts.values() {
+        let clear = layout.clear_fields();
+        println!(
+            "layout {} ({}): logs in clear: {}",
+            layout.tx_code,
+            layout.source,
+            if clear.is_empty() {
+                "nothing".to_string()
+            } else {
+                clear.join(", ")
+            }
+        );
+    }
+    if config.channels.is_empty() {
+        println!("channels: no table, every well-formed channel id may call");
+    }
+    for c in &config.channels {
+        let list = |v: &[String], all: &str| {
+            if v.is_empty() {
+                all.to_string()
+            } else {
+                v.join(", ")
+            }
+        };
+        println!(
+            "channel {}: from {}; tx codes {}",
+            c.id,
+            list(&c.allow_from, "any address"),
+            list(&c.tx_codes, "any routed")
         );
     }
     for t in &config.targets {
@@ -518,6 +647,20 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn operation_name(op: Operation) -> &'static str {
+    match op {
+        Operation::Transfer => "transfer",
+        Operation::Inquiry => "inquiry",
+    }
+}
+
+fn prefix_name(p: PrefixMode) -> &'static str {
+    match p {
+        PrefixMode::Ascii => "ascii",
+        PrefixMode::Binary => "binary",
+    }
 }
 
 async fn journal(args: JournalArgs) -> Result<ExitCode, String> {

@@ -30,6 +30,7 @@ fn field(name: &str, kind: FieldType, length: usize) -> Field {
         required: false,
         min: None,
         max: None,
+        log: None,
     }
 }
 
@@ -175,6 +176,8 @@ fn shipped_layouts_load_and_equal_builtin() {
 }
 
 /// Every file under `layouts/invalid/` must fail, for the reason its name gives.
+/// (`layouts/invalid/core_api/` holds well-formed layouts that do not fit the
+/// core's API: the rules refuse those, see `tests/first_hour.rs`.)
 #[test]
 fn invalid_layouts_fail_with_a_specific_reason() {
     let expected: &[(&str, &str)] = &[
@@ -233,6 +236,9 @@ fn invalid_layouts_fail_with_a_specific_reason() {
     let mut seen = Vec::new();
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
+        if path.is_dir() {
+            continue;
+        }
         let name = path.file_name().unwrap().to_str().unwrap().to_owned();
         let want = expected
             .iter()

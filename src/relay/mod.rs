@@ -17,13 +17,14 @@
 //!   proves, inquiries after E901, late answers, reconcile;
 //! * `flights`: single flight of a GUID inside this process;
 //! * `bounded`: journal calls raced against the telegram's deadline;
-//! * `reply`: replies, and the journal state and words an outcome leaves;
-//! * `log_fields`: what the summary line shows of the request fields.
+//! * `reply`: replies, and the journal state and words an outcome leaves.
+//!
+//! What the summary line shows of the request fields is the layout's business
+//! (`Layout::masked_request`): each field is masked as its layout declares.
 
 mod bounded;
 mod flights;
 mod inquiry;
-mod log_fields;
 mod reply;
 mod settle;
 mod transfer;
@@ -36,7 +37,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{Instrument, info, info_span};
 
-pub use log_fields::{mask_account, masked};
+pub use crate::layout::mask_account;
 pub use reply::Reply;
 pub use settle::{AttemptFacts, Verdict, judge_never_received};
 pub use transfer::fingerprint;
@@ -223,8 +224,9 @@ impl Hub {
                 "hub is draining".into(),
             );
         }
-        // On the span, so the one summary line carries them (masked).
-        tracing::Span::current().record("fields", masked(&fields).as_str());
+        // On the span, so the one summary line carries them (masked by the layout).
+        let logged = crate::layout::fields_text(&route.layout.masked_request(&fields));
+        tracing::Span::current().record("fields", logged.as_str());
         match route.operation {
             Operation::Transfer => {
                 transfer::run(self, &header, route, rules, fields, body, deadline).await

@@ -15,6 +15,7 @@ fn field(name: String, kind: FieldType, length: usize) -> Field {
         required: false,
         min: None,
         max: None,
+        log: None,
     }
 }
 

@@ -1,0 +1,184 @@
+//! What a log line may show of a telegram's fields.
+//!
+//! Each field of a layout says how it is logged (`"log": "mask" | "length" |
+//! "clear"`). A field that says nothing is masked unless it is a code, an amount
+//! or a date (types `N` and `U`): a new layout, or a field named in a way nobody
+//! foresaw (`from_acct_no`, `note`), leaks nothing by default.
+
+use serde_json::{Map, Value};
+
+use super::Layout;
+
+/// How one field's value appears in the logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogRule {
+    /// Only the last 4 characters, the rest as `*` (`*********4001`); a value
+    /// of 4 characters or fewer is all `*`.
+    Mask,
+    /// Only the length (`<7 chars>`): free text such as a memo.
+    Length,
+    /// As it is: codes, amounts, dates.
+    Clear,
+}
+
+impl LogRule {
+    /// The value as a log line shows it.
+    pub fn apply(self, value: &Value) -> Value {
+        let text = match value {
+            Value::String(s) => s.clone(),
+            Value::Null => return Value::Null,
+            other => other.to_string(),
+        };
+        match self {
+            LogRule::Clear => value.clone(),
+            LogRule::Length => Value::String(format!("<{} chars>", text.chars().count())),
+            LogRule::Mask => Value::String(mask_account(&text)),
+        }
+    }
+
+    /// The rule's name as written in a layout file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogRule::Mask => "mask",
+            LogRule::Length => "length",
+            LogRule::Clear => "clear",
+        }
+    }
+}
+
+/// `1002003004001` -> `*********4001`; `1234` -> `****`.
+pub fn mask_account(s: &str) -> String {
+    let n = s.chars().count();
+    let keep = if n > 4 { 4 } else { 0 };
+    s.chars()
+        .enumerate()
+        .map(|(i, c)| if i + keep < n { '*' } else { c })
+        .collect()
+}
+
+impl Layout {
+    /// The request fields as a log line may show them, each by its layout's
+    /// `log` rule. A key the layout does not name is masked.
+    pub fn masked_request(&self, fields: &Map<String, Value>) -> Map<String, Value> {
+        fields
+            .iter()
+            .map(|(k, v)| {
+                let rule = self
+                    .request
+                    .iter()
+                    .find(|f| f.name == *k)
+                    .map_or(LogRule::Mask, |f| f.log_rule());
+                (k.clone(), rule.apply(v))
+            })
+            .collect()
+    }
+
+    /// The request and response fields logged in clear, as `request.NAME` and
+    /// `response.NAME` (what `relayhub check` lists).
+    pub fn clear_fields(&self) -> Vec<String> {
+        let lists = [("request", &self.request), ("response", &self.response)];
+        lists
+            .iter()
+            .flat_map(|(list, fields)| {
+                fields
+                    .iter()
+                    .filter(|f| f.log_rule() == LogRule::Clear)
+                    .map(move |f| format!("{list}.{}", f.name))
+            })
+            .collect()
+    }
+}
+
+/// Masked fields as one line of text: `{amount=50000, from_account=*********4001}`
+/// (strings without quotes, in key order).
+pub fn fields_text(fields: &Map<String, Value>) -> String {
+    let mut out = String::from("{");
+    for (i, (k, v)) in fields.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(k);
+        out.push('=');
+        match v {
+            Value::String(s) => out.push_str(s),
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    out.push('}');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn layout(len: usize, fields: &str) -> Layout {
+        let text = format!(
+            r#"{{"tx_code":"TST001","request_length":{len},"request":[{fields}],"response_length":0,"response":[]}}"#
+        );
+        Layout::from_json("test", &text).unwrap()
+    }
+
+    #[test]
+    fn undeclared_text_is_masked_and_codes_amounts_dates_are_clear() {
+        let l = layout(
+            50,
+            r#"{"name":"from_acct_no","type":"AN","length":16},
+               {"name":"note","type":"H","length":20},
+               {"name":"bank","type":"N","length":3},
+               {"name":"amount","type":"U","length":11}"#,
+        );
+        let m = json!({"from_acct_no":"1002003004001","note":"010-1234-5678 call me",
+                       "bank":"088","amount":50000});
+        let out = l.masked_request(m.as_object().unwrap());
+        assert_eq!(out["from_acct_no"], "*********4001");
+        assert_eq!(out["note"], "*****************l me");
+        assert_eq!(out["bank"], "088");
+        assert_eq!(out["amount"], 50000);
+        let text = fields_text(&out);
+        assert!(!text.contains("1002003004001") && !text.contains("1234-5678"));
+        assert_eq!(l.clear_fields(), ["request.bank", "request.amount"]);
+    }
+
+    #[test]
+    fn declared_rules_win_over_the_defaults() {
+        let l = layout(
+            49,
+            r#"{"name":"memo","type":"H","length":20,"log":"length"},
+               {"name":"branch","type":"AN","length":4,"log":"clear"},
+               {"name":"pin","type":"N","length":6,"log":"mask"},
+               {"name":"amount","type":"U","length":19,"log":"mask"}"#,
+        );
+        let m = json!({"memo":"월세 11월","branch":"B001","pin":"123456","amount":1234567,
+                       "extra":"secret-value"});
+        let out = l.masked_request(m.as_object().unwrap());
+        assert_eq!(out["memo"], "<6 chars>");
+        assert_eq!(out["branch"], "B001");
+        assert_eq!(out["pin"], "**3456");
+        assert_eq!(out["amount"], "***4567");
+        // A key the layout does not name is masked.
+        assert_eq!(out["extra"], "********alue");
+        assert_eq!(l.clear_fields(), ["request.branch"]);
+    }
+
+    #[test]
+    fn short_values_are_masked_whole() {
+        assert_eq!(mask_account("1234"), "****");
+        assert_eq!(mask_account(""), "");
+        assert_eq!(mask_account("12345"), "*2345");
+    }
+
+    #[test]
+    fn an_unknown_rule_is_refused_with_the_field() {
+        let e = Layout::from_json(
+            "t.json",
+            r#"{"tx_code":"TST001","request_length":1,"request":[{"name":"a","type":"AN","length":1,"log":"hide"}],"response_length":0,"response":[]}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("unknown variant `hide`"), "{e}");
+    }
+}
