@@ -302,7 +302,9 @@ impl Target {
     /// Waits for a bulkhead slot, at most the queue wait and never past the
     /// deadline; a refusal is counted and means nothing was sent.
     pub async fn slot(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, CallFailure> {
-        let until = deadline.min(Instant::now() + self.queue_wait);
+        let until = Instant::now()
+            .checked_add(self.queue_wait)
+            .map_or(deadline, |t| deadline.min(t));
         match tokio::time::timeout_at(until, self.bulkhead.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
             _ => {
@@ -359,7 +361,7 @@ impl Target {
             )));
         };
         let call_limit = match request {
-            CoreRequest::Transfer { .. } => remaining + self.late_window,
+            CoreRequest::Transfer { .. } => remaining.saturating_add(self.late_window),
             CoreRequest::Inquiry { .. } => remaining,
         };
         let connect = self.connect_timeout.min(remaining);
@@ -495,16 +497,26 @@ fn describe(e: &ureq::Error) -> String {
     }
 }
 
-/// Parses `Retry-After` (delay-seconds or an HTTP-date) into a wait from now.
+/// The longest wait [`parse_retry_after`] returns. Far above any budget (a wait
+/// past the budget is never started), and small enough that adding it to any
+/// clock reading cannot overflow.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Parses `Retry-After` (delay-seconds or an HTTP-date) into a wait from now,
+/// at most [`MAX_RETRY_AFTER`]: a core may ask for any number of seconds (more
+/// digits than a u64 holds included) or name a date in the year 9999.
 pub fn parse_retry_after(value: &str) -> Option<Duration> {
     let v = value.trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        // Too many digits for a u64 is still "a very long time".
+        let secs = v.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
     }
     let when = httpdate::parse_http_date(v).ok()?;
     Some(
         when.duration_since(std::time::SystemTime::now())
-            .unwrap_or(Duration::ZERO),
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_RETRY_AFTER),
     )
 }
 
@@ -551,5 +563,52 @@ mod tests {
             Some(Duration::ZERO)
         );
         assert_eq!(parse_retry_after("soon"), None);
+        assert_eq!(parse_retry_after(""), None);
+        assert_eq!(parse_retry_after("-1"), None);
+    }
+
+    /// A wait the hub may add to its clock without overflowing.
+    fn addable(d: Duration) -> bool {
+        d <= MAX_RETRY_AFTER
+            && Instant::now().checked_add(d).is_some()
+            && std::time::SystemTime::now().checked_add(d).is_some()
+    }
+
+    #[test]
+    fn retry_after_extremes_stay_addable_to_the_clock() {
+        for v in [
+            "10000000000000000000",
+            "18446744073709551615",
+            "18446744073709551616",
+            "99999999999999999999999999999999999999",
+            "Fri, 31 Dec 9999 23:59:59 GMT",
+        ] {
+            let d = parse_retry_after(v).unwrap_or_else(|| panic!("{v}: not read"));
+            assert_eq!(d, MAX_RETRY_AFTER, "{v}");
+            assert!(addable(d), "{v}: {d:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_delay_seconds_is_capped(secs in proptest::num::u64::ANY) {
+            let d = parse_retry_after(&secs.to_string()).unwrap();
+            proptest::prop_assert_eq!(d, Duration::from_secs(secs).min(MAX_RETRY_AFTER));
+            proptest::prop_assert!(addable(d));
+        }
+
+        #[test]
+        fn any_digit_string_is_capped(digits in "[0-9]{1,60}") {
+            let d = parse_retry_after(&digits).unwrap();
+            proptest::prop_assert!(addable(d));
+        }
+
+        #[test]
+        fn any_http_date_is_capped(secs in 0u64..253_402_300_799) {
+            // Every second from 1970 to the end of year 9999.
+            let when = std::time::UNIX_EPOCH + Duration::from_secs(secs);
+            let d = parse_retry_after(&httpdate::fmt_http_date(when)).unwrap();
+            proptest::prop_assert!(addable(d));
+        }
     }
 }

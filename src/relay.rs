@@ -418,7 +418,10 @@ impl Hub {
         deadline: Instant,
     ) -> (Reply, String) {
         loop {
-            if Instant::now() + Duration::from_millis(20) >= deadline {
+            if Instant::now()
+                .checked_add(Duration::from_millis(20))
+                .is_none_or(|t| t >= deadline)
+            {
                 return (
                     Reply::code(Code::UNKNOWN),
                     "GUID in flight elsewhere past the budget".into(),
@@ -497,7 +500,10 @@ impl Hub {
                     // Nothing left the hub: retry (on the next endpoint) if it fits.
                     if tries < target.connect_attempts {
                         let pause = target.backoff(tries);
-                        if Instant::now() + pause + Duration::from_millis(5) < deadline {
+                        if Instant::now()
+                            .checked_add(pause.saturating_add(Duration::from_millis(5)))
+                            .is_some_and(|t| t < deadline)
+                        {
                             metrics::counter!(metric_names::CORE_RETRIES, "target" => target.name.clone(), "operation" => "transfer").increment(1);
                             debug!(%r, "not sent; retrying");
                             tokio::time::sleep(pause).await;
@@ -808,7 +814,9 @@ impl Hub {
                 // Retry only what is safe (a GET) and only if the wait fits the budget.
                 Some(pause)
                     if tries < target.inquiry_attempts
-                        && Instant::now() + pause + Duration::from_millis(5) < deadline =>
+                        && Instant::now()
+                            .checked_add(pause.saturating_add(Duration::from_millis(5)))
+                            .is_some_and(|t| t < deadline) =>
                 {
                     metrics::counter!(metric_names::CORE_RETRIES, "target" => target.name.clone(), "operation" => "inquiry").increment(1);
                     debug!(?pause, "retrying the inquiry");

@@ -64,6 +64,13 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(4096)
 }
 
+/// `t + d`, saturating: a timeout configured in the millions of years must not
+/// panic a connection's task (an `Instant` overflows long before a `u64` of ms).
+fn later(t: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+    t.checked_add(d).or_else(|| t.checked_add(FAR)).unwrap_or(t)
+}
+
 /// Telegrams read whole and not yet answered, across all connections.
 #[derive(Default)]
 struct InFlight {
@@ -216,8 +223,8 @@ async fn serve_connection(
             started = Some(Instant::now());
         }
         let deadline = match started {
-            Some(t) => t + limits.read_timeout,
-            None => Instant::now() + limits.idle_timeout,
+            Some(t) => later(t, limits.read_timeout),
+            None => later(Instant::now(), limits.idle_timeout),
         };
         tokio::select! {
             read = tokio::time::timeout_at(deadline, reader.read_buf(&mut buf)) => match read {

@@ -1,0 +1,261 @@
+//! Edges of the one rule: places where the hub used to stop answering, answer
+//! without the request's header, or guess. Each case is what a channel or an
+//! operator would meet:
+//!
+//! - a core asking to be retried after the end of time (`Retry-After` huge);
+//! - proxy variables in the daemon's environment;
+//! - nobody reading the hub's stderr;
+//! - logs read by machines (JSON objects, no colours in a pipe, one event per line);
+//! - a channel that pipelines telegrams and never reads its answers;
+//! - a redirect answered to a POST;
+//! - framing errors in the telegram counters.
+//!
+//! Processes, environments and sockets are exercised with the real binary;
+//! the rest with the in-process hub in front of the fixture. Waits are on
+//! answers, ready lines, log lines and scrapes, each bounded.
+
+mod common;
+mod ops_support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStderr, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use corebank::{FaultMethod, FaultRule, Phase};
+use ops_support::{Metrics, http_get};
+use relayhub::client::Channel;
+use relayhub::frame::PrefixMode;
+use relayhub::metric_names;
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+
+/// Upper bound for the waits of this suite; never used to order events.
+const WAIT: Duration = Duration::from_secs(15);
+
+/// What the test does with the hub's stderr.
+enum Stderr {
+    /// A thread reads it into a buffer and a channel of lines.
+    Read,
+    /// A pipe that is kept open and never read: a stalled log reader.
+    Stalled,
+}
+
+/// A `relayhub serve` process with its admin endpoints, killed on drop.
+struct Served {
+    child: Option<Child>,
+    addr: String,
+    admin: String,
+    log: Arc<Mutex<String>>,
+    lines: Option<mpsc::Receiver<String>>,
+    _stalled: Option<ChildStderr>,
+}
+
+impl Served {
+    /// Starts `relayhub serve ARGS --admin-listen 127.0.0.1:0` from `cmd`
+    /// (environment already set) and waits for its two ready lines.
+    fn start(mut cmd: Command, args: &[&str], stderr: Stderr) -> Served {
+        let mut child = cmd
+            .arg("serve")
+            .args(args)
+            .args(["--admin-listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn relayhub serve");
+        let log = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stderr.take().expect("piped stderr");
+        let (lines, stalled) = match stderr {
+            Stderr::Read => {
+                let (tx, rx) = mpsc::channel();
+                let all = log.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                        let mut all = all.lock().unwrap();
+                        all.push_str(&line);
+                        all.push('\n');
+                        let _ = tx.send(line);
+                    }
+                });
+                (Some(rx), None)
+            }
+            Stderr::Stalled => (None, Some(pipe)),
+        };
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            // Keep stdout drained so the child never blocks on it.
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut served = Served {
+            child: Some(child),
+            addr: String::new(),
+            admin: String::new(),
+            log,
+            lines,
+            _stalled: stalled,
+        };
+        let next = || {
+            rx.recv_timeout(WAIT)
+                .unwrap_or_else(|e| panic!("no ready line ({e}); stderr:\n{}", served.log()))
+        };
+        let (first, second) = (next(), next());
+        served.addr = after(&first, "relayhub listening on ")
+            .unwrap_or_else(|| panic!("first stdout line is not the hub's: {first:?}"));
+        served.admin = after(&second, "admin endpoints on ")
+            .unwrap_or_else(|| panic!("second stdout line is not the admin's: {second:?}"));
+        served
+    }
+
+    /// The hub as `relayhub serve ARGS`, stderr read.
+    fn spawn(args: &[&str]) -> Served {
+        Served::start(Command::new(relayhub_bin()), args, Stderr::Read)
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// The next stderr line containing `needle` (bounded wait).
+    fn line_with(&self, needle: &str) -> String {
+        let lines = self.lines.as_ref().expect("stderr is read");
+        let until = Instant::now() + WAIT;
+        loop {
+            match lines.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!(
+                    "no stderr line with {needle:?} ({e}); stderr:\n{}",
+                    self.log()
+                ),
+            }
+        }
+    }
+
+    /// SIGTERM; the exit status within [`WAIT`], and then everything the hub
+    /// wrote to stderr (read to its end when it is read at all).
+    fn terminate(&mut self) -> (std::process::ExitStatus, String) {
+        send_signal(self.pid(), "TERM");
+        let pid = self.pid();
+        let child = self.child.take().expect("running");
+        let status = wait_exit_within(child, WAIT).unwrap_or_else(|e| {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!(
+                "relayhub did not exit within {WAIT:?} of SIGTERM: {e}; stderr:\n{}",
+                self.log()
+            )
+        });
+        if let Some(lines) = &self.lines {
+            // The pipe closes with the process: read up to its end.
+            while lines.recv_timeout(WAIT).is_ok() {}
+        }
+        (status, self.log())
+    }
+
+    fn scrape(&self) -> Metrics {
+        let (status, text) = http_get(&format!("http://{}/metrics", self.admin));
+        assert_eq!(status, 200, "/metrics status; body:\n{text}");
+        Metrics::parse(&text)
+    }
+
+    /// Scrapes until `pred` holds for a scrape (bounded); returns that scrape.
+    async fn scrape_until(&self, what: &str, pred: impl Fn(&Metrics) -> bool) -> Metrics {
+        let until = Instant::now() + WAIT;
+        loop {
+            let admin = self.admin.clone();
+            let m = tokio::task::spawn_blocking(move || {
+                let (status, text) = http_get(&format!("http://{admin}/metrics"));
+                assert_eq!(status, 200, "/metrics status; body:\n{text}");
+                Metrics::parse(&text)
+            })
+            .await
+            .unwrap();
+            if pred(&m) {
+                return m;
+            }
+            assert!(
+                Instant::now() < until,
+                "{what} not seen within {WAIT:?}; last scrape:\n{}",
+                m.text
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn channel(&self) -> Channel {
+        within(Channel::connect(&self.addr, PrefixMode::Ascii))
+            .await
+            .expect("connect to the hub")
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A telegram with a well-formed header whose tx code has no route: E101, the
+/// cheapest answer the hub gives, and one summary log line.
+fn unrouted(tag: &str) -> Vec<u8> {
+    let mut t = transfer(&guid(tag), 1_000);
+    t[..6].copy_from_slice(b"ZZZ999");
+    t
+}
+
+// ---- 1. Retry-After past the end of time ---------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inquiry_told_to_retry_after_the_end_of_time_answers_with_its_own_header() {
+    let budget = Duration::from_millis(1_500);
+    let s = setup_with(HubOpts::budget(budget.as_millis() as u64)).await;
+    let g = guid("EDGRA");
+    // The transfer is applied and its answer lost: E901, the resend inquires.
+    s.core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .close()
+            .phase(Phase::AfterApply)
+            .times(1),
+    );
+    // The inquiry is told to come back in 10^19 seconds.
+    s.core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Get)
+            .status(503)
+            .retry_after("10000000000000000000"),
+    );
+    let t = transfer(&g, 1_000);
+    let mut ch = s.channel().await;
+    let first = exchange(&mut ch, &t).await;
+    assert_header_only(&first, "TRF001", &g, "E901");
+
+    let started = Instant::now();
+    let again = exchange(&mut ch, &t).await;
+    let took = started.elapsed();
+    assert_header_only(&again, "TRF001", &g, "E901");
+    assert!(took < budget, "answered after {took:?}, budget {budget:?}");
+    let (post, get) = calls(&s.core, &g);
+    assert_eq!(post, 1, "the resend must not post");
+    assert!(get >= 1, "the resend is an inquiry");
+
+    // The same connection serves the next telegram.
+    let next = guid("EDGRB");
+    let a = exchange(&mut ch, &transfer(&next, 1_000)).await;
+    assert_eq!(a.code, "0000", "{a:?}");
+    assert_eq!(a.guid, next);
+}
