@@ -189,6 +189,38 @@ impl Resolver for LiteralFirstResolver {
     }
 }
 
+/// The variables ureq would read a proxy from. The hub ignores them for its
+/// calls to a core: a proxy that accepted the request's bytes and then failed
+/// would turn "not sent" (E902, safe to resend) into "may have been sent"
+/// (E901), and one that is down would make every transfer E902.
+pub const PROXY_VARIABLES: [&str; 6] = [
+    "ALL_PROXY",
+    "all_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+];
+
+/// Says once per process which proxy variables are set and ignored.
+fn note_ignored_proxies() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let set: Vec<&str> = PROXY_VARIABLES
+            .into_iter()
+            .filter(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
+            .collect();
+        if !set.is_empty() {
+            // Names only: a proxy URL may hold credentials.
+            tracing::info!(
+                variables = %set.join(", "),
+                "proxy environment variables ignored: the hub calls its targets directly, \
+                 so that \"not sent\" stays certain"
+            );
+        }
+    });
+}
+
 /// An HTTP answer, whatever its status.
 #[derive(Debug, Clone)]
 pub struct HttpAnswer {
@@ -270,7 +302,10 @@ impl Target {
             // would be kept by every pooled connection.
             .input_buffer_size(16 * 1024)
             .output_buffer_size(16 * 1024)
+            // Never through a proxy from the environment: see `PROXY_VARIABLES`.
+            .proxy(None)
             .build();
+        note_ignored_proxies();
         let connector = ().chain(TcpConnector::default()).chain(GateConnector);
         let agent = ureq::Agent::with_parts(config, connector, LiteralFirstResolver::default());
         let auth = cfg.auth.as_ref().map(|a| a.header_value()).transpose()?;

@@ -259,3 +259,52 @@ async fn an_inquiry_told_to_retry_after_the_end_of_time_answers_with_its_own_hea
     assert_eq!(a.code, "0000", "{a:?}");
     assert_eq!(a.guid, next);
 }
+
+// ---- 2. Proxy variables in the environment --------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_variables_in_the_environment_are_ignored() {
+    let core = start_core().await;
+    let url = core.url();
+    let mut hub = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(relayhub_bin());
+        // Port 9 (discard) has no listener here: through a proxy, nothing
+        // would reach the core.
+        cmd.env("HTTP_PROXY", "http://127.0.0.1:9")
+            .env("ALL_PROXY", "http://127.0.0.1:9")
+            .env("https_proxy", "http://127.0.0.1:9")
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy");
+        Served::start(
+            cmd,
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--core-url",
+                &url,
+                "--journal",
+                "memory",
+            ],
+            Stderr::Read,
+        )
+    })
+    .await
+    .unwrap();
+    let g = guid("EDGPX");
+    let mut ch = hub.channel().await;
+    let a = exchange(&mut ch, &transfer(&g, 1_000)).await;
+    assert_eq!(a.code, "0000", "{a:?}; stderr:\n{}", hub.log());
+    assert_eq!(posts(&core, &g), 1);
+    assert_eq!(core.stats().post, 1, "{:?}", core.stats());
+    drop(ch);
+    let (status, log) = tokio::task::spawn_blocking(move || hub.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status:?}");
+    let notes: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("HTTP_PROXY") && l.contains("ignored"))
+        .collect();
+    assert_eq!(notes.len(), 1, "one start-up note on the proxies:\n{log}");
+    assert!(notes[0].contains("INFO"), "{}", notes[0]);
+}
