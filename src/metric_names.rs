@@ -31,6 +31,8 @@ pub const CONFIG_RELOADS: &str = "relayhub_config_reloads_total";
 /// `stage` (`claim`: the transfer was not sent, E903; `outcome`: the answer
 /// was given but not recorded).
 pub const JOURNAL_ERRORS: &str = "relayhub_journal_errors_total";
+/// Log lines dropped because stderr was not read fast enough.
+pub const LOG_LINES_DROPPED: &str = "relayhub_log_lines_dropped_total";
 
 /// The `tx_code` label of a telegram whose tx code has no route (or whose
 /// header is unreadable): a channel cannot create label values at will.
@@ -95,7 +97,13 @@ pub fn describe_all() {
         Unit::Count,
         "Journal calls on the telegram path that failed or outlived the budget, by stage: claim (transfer not sent, E903) or outcome (answered but not recorded)."
     );
+    describe_counter!(
+        LOG_LINES_DROPPED,
+        Unit::Count,
+        "Log lines dropped because stderr was not read fast enough (logging never holds up a telegram)."
+    );
     metrics::gauge!(OPEN_CONNECTIONS).increment(0.0);
+    metrics::counter!(LOG_LINES_DROPPED).increment(0);
     metrics::gauge!(JOURNAL_UNKNOWN).increment(0.0);
     metrics::counter!(CONNECTIONS_REFUSED).increment(0);
     for result in ["ok", "refused"] {

@@ -308,3 +308,73 @@ async fn proxy_variables_in_the_environment_are_ignored() {
     assert_eq!(notes.len(), 1, "one start-up note on the proxies:\n{log}");
     assert!(notes[0].contains("INFO"), "{}", notes[0]);
 }
+
+// ---- 3. Nobody reading stderr --------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_stderr_reader_never_holds_up_a_telegram() {
+    let core = start_core().await;
+    let url = core.url();
+    let budget = Duration::from_millis(1_000);
+    let mut hub = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(relayhub_bin());
+        cmd.env_remove("RUST_LOG");
+        Served::start(
+            cmd,
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--core-url",
+                &url,
+                "--journal",
+                "memory",
+                "--budget-ms",
+                "1000",
+            ],
+            Stderr::Stalled,
+        )
+    })
+    .await
+    .unwrap();
+    // Each telegram leaves one INFO line: a pipe holds a few hundred, the
+    // log buffer some thousands; far more than both.
+    const CONNECTIONS: usize = 4;
+    const EACH: usize = 2_500;
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTIONS {
+        let mut ch = hub.channel().await;
+        tasks.push(tokio::spawn(async move {
+            let mut slowest = Duration::ZERO;
+            for i in 0..EACH {
+                let t = unrouted("EDGLOG");
+                let started = Instant::now();
+                let a = match tokio::time::timeout(WAIT, ch.exchange(&t)).await {
+                    Ok(Ok(a)) => a,
+                    other => panic!("connection {c}, telegram {i}: no answer: {other:?}"),
+                };
+                slowest = slowest.max(started.elapsed());
+                assert_eq!(a.code, "E101", "{a:?}");
+            }
+            slowest
+        }));
+    }
+    for task in tasks {
+        let slowest = task.await.unwrap();
+        assert!(slowest < budget, "an answer took {slowest:?}");
+    }
+    let m = hub
+        .scrape_until("dropped log lines", |m| {
+            m.value(metric_names::LOG_LINES_DROPPED, &[]).unwrap_or(0.0) > 0.0
+        })
+        .await;
+    assert_eq!(
+        m.types
+            .get(metric_names::LOG_LINES_DROPPED)
+            .map(String::as_str),
+        Some("counter")
+    );
+    let (status, _) = tokio::task::spawn_blocking(move || hub.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status:?}");
+}

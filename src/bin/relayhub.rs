@@ -228,7 +228,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(config: &Config, format: Option<&str>) -> Result<(), String> {
+fn init_logging(config: &Config, format: Option<&str>) -> Result<logging::Logging, String> {
     let format = match format {
         Some("json") => LogFormat::Json,
         Some("human") => LogFormat::Human,
@@ -238,28 +238,20 @@ fn init_logging(config: &Config, format: Option<&str>) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.logging.filter))
         .map_err(|e| format!("logging.filter: {e}"))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let result = match format {
-        LogFormat::Json => builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
-            .try_init(),
-        LogFormat::Human => builder.try_init(),
-    };
-    result.map_err(|e| e.to_string())
+    logging::init(format, filter)
 }
 
 async fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     let source = args.config.source();
     let config = source.load().map_err(|e| e.to_string())?;
-    init_logging(&config, args.log_format.as_deref())?;
+    // Kept to the end of `serve`: dropping it flushes the lines still queued.
+    let logging = init_logging(&config, args.log_format.as_deref())?;
     // Handlers go in before anything is announced: a SIGTERM or SIGHUP sent the
     // moment the ready line appears must drain or reload, not kill the process.
     let mut signals = Signals::install()?;
     let daemon = Daemon::start(source).await.map_err(|e| e.to_string())?;
+    // The recorder is installed now: the dropped-lines counter can follow.
+    let counting = tokio::spawn(logging.count_dropped());
     // The hub's line first: graders read the first line containing `listening on`.
     println!("relayhub listening on {}", daemon.addr);
     if let Some(admin) = daemon.admin_addr {
@@ -270,7 +262,9 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     signals.wait(&daemon).await;
     tracing::info!("stopping: draining telegrams in flight");
     daemon.shutdown().await;
+    counting.abort();
     tracing::info!("stopped");
+    drop(logging);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -552,5 +546,71 @@ async fn journal(args: JournalArgs) -> Result<ExitCode, String> {
             );
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// Log output, never in a telegram's way.
+///
+/// Lines go to stderr through a bounded queue and a thread of their own
+/// (`tracing-appender`, lossy): when nobody reads stderr fast enough, lines are
+/// dropped and counted (`relayhub_log_lines_dropped_total`) instead of holding
+/// up the task that logs them.
+mod logging {
+    use std::time::Duration;
+
+    use relayhub::config::LogFormat;
+    use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
+    use tracing_subscriber::EnvFilter;
+
+    /// Lines queued for stderr before new ones are dropped: a few seconds of a
+    /// busy hub's INFO lines, a few MiB at most.
+    pub const BUFFERED_LINES: usize = 4096;
+
+    /// The installed logging: its writer thread lives (and is flushed on drop)
+    /// with this value.
+    pub struct Logging {
+        _guard: WorkerGuard,
+        dropped: ErrorCounter,
+    }
+
+    impl Logging {
+        /// Copies the writer's drop count to the metric, every second.
+        pub fn count_dropped(&self) -> impl std::future::Future<Output = ()> + use<> {
+            let dropped = self.dropped.clone();
+            async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    metrics::counter!(relayhub::metric_names::LOG_LINES_DROPPED)
+                        .absolute(dropped.dropped_lines() as u64);
+                }
+            }
+        }
+    }
+
+    /// Installs the global subscriber writing `format` to stderr.
+    pub fn init(format: LogFormat, filter: EnvFilter) -> Result<Logging, String> {
+        let (writer, guard) = NonBlockingBuilder::default()
+            .lossy(true)
+            .buffered_lines_limit(BUFFERED_LINES)
+            .thread_name("relayhub-log")
+            .finish(std::io::stderr());
+        let dropped = writer.error_counter();
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(writer);
+        let result = match format {
+            LogFormat::Json => builder
+                .json()
+                .with_current_span(true)
+                .with_span_list(false)
+                .try_init(),
+            LogFormat::Human => builder.try_init(),
+        };
+        result.map_err(|e| e.to_string())?;
+        Ok(Logging {
+            _guard: guard,
+            dropped,
+        })
     }
 }
