@@ -198,7 +198,30 @@ impl Hub {
             );
         }
         // On the span, so the one summary line carries them (masked).
-        tracing::Span::current().record("fields", masked(&fields).as_str());
+        tracing::Span::current().record(
+            "fields",
+            Value::Object(
+                fields
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.clone(),
+                            match v {
+                                Value::String(s) if k.ends_with("account") => {
+                                    Value::String(mask_account(s))
+                                }
+                                Value::String(s) if k == "memo" => {
+                                    Value::String(format!("<{} chars>", s.chars().count()))
+                                }
+                                other => other.clone(),
+                            },
+                        )
+                    })
+                    .collect(),
+            )
+            .to_string()
+            .as_str(),
+        );
         match route.operation {
             Operation::Transfer => {
                 self.transfer(&header, route, rules, fields, body, deadline)

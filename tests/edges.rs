@@ -378,3 +378,137 @@ async fn a_stalled_stderr_reader_never_holds_up_a_telegram() {
         .unwrap();
     assert!(status.success(), "exit {status:?}");
 }
+
+// ---- 4. Logs for machines -------------------------------------------------
+
+/// One transfer through a hub started with `extra` flags and no colour
+/// preference in the environment; the GUID and all of stderr.
+async fn one_transfer_logged(extra: &[&str]) -> (String, String) {
+    let core = start_core().await;
+    let mut args: Vec<String> = [
+        "--listen",
+        "127.0.0.1:0",
+        "--core-url",
+        &core.url(),
+        "--journal",
+        "memory",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut hub = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(relayhub_bin());
+        cmd.env_remove("NO_COLOR")
+            .env_remove("RUST_LOG")
+            .env("TERM", "xterm-256color");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Served::start(cmd, &args, Stderr::Read)
+    })
+    .await
+    .unwrap();
+    let g = guid("EDGJS");
+    let mut ch = hub.channel().await;
+    let a = exchange(&mut ch, &transfer(&g, 50_000)).await;
+    assert_eq!(a.code, "0000", "{a:?}");
+    drop(ch);
+    let (status, log) = tokio::task::spawn_blocking(move || hub.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status:?}");
+    (g, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_lines_carry_the_request_fields_as_an_object() {
+    let (g, log) = one_transfer_logged(&["--log-format", "json"]).await;
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let summary: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["span"]["guid"] == g.as_str() && l["fields"]["code"].is_string())
+        .collect();
+    assert_eq!(summary.len(), 1, "summary lines:\n{log}");
+    let fields = &summary[0]["span"]["fields"];
+    assert!(
+        fields.is_object(),
+        "`fields` is not an object: {}",
+        summary[0]
+    );
+    assert_eq!(fields["from_account"], "*********4001", "{fields}");
+    assert_eq!(fields["to_account"], "*********4002", "{fields}");
+    assert_eq!(fields["to_bank"], "088", "{fields}");
+    assert_eq!(fields["amount"], 50_000, "{fields}");
+    assert!(
+        !fields["memo"].as_str().unwrap_or_default().contains(MEMO),
+        "{fields}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn human_lines_in_a_pipe_have_no_colour_codes_and_readable_fields() {
+    let (g, log) = one_transfer_logged(&["--log-format", "human"]).await;
+    assert!(
+        !log.contains('\u{1b}'),
+        "ANSI escapes in a pipe:\n{}",
+        log.escape_debug()
+    );
+    let summary = log
+        .lines()
+        .find(|l| l.contains(&g) && l.contains("0000"))
+        .unwrap_or_else(|| panic!("no summary line:\n{log}"));
+    assert!(
+        summary.contains(r#""from_account":"*********4001""#),
+        "{summary}"
+    );
+    assert!(!summary.contains(r#"\""#), "escaped quotes: {summary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_reload_is_one_log_line() {
+    let core = start_core().await;
+    let config = TempFile::new("toml", "[server]\nbudget_ms = 2000\n");
+    let path = config.0.display().to_string();
+    let url = core.url();
+    let hub = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(relayhub_bin());
+        cmd.env_remove("RUST_LOG");
+        Served::start(
+            cmd,
+            &[
+                "--config",
+                &path,
+                "--listen",
+                "127.0.0.1:0",
+                "--core-url",
+                &url,
+                "--journal",
+                "memory",
+            ],
+            Stderr::Read,
+        )
+    })
+    .await
+    .unwrap();
+    // A TOML error is several lines of text (position, excerpt, caret).
+    std::fs::write(&config.0, "[server\nbudget_ms = 2000\n").unwrap();
+    send_signal(hub.pid(), "HUP");
+    let refused = hub.line_with("reload refused");
+    assert!(refused.contains("TOML parse error"), "{refused}");
+    // The excerpt of the file, on a line of its own in the error's text.
+    assert!(refused.contains("| [server"), "{refused}");
+    let mut hub = hub;
+    let (status, log) = tokio::task::spawn_blocking(move || hub.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status:?}");
+    // Every line is an event: it starts with the event's timestamp.
+    for line in log.lines() {
+        assert!(
+            line.starts_with(|c: char| c.is_ascii_digit()),
+            "a line that is not an event of its own: {line:?}\nstderr:\n{log}"
+        );
+    }
+}
