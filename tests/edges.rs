@@ -512,3 +512,26 @@ async fn a_refused_reload_is_one_log_line() {
         );
     }
 }
+
+// ---- 6. A redirect answered to a POST ---------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_a_post_is_unknown_and_the_resend_inquires() {
+    let s = setup().await;
+    let g = guid("EDG303");
+    s.core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .status(303)
+            .times(1),
+    );
+    let t = transfer(&g, 1_000);
+    let mut ch = s.channel().await;
+    let first = exchange(&mut ch, &t).await;
+    assert_header_only(&first, "TRF001", &g, "E901");
+    // The 303 stood in front of the core: nothing was applied, and the
+    // inquiry says so.
+    let again = exchange(&mut ch, &t).await;
+    assert_header_only(&again, "TRF001", &g, "E904");
+    assert_eq!(calls(&s.core, &g), (1, 1), "one POST, then one GET");
+}
