@@ -35,7 +35,8 @@ pub const JOURNAL_ERRORS: &str = "relayhub_journal_errors_total";
 pub const LOG_LINES_DROPPED: &str = "relayhub_log_lines_dropped_total";
 
 /// The `tx_code` label of a telegram whose tx code has no route (or whose
-/// header is unreadable): a channel cannot create label values at will.
+/// header is unreadable, or of input that cannot be framed): a channel cannot
+/// create label values at will.
 pub const UNROUTED_TX: &str = "other";
 
 /// Describes every metric (the `# HELP` lines) to the installed recorder and
@@ -45,7 +46,7 @@ pub fn describe_all() {
     describe_counter!(
         TELEGRAMS,
         Unit::Count,
-        "Telegrams answered, by tx code (`other` for codes without a route) and standard response code."
+        "Telegrams answered, by tx code (`other` for codes without a route and input that cannot be framed) and standard response code."
     );
     describe_histogram!(
         TELEGRAM_DURATION,

@@ -298,6 +298,13 @@ async fn write_answers(
                 (reply.close, Some(guard))
             }
             Answer::Unframeable => {
+                // Counted like every answer; no tx code could be read.
+                metrics::counter!(
+                    crate::metric_names::TELEGRAMS,
+                    "tx_code" => crate::metric_names::UNROUTED_TX,
+                    "code" => Code::FORMAT.as_str().to_string()
+                )
+                .increment(1);
                 write_response(
                     &Echo::blank(),
                     &local_timestamp(),

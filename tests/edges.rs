@@ -535,3 +535,49 @@ async fn a_redirect_to_a_post_is_unknown_and_the_resend_inquires() {
     assert_header_only(&again, "TRF001", &g, "E904");
     assert_eq!(calls(&s.core, &g), (1, 1), "one POST, then one GET");
 }
+
+// ---- 8. Framing errors are counted -------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unframeable_input_is_counted_like_any_answer() {
+    let core = start_core().await;
+    let url = core.url();
+    let hub = tokio::task::spawn_blocking(move || {
+        Served::spawn(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--core-url",
+            &url,
+            "--journal",
+            "memory",
+        ])
+    })
+    .await
+    .unwrap();
+    for bad in [&b"ABCD"[..], b"0000"] {
+        let mut s = within(tokio::net::TcpStream::connect(&hub.addr))
+            .await
+            .expect("connect");
+        s.write_all(bad).await.unwrap();
+        let (_, answer) = read_raw_answer(&mut s).await;
+        assert_eq!(
+            &answer[60..64],
+            b"E102",
+            "{:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert_closed(&mut s).await;
+    }
+    let m = tokio::task::spawn_blocking(move || hub.scrape())
+        .await
+        .unwrap();
+    assert_eq!(
+        m.value(
+            metric_names::TELEGRAMS,
+            &[("tx_code", metric_names::UNROUTED_TX), ("code", "E102")]
+        ),
+        Some(2.0),
+        "{}",
+        m.text
+    );
+}
