@@ -7,12 +7,12 @@
 //! the per-connection in-flight limit.
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -48,6 +48,29 @@ impl From<&ServerConfig> for Limits {
             max_connections: s.max_connections,
             max_in_flight_per_connection: s.max_in_flight_per_connection,
         }
+    }
+}
+
+/// What a connection asks of the hub: the answer to one telegram. A seam of
+/// the server's own, so its handling of a telegram task that fails can be
+/// tested with a task that does.
+trait Answerer: Send + Sync + 'static {
+    fn answer(
+        &self,
+        telegram: Bytes,
+        peer: IpAddr,
+        read_at: Instant,
+    ) -> impl Future<Output = (Echo, Reply)> + Send;
+}
+
+impl Answerer for Hub {
+    fn answer(
+        &self,
+        telegram: Bytes,
+        peer: IpAddr,
+        read_at: Instant,
+    ) -> impl Future<Output = (Echo, Reply)> + Send {
+        async move { self.handle(&telegram, peer, read_at).await }
     }
 }
 
@@ -176,10 +199,10 @@ enum Answer {
     Unframeable,
 }
 
-async fn serve_connection(
+async fn serve_connection<H: Answerer>(
     stream: TcpStream,
     peer: SocketAddr,
-    hub: Arc<Hub>,
+    hub: Arc<H>,
     limits: Limits,
     in_flight: Arc<InFlight>,
 ) {
@@ -204,7 +227,7 @@ async fn serve_connection(
                     link.pending.fetch_add(1, Ordering::SeqCst);
                     let hub = hub.clone();
                     let task = tokio::spawn(
-                        async move { hub.handle(&telegram, peer.ip(), read_at).await }
+                        async move { hub.answer(telegram, peer.ip(), read_at).await }
                             .in_current_span(),
                     );
                     if tx.send(Answer::Telegram(task, guard)).await.is_err() {
@@ -335,3 +358,4 @@ async fn write_answers(
     let _ = writer.shutdown().await;
     link.stop.notify_one();
 }
+
