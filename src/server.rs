@@ -193,8 +193,9 @@ struct Link {
 
 /// What the writer sends next.
 enum Answer {
-    /// A telegram being handled; answered when its task ends.
-    Telegram(JoinHandle<(Echo, Reply)>, InFlightGuard),
+    /// A telegram being handled; answered when its task ends. The echo is
+    /// taken before the task starts, for an answer should the task fail.
+    Telegram(JoinHandle<(Echo, Reply)>, Echo, InFlightGuard),
     /// A framing error: E102 with a blank header, then close.
     Unframeable,
 }
@@ -225,12 +226,13 @@ async fn serve_connection<H: Answerer>(
                     started = None;
                     let guard = in_flight.enter();
                     link.pending.fetch_add(1, Ordering::SeqCst);
+                    let echo = Echo::from_telegram(&telegram);
                     let hub = hub.clone();
                     let task = tokio::spawn(
                         async move { hub.answer(telegram, peer.ip(), read_at).await }
                             .in_current_span(),
                     );
-                    if tx.send(Answer::Telegram(task, guard)).await.is_err() {
+                    if tx.send(Answer::Telegram(task, echo, guard)).await.is_err() {
                         break 'read;
                     }
                 }
@@ -282,6 +284,28 @@ async fn serve_connection<H: Answerer>(
     let _ = writer_task.await;
 }
 
+/// The answer to a telegram whose task failed (a panic: a bug, not an input).
+/// The channel still gets its own header back and a truthful "don't know":
+/// E901, since a POST may have gone before the task failed. The connection
+/// stays open; the answer is counted like any other.
+fn failed_task(echo: Echo, e: &tokio::task::JoinError) -> (Echo, Reply) {
+    tracing::error!(%e, guid = echo.guid_str(), tx = echo.tx_code_str(), "telegram task failed; answered E901");
+    metrics::counter!(
+        crate::metric_names::TELEGRAMS,
+        "tx_code" => crate::metric_names::UNROUTED_TX,
+        "code" => Code::UNKNOWN.as_str().to_string()
+    )
+    .increment(1);
+    (
+        echo,
+        Reply {
+            code: Code::UNKNOWN,
+            body: Vec::new(),
+            close: false,
+        },
+    )
+}
+
 async fn write_answers(
     mut writer: OwnedWriteHalf,
     mut rx: mpsc::Receiver<Answer>,
@@ -294,22 +318,10 @@ async fn write_answers(
         telegram.clear();
         framed.clear();
         let (close, guard) = match answer {
-            Answer::Telegram(task, guard) => {
+            Answer::Telegram(task, echo, guard) => {
                 let (echo, reply) = match task.await {
                     Ok(x) => x,
-                    Err(e) => {
-                        // A bug, not an input: the channel still gets a truthful
-                        // "don't know" rather than silence.
-                        warn!(%e, "telegram task failed");
-                        (
-                            Echo::blank(),
-                            Reply {
-                                code: Code::UNKNOWN,
-                                body: Vec::new(),
-                                close: true,
-                            },
-                        )
-                    }
+                    Err(e) => failed_task(echo, &e),
                 };
                 write_response(
                     &echo,
@@ -359,3 +371,99 @@ async fn write_answers(
     link.stop.notify_one();
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ServerConfig;
+
+    /// Answers 0000 with the request's header, except that a telegram whose
+    /// tx code is `PANIC1` makes its task panic (a bug in the hub).
+    struct PanicsOnPanic1;
+
+    impl Answerer for PanicsOnPanic1 {
+        fn answer(
+            &self,
+            telegram: Bytes,
+            _peer: IpAddr,
+            _read_at: Instant,
+        ) -> impl Future<Output = (Echo, Reply)> + Send {
+            async move {
+                if telegram.starts_with(b"PANIC1") {
+                    panic!("a bug in a telegram's task");
+                }
+                (
+                    Echo::from_telegram(&telegram),
+                    Reply {
+                        code: Code::OK,
+                        body: Vec::new(),
+                        close: false,
+                    },
+                )
+            }
+        }
+    }
+
+    fn header(tx: &str, guid: &str) -> Vec<u8> {
+        format!("{tx}{guid}IBANK   20261129132000    ").into_bytes()
+    }
+
+    /// Writes a telegram and reads one answer (bounded).
+    async fn exchange(stream: &mut TcpStream, telegram: &[u8]) -> Vec<u8> {
+        let codec = FrameCodec::new(PrefixMode::Ascii, 4096);
+        let mut framed = BytesMut::new();
+        codec.encode(telegram, &mut framed).unwrap();
+        stream.write_all(&framed).await.unwrap();
+        let mut prefix = [0u8; 4];
+        let read = async {
+            stream.read_exact(&mut prefix).await?;
+            let len: usize = std::str::from_utf8(&prefix).unwrap().parse().unwrap();
+            let mut answer = vec![0u8; len];
+            stream.read_exact(&mut answer).await?;
+            Ok::<_, std::io::Error>(answer)
+        };
+        tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .expect("an answer within 10 s")
+            .expect("an answer, not a closed connection")
+    }
+
+    #[tokio::test]
+    async fn a_telegram_task_that_panics_is_answered_e901_with_its_own_header() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits::from(&ServerConfig::default());
+        let in_flight = Arc::new(InFlight::default());
+        let server = tokio::spawn({
+            let in_flight = in_flight.clone();
+            async move {
+                let (stream, peer) = listener.accept().await.unwrap();
+                serve_connection(stream, peer, Arc::new(PanicsOnPanic1), limits, in_flight).await;
+            }
+        });
+        let mut channel = TcpStream::connect(addr).await.unwrap();
+
+        let guid = "20261129IBANK0000000000000000PNC";
+        let answer = exchange(&mut channel, &header("PANIC1", guid)).await;
+        assert_eq!(
+            std::str::from_utf8(&answer).unwrap()[..64],
+            format!(
+                "PANIC1{guid}IBANK   {}E901",
+                &std::str::from_utf8(&answer).unwrap()[46..60]
+            ),
+            "the request's own header and E901 (a POST may have gone)"
+        );
+
+        // The connection goes on.
+        let next = "20261129IBANK0000000000000000NXT";
+        let answer = exchange(&mut channel, &header("TRF001", next)).await;
+        assert_eq!(&answer[..38], format!("TRF001{next}").as_bytes());
+        assert_eq!(&answer[60..64], b"0000");
+
+        drop(channel);
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the connection ends with the channel's close")
+            .unwrap();
+        assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
+    }
+}
