@@ -31,6 +31,8 @@ pub const CONFIG_RELOADS: &str = "relayhub_config_reloads_total";
 /// `stage` (`claim`: the transfer was not sent, E903; `outcome`: the answer
 /// was given but not recorded).
 pub const JOURNAL_ERRORS: &str = "relayhub_journal_errors_total";
+/// Answers not written within `write_timeout_ms` (the connection was closed).
+pub const ANSWER_WRITE_TIMEOUTS: &str = "relayhub_answer_write_timeouts_total";
 /// Log lines dropped because stderr was not read fast enough.
 pub const LOG_LINES_DROPPED: &str = "relayhub_log_lines_dropped_total";
 
@@ -99,12 +101,18 @@ pub fn describe_all() {
         "Journal calls on the telegram path that failed or outlived the budget, by stage: claim (transfer not sent, E903) or outcome (answered but not recorded)."
     );
     describe_counter!(
+        ANSWER_WRITE_TIMEOUTS,
+        Unit::Count,
+        "Answers not written within write_timeout_ms because the channel did not read them; each closed its connection."
+    );
+    describe_counter!(
         LOG_LINES_DROPPED,
         Unit::Count,
         "Log lines dropped because stderr was not read fast enough (logging never holds up a telegram)."
     );
     metrics::gauge!(OPEN_CONNECTIONS).increment(0.0);
     metrics::counter!(LOG_LINES_DROPPED).increment(0);
+    metrics::counter!(ANSWER_WRITE_TIMEOUTS).increment(0);
     metrics::gauge!(JOURNAL_UNKNOWN).increment(0.0);
     metrics::counter!(CONNECTIONS_REFUSED).increment(0);
     for result in ["ok", "refused"] {

@@ -36,6 +36,7 @@ pub struct Limits {
     pub read_timeout: Duration,
     pub max_connections: usize,
     pub max_in_flight_per_connection: usize,
+    pub write_timeout: Duration,
 }
 
 impl From<&ServerConfig> for Limits {
@@ -47,6 +48,7 @@ impl From<&ServerConfig> for Limits {
             read_timeout: Duration::from_millis(s.read_timeout_ms),
             max_connections: s.max_connections,
             max_in_flight_per_connection: s.max_in_flight_per_connection,
+            write_timeout: Duration::from_millis(s.write_timeout_ms),
         }
     }
 }
@@ -214,7 +216,13 @@ async fn serve_connection<H: Answerer>(
     let (tx, rx) = mpsc::channel(limits.max_in_flight_per_connection);
     let link = Arc::new(Link::default());
     let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
-    let writer_task = tokio::spawn(write_answers(writer, rx, codec, link.clone()));
+    let writer_task = tokio::spawn(write_answers(
+        writer,
+        rx,
+        codec,
+        limits.write_timeout,
+        link.clone(),
+    ));
     let mut buf = BytesMut::with_capacity(512);
     let mut started: Option<Instant> = None;
     'read: loop {
@@ -310,6 +318,7 @@ async fn write_answers(
     mut writer: OwnedWriteHalf,
     mut rx: mpsc::Receiver<Answer>,
     codec: FrameCodec,
+    write_timeout: Duration,
     link: Arc<Link>,
 ) {
     let mut telegram = Vec::with_capacity(128);
@@ -354,14 +363,27 @@ async fn write_answers(
             warn!(%e, "answer cannot be framed");
             break;
         }
-        let written = writer.write_all(&framed).await;
+        // A channel that does not read its answers must not keep its slot, nor
+        // hold a drain up, for ever.
+        let written = tokio::time::timeout(write_timeout, writer.write_all(&framed)).await;
         if guard.is_some() {
             link.pending.fetch_sub(1, Ordering::SeqCst);
             link.answered.notify_one();
         }
-        if let Err(e) = written {
-            debug!(%e, "write failed; channel gone");
-            break;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                debug!(%e, "write failed; channel gone");
+                break;
+            }
+            Err(_) => {
+                metrics::counter!(crate::metric_names::ANSWER_WRITE_TIMEOUTS).increment(1);
+                warn!(
+                    write_timeout_ms = write_timeout.as_millis() as u64,
+                    "answer not written within the write timeout (the channel does not read); closing the connection"
+                );
+                break;
+            }
         }
         if close {
             break;

@@ -513,6 +513,80 @@ async fn a_refused_reload_is_one_log_line() {
     }
 }
 
+// ---- 5. A channel that never reads its answers ----------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_that_never_reads_loses_its_connection_not_the_hub() {
+    let core = start_core().await;
+    let config = TempFile::new(
+        "toml",
+        "[server]\nmax_connections = 1\nwrite_timeout_ms = 300\n",
+    );
+    let path = config.0.display().to_string();
+    let url = core.url();
+    let hub = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(relayhub_bin());
+        // Tens of thousands of E101 summaries are not what this is about.
+        cmd.env("RUST_LOG", "warn");
+        Served::start(
+            cmd,
+            &[
+                "--config",
+                &path,
+                "--listen",
+                "127.0.0.1:0",
+                "--core-url",
+                &url,
+                "--journal",
+                "memory",
+            ],
+            Stderr::Read,
+        )
+    })
+    .await
+    .unwrap();
+
+    // A small receive buffer, and far more answers than the buffers on both
+    // sides hold.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = within(socket.connect(hub.addr.parse().unwrap()))
+        .await
+        .expect("connect");
+    let one = framed(&unrouted("EDGWR"));
+    let burst = one.repeat(200_000);
+    let writer = tokio::spawn(async move {
+        // Ends with an error once the hub closes the connection.
+        let _ = stalled.write_all(&burst).await;
+        stalled
+    });
+
+    let line = tokio::task::block_in_place(|| hub.line_with("answer not written"));
+    assert!(line.contains("WARN"), "{line}");
+    hub.scrape_until("the stalled connection closed", |m| {
+        m.value(metric_names::OPEN_CONNECTIONS, &[]) == Some(0.0)
+    })
+    .await;
+    // The slot is free: a second channel is served.
+    let mut ch = hub.channel().await;
+    let a = exchange(&mut ch, &unrouted("EDGWS")).await;
+    assert_eq!(a.code, "E101", "{a:?}");
+    let m = hub.scrape();
+    assert!(
+        m.must(metric_names::ANSWER_WRITE_TIMEOUTS, &[]) >= 1.0,
+        "{}",
+        m.text
+    );
+    drop(ch);
+    writer.abort();
+
+    let mut hub = hub;
+    let (status, log) = tokio::task::spawn_blocking(move || hub.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status:?}; stderr:\n{log}");
+}
+
 // ---- 6. A redirect answered to a POST ---------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
