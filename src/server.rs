@@ -66,13 +66,8 @@ trait Answerer: Send + Sync + 'static {
 }
 
 impl Answerer for Hub {
-    fn answer(
-        &self,
-        telegram: Bytes,
-        peer: IpAddr,
-        read_at: Instant,
-    ) -> impl Future<Output = (Echo, Reply)> + Send {
-        async move { self.handle(&telegram, peer, read_at).await }
+    async fn answer(&self, telegram: Bytes, peer: IpAddr, read_at: Instant) -> (Echo, Reply) {
+        self.handle(&telegram, peer, read_at).await
     }
 }
 
@@ -403,25 +398,18 @@ mod tests {
     struct PanicsOnPanic1;
 
     impl Answerer for PanicsOnPanic1 {
-        fn answer(
-            &self,
-            telegram: Bytes,
-            _peer: IpAddr,
-            _read_at: Instant,
-        ) -> impl Future<Output = (Echo, Reply)> + Send {
-            async move {
-                if telegram.starts_with(b"PANIC1") {
-                    panic!("a bug in a telegram's task");
-                }
-                (
-                    Echo::from_telegram(&telegram),
-                    Reply {
-                        code: Code::OK,
-                        body: Vec::new(),
-                        close: false,
-                    },
-                )
+        async fn answer(&self, telegram: Bytes, _peer: IpAddr, _read_at: Instant) -> (Echo, Reply) {
+            if telegram.starts_with(b"PANIC1") {
+                panic!("a bug in a telegram's task");
             }
+            (
+                Echo::from_telegram(&telegram),
+                Reply {
+                    code: Code::OK,
+                    body: Vec::new(),
+                    close: false,
+                },
+            )
         }
     }
 
