@@ -78,6 +78,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Telegrams one connection may have in flight (pipelined) at once.
     pub max_in_flight_per_connection: usize,
+    /// An answer not written within this many ms (the channel does not read)
+    /// closes its connection, freeing the slot.
+    pub write_timeout_ms: u64,
     /// Folder of layout files, added to the built-in ones (a file with a
     /// built-in tx code replaces that layout).
     pub layouts_dir: Option<PathBuf>,
@@ -97,6 +100,7 @@ impl Default for ServerConfig {
             read_timeout_ms: 5_000,
             max_connections: 20_000,
             max_in_flight_per_connection: 32,
+            write_timeout_ms: 5_000,
             layouts_dir: None,
             codes_file: None,
         }
@@ -418,6 +422,9 @@ impl Config {
                 ),
             ));
         }
+        if s.write_timeout_ms == 0 {
+            return Err(bad("server.write_timeout_ms", "must be above 0".into()));
+        }
         if s.max_connections == 0 || s.max_in_flight_per_connection == 0 {
             return Err(bad(
                 "server.max_connections",
@@ -716,6 +723,14 @@ mod tests {
         c.journal.retention_hours = 0;
         let err = c.validate("t").unwrap_err().to_string();
         assert!(err.contains("retention_hours"), "{err}");
+    }
+
+    #[test]
+    fn zero_write_timeout_is_refused() {
+        let mut c = with_core();
+        c.server.write_timeout_ms = 0;
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("server.write_timeout_ms"), "{err}");
     }
 
     #[test]

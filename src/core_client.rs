@@ -189,6 +189,38 @@ impl Resolver for LiteralFirstResolver {
     }
 }
 
+/// The variables ureq would read a proxy from. The hub ignores them for its
+/// calls to a core: a proxy that accepted the request's bytes and then failed
+/// would turn "not sent" (E902, safe to resend) into "may have been sent"
+/// (E901), and one that is down would make every transfer E902.
+pub const PROXY_VARIABLES: [&str; 6] = [
+    "ALL_PROXY",
+    "all_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+];
+
+/// Says once per process which proxy variables are set and ignored.
+fn note_ignored_proxies() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let set: Vec<&str> = PROXY_VARIABLES
+            .into_iter()
+            .filter(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
+            .collect();
+        if !set.is_empty() {
+            // Names only: a proxy URL may hold credentials.
+            tracing::info!(
+                variables = %set.join(", "),
+                "proxy environment variables ignored: the hub calls its targets directly, \
+                 so that \"not sent\" stays certain"
+            );
+        }
+    });
+}
+
 /// An HTTP answer, whatever its status.
 #[derive(Debug, Clone)]
 pub struct HttpAnswer {
@@ -272,7 +304,10 @@ impl Target {
             // would be kept by every pooled connection.
             .input_buffer_size(16 * 1024)
             .output_buffer_size(16 * 1024)
+            // Never through a proxy from the environment: see `PROXY_VARIABLES`.
+            .proxy(None)
             .build();
+        note_ignored_proxies();
         let connector = ().chain(TcpConnector::default()).chain(GateConnector);
         let agent = ureq::Agent::with_parts(config, connector, LiteralFirstResolver::default());
         let auth = cfg.auth.as_ref().map(|a| a.header_value()).transpose()?;
@@ -305,7 +340,9 @@ impl Target {
     /// Waits for a bulkhead slot, at most the queue wait and never past the
     /// deadline; a refusal is counted and means nothing was sent.
     pub async fn slot(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, CallFailure> {
-        let until = deadline.min(Instant::now() + self.queue_wait);
+        let until = Instant::now()
+            .checked_add(self.queue_wait)
+            .map_or(deadline, |t| deadline.min(t));
         match tokio::time::timeout_at(until, self.bulkhead.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
             _ => {
@@ -373,7 +410,7 @@ impl Target {
             )));
         };
         let call_limit = match request {
-            CoreRequest::Transfer { .. } => remaining + self.late_window,
+            CoreRequest::Transfer { .. } => remaining.saturating_add(self.late_window),
             CoreRequest::Inquiry { .. } => remaining,
         };
         let connect = self.connect_timeout.min(remaining);
@@ -398,7 +435,19 @@ impl Target {
             let _ = tx.send(result);
         });
         match tokio::time::timeout_at(deadline, &mut rx).await {
-            Ok(Ok(result)) => CallEnd::Done(result),
+            Ok(Ok(result)) => {
+                if let Ok(answer) = &result {
+                    if (300..=399).contains(&answer.status) {
+                        // The hub follows no redirect: the URL is wrong.
+                        tracing::error!(
+                            target_name = %self.name,
+                            status = answer.status,
+                            "the core answered a redirect: configuration error, check the target's urls; the outcome is unknown (E901)"
+                        );
+                    }
+                }
+                CallEnd::Done(result)
+            }
             Ok(Err(_)) => CallEnd::Done(Err(if gate.was_sent() {
                 CallFailure::MaybeSent("the call ended without a result".into())
             } else {
@@ -509,16 +558,26 @@ fn describe(e: &ureq::Error) -> String {
     }
 }
 
-/// Parses `Retry-After` (delay-seconds or an HTTP-date) into a wait from now.
+/// The longest wait [`parse_retry_after`] returns. Far above any budget (a wait
+/// past the budget is never started), and small enough that adding it to any
+/// clock reading cannot overflow.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Parses `Retry-After` (delay-seconds or an HTTP-date) into a wait from now,
+/// at most [`MAX_RETRY_AFTER`]: a core may ask for any number of seconds (more
+/// digits than a u64 holds included) or name a date in the year 9999.
 pub fn parse_retry_after(value: &str) -> Option<Duration> {
     let v = value.trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        // Too many digits for a u64 is still "a very long time".
+        let secs = v.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
     }
     let when = httpdate::parse_http_date(v).ok()?;
     Some(
         when.duration_since(std::time::SystemTime::now())
-            .unwrap_or(Duration::ZERO),
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_RETRY_AFTER),
     )
 }
 
@@ -565,5 +624,52 @@ mod tests {
             Some(Duration::ZERO)
         );
         assert_eq!(parse_retry_after("soon"), None);
+        assert_eq!(parse_retry_after(""), None);
+        assert_eq!(parse_retry_after("-1"), None);
+    }
+
+    /// A wait the hub may add to its clock without overflowing.
+    fn addable(d: Duration) -> bool {
+        d <= MAX_RETRY_AFTER
+            && Instant::now().checked_add(d).is_some()
+            && std::time::SystemTime::now().checked_add(d).is_some()
+    }
+
+    #[test]
+    fn retry_after_extremes_stay_addable_to_the_clock() {
+        for v in [
+            "10000000000000000000",
+            "18446744073709551615",
+            "18446744073709551616",
+            "99999999999999999999999999999999999999",
+            "Fri, 31 Dec 9999 23:59:59 GMT",
+        ] {
+            let d = parse_retry_after(v).unwrap_or_else(|| panic!("{v}: not read"));
+            assert_eq!(d, MAX_RETRY_AFTER, "{v}");
+            assert!(addable(d), "{v}: {d:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_delay_seconds_is_capped(secs in proptest::num::u64::ANY) {
+            let d = parse_retry_after(&secs.to_string()).unwrap();
+            proptest::prop_assert_eq!(d, Duration::from_secs(secs).min(MAX_RETRY_AFTER));
+            proptest::prop_assert!(addable(d));
+        }
+
+        #[test]
+        fn any_digit_string_is_capped(digits in "[0-9]{1,60}") {
+            let d = parse_retry_after(&digits).unwrap();
+            proptest::prop_assert!(addable(d));
+        }
+
+        #[test]
+        fn any_http_date_is_capped(secs in 0u64..253_402_300_799) {
+            // Every second from 1970 to the end of year 9999.
+            let when = std::time::UNIX_EPOCH + Duration::from_secs(secs);
+            let d = parse_retry_after(&httpdate::fmt_http_date(when)).unwrap();
+            proptest::prop_assert!(addable(d));
+        }
     }
 }

@@ -18,7 +18,7 @@ mod field;
 mod masking;
 
 pub use field::{decode_fields, encode_fields};
-pub use masking::{LogRule, fields_text, mask_account};
+pub use masking::{LogRule, mask_account};
 
 /// The four field types of section 4.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]

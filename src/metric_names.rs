@@ -32,9 +32,14 @@ pub const CONFIG_RELOADS: &str = "relayhub_config_reloads_total";
 /// in the background), `settle` (an inquiry's answer not recorded), or
 /// `late_answer` (a late answer not recorded).
 pub const JOURNAL_ERRORS: &str = "relayhub_journal_errors_total";
+/// Answers not written within `write_timeout_ms` (the connection was closed).
+pub const ANSWER_WRITE_TIMEOUTS: &str = "relayhub_answer_write_timeouts_total";
+/// Log lines dropped because stderr was not read fast enough.
+pub const LOG_LINES_DROPPED: &str = "relayhub_log_lines_dropped_total";
 
 /// The `tx_code` label of a telegram whose tx code has no route (or whose
-/// header is unreadable): a channel cannot create label values at will.
+/// header is unreadable, or of input that cannot be framed): a channel cannot
+/// create label values at will.
 pub const UNROUTED_TX: &str = "other";
 
 /// Describes every metric (the `# HELP` lines) to the installed recorder and
@@ -44,7 +49,7 @@ pub fn describe_all() {
     describe_counter!(
         TELEGRAMS,
         Unit::Count,
-        "Telegrams answered, by tx code (`other` for codes without a route) and standard response code."
+        "Telegrams answered, by tx code (`other` for codes without a route and input that cannot be framed) and standard response code."
     );
     describe_histogram!(
         TELEGRAM_DURATION,
@@ -96,7 +101,19 @@ pub fn describe_all() {
         Unit::Count,
         "Journal calls that failed or outlived the budget, by stage: claim (transfer not sent, E903), outcome (answered, not recorded yet; retried), settle (an inquiry's answer not recorded) or late_answer."
     );
+    describe_counter!(
+        ANSWER_WRITE_TIMEOUTS,
+        Unit::Count,
+        "Answers not written within write_timeout_ms because the channel did not read them; each closed its connection."
+    );
+    describe_counter!(
+        LOG_LINES_DROPPED,
+        Unit::Count,
+        "Log lines dropped because stderr was not read fast enough (logging never holds up a telegram)."
+    );
     metrics::gauge!(OPEN_CONNECTIONS).increment(0.0);
+    metrics::counter!(LOG_LINES_DROPPED).increment(0);
+    metrics::counter!(ANSWER_WRITE_TIMEOUTS).increment(0);
     metrics::gauge!(JOURNAL_UNKNOWN).increment(0.0);
     metrics::counter!(CONNECTIONS_REFUSED).increment(0);
     for result in ["ok", "refused"] {

@@ -206,6 +206,12 @@ pub fn classify_transfer(status: u16, body: &[u8], table: &CodeTable) -> Outcome
             None => Outcome::Unknown("200 with an unreadable body".into()),
         },
         201..=299 => Outcome::Unknown(format!("{status} instead of 200")),
+        // A redirect is no refusal: `303 See Other` means "processed, the result
+        // is elsewhere". The hub follows none (the target's URL is wrong: a
+        // configuration problem), so the outcome is unknown.
+        300..=399 => Outcome::Unknown(format!(
+            "{status}: a redirect answered to the transfer (check the target's urls); the core may have processed it"
+        )),
         422 => match json_object(body).as_ref().and_then(result_of) {
             Some(r) if table.business(r).is_some() => Outcome::Rejected(r.to_string()),
             Some(r) => Outcome::TargetError(format!("422 with unmapped result {r:?}")),
@@ -247,6 +253,9 @@ pub fn classify_inquiry(status: u16, body: &[u8], table: &CodeTable) -> Outcome 
         // Only the core's own NOT_FOUND says "never received": a proxy's 404 for
         // a wrong path must not make a channel resend a transfer that happened.
         404 if m.as_ref().and_then(result_of) == Some("NOT_FOUND") => Outcome::NeverReceived,
+        300..=399 => Outcome::Unknown(format!(
+            "inquiry answered {status}: a redirect (check the target's urls)"
+        )),
         _ => Outcome::Unknown(format!("inquiry answered {status}{}", core_says(body))),
     }
 }
@@ -324,6 +333,11 @@ mod tests {
         for s in [502, 504, 409, 201, 202, 204] {
             assert_eq!(code_of_transfer(s, ok), Code::UNKNOWN, "{s}");
         }
+        // A redirect may follow processing (303 See Other): never final.
+        for s in [300, 301, 302, 303, 304, 307, 308, 399] {
+            assert_eq!(code_of_transfer(s, ""), Code::UNKNOWN, "{s}");
+            assert_eq!(code_of_transfer(s, ok), Code::UNKNOWN, "{s}");
+        }
         assert_eq!(code_of_transfer(200, "{not json"), Code::UNKNOWN);
         assert_eq!(
             code_of_transfer(200, r#"{"result":"INSUFFICIENT_FUNDS"}"#),
@@ -354,6 +368,10 @@ mod tests {
         assert_eq!(c(404, "Not Found"), Code::UNKNOWN);
         assert_eq!(c(503, ""), Code::UNKNOWN);
         assert_eq!(c(200, "garbage"), Code::UNKNOWN);
+        for s in [301, 302, 303, 307, 308] {
+            assert_eq!(c(s, ""), Code::UNKNOWN, "{s}");
+            assert!(!inquiry_is_retryable(s), "{s}");
+        }
     }
 
     #[test]

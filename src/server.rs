@@ -7,12 +7,12 @@
 //! the per-connection in-flight limit.
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -36,6 +36,7 @@ pub struct Limits {
     pub read_timeout: Duration,
     pub max_connections: usize,
     pub max_in_flight_per_connection: usize,
+    pub write_timeout: Duration,
 }
 
 impl From<&ServerConfig> for Limits {
@@ -47,7 +48,26 @@ impl From<&ServerConfig> for Limits {
             read_timeout: Duration::from_millis(s.read_timeout_ms),
             max_connections: s.max_connections,
             max_in_flight_per_connection: s.max_in_flight_per_connection,
+            write_timeout: Duration::from_millis(s.write_timeout_ms),
         }
+    }
+}
+
+/// What a connection asks of the hub: the answer to one telegram. A seam of
+/// the server's own, so its handling of a telegram task that fails can be
+/// tested with a task that does.
+trait Answerer: Send + Sync + 'static {
+    fn answer(
+        &self,
+        telegram: Bytes,
+        peer: IpAddr,
+        read_at: Instant,
+    ) -> impl Future<Output = (Echo, Reply)> + Send;
+}
+
+impl Answerer for Hub {
+    async fn answer(&self, telegram: Bytes, peer: IpAddr, read_at: Instant) -> (Echo, Reply) {
+        self.handle(&telegram, peer, read_at).await
     }
 }
 
@@ -62,6 +82,13 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(4096)
+}
+
+/// `t + d`, saturating: a timeout configured in the millions of years must not
+/// panic a connection's task (an `Instant` overflows long before a `u64` of ms).
+fn later(t: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+    t.checked_add(d).or_else(|| t.checked_add(FAR)).unwrap_or(t)
 }
 
 /// Telegrams read whole and not yet answered, across all connections.
@@ -163,16 +190,17 @@ struct Link {
 
 /// What the writer sends next.
 enum Answer {
-    /// A telegram being handled; answered when its task ends.
-    Telegram(JoinHandle<(Echo, Reply)>, InFlightGuard),
+    /// A telegram being handled; answered when its task ends. The echo is
+    /// taken before the task starts, for an answer should the task fail.
+    Telegram(JoinHandle<(Echo, Reply)>, Echo, InFlightGuard),
     /// A framing error: E102 with a blank header, then close.
     Unframeable,
 }
 
-async fn serve_connection(
+async fn serve_connection<H: Answerer>(
     stream: TcpStream,
     peer: SocketAddr,
-    hub: Arc<Hub>,
+    hub: Arc<H>,
     limits: Limits,
     in_flight: Arc<InFlight>,
 ) {
@@ -183,7 +211,13 @@ async fn serve_connection(
     let (tx, rx) = mpsc::channel(limits.max_in_flight_per_connection);
     let link = Arc::new(Link::default());
     let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
-    let writer_task = tokio::spawn(write_answers(writer, rx, codec, link.clone()));
+    let writer_task = tokio::spawn(write_answers(
+        writer,
+        rx,
+        codec,
+        limits.write_timeout,
+        link.clone(),
+    ));
     let mut buf = BytesMut::with_capacity(512);
     let mut started: Option<Instant> = None;
     'read: loop {
@@ -195,12 +229,13 @@ async fn serve_connection(
                     started = None;
                     let guard = in_flight.enter();
                     link.pending.fetch_add(1, Ordering::SeqCst);
+                    let echo = Echo::from_telegram(&telegram);
                     let hub = hub.clone();
                     let task = tokio::spawn(
-                        async move { hub.handle(&telegram, peer.ip(), read_at).await }
+                        async move { hub.answer(telegram, peer.ip(), read_at).await }
                             .in_current_span(),
                     );
-                    if tx.send(Answer::Telegram(task, guard)).await.is_err() {
+                    if tx.send(Answer::Telegram(task, echo, guard)).await.is_err() {
                         break 'read;
                     }
                 }
@@ -216,8 +251,8 @@ async fn serve_connection(
             started = Some(Instant::now());
         }
         let deadline = match started {
-            Some(t) => t + limits.read_timeout,
-            None => Instant::now() + limits.idle_timeout,
+            Some(t) => later(t, limits.read_timeout),
+            None => later(Instant::now(), limits.idle_timeout),
         };
         tokio::select! {
             read = tokio::time::timeout_at(deadline, reader.read_buf(&mut buf)) => match read {
@@ -252,10 +287,33 @@ async fn serve_connection(
     let _ = writer_task.await;
 }
 
+/// The answer to a telegram whose task failed (a panic: a bug, not an input).
+/// The channel still gets its own header back and a truthful "don't know":
+/// E901, since a POST may have gone before the task failed. The connection
+/// stays open; the answer is counted like any other.
+fn failed_task(echo: Echo, e: &tokio::task::JoinError) -> (Echo, Reply) {
+    tracing::error!(%e, guid = echo.guid_str(), tx = echo.tx_code_str(), "telegram task failed; answered E901");
+    metrics::counter!(
+        crate::metric_names::TELEGRAMS,
+        "tx_code" => crate::metric_names::UNROUTED_TX,
+        "code" => Code::UNKNOWN.as_str().to_string()
+    )
+    .increment(1);
+    (
+        echo,
+        Reply {
+            code: Code::UNKNOWN,
+            body: Vec::new(),
+            close: false,
+        },
+    )
+}
+
 async fn write_answers(
     mut writer: OwnedWriteHalf,
     mut rx: mpsc::Receiver<Answer>,
     codec: FrameCodec,
+    write_timeout: Duration,
     link: Arc<Link>,
 ) {
     let mut telegram = Vec::with_capacity(128);
@@ -264,22 +322,10 @@ async fn write_answers(
         telegram.clear();
         framed.clear();
         let (close, guard) = match answer {
-            Answer::Telegram(task, guard) => {
+            Answer::Telegram(task, echo, guard) => {
                 let (echo, reply) = match task.await {
                     Ok(x) => x,
-                    Err(e) => {
-                        // A bug, not an input: the channel still gets a truthful
-                        // "don't know" rather than silence.
-                        warn!(%e, "telegram task failed");
-                        (
-                            Echo::blank(),
-                            Reply {
-                                code: Code::UNKNOWN,
-                                body: Vec::new(),
-                                close: true,
-                            },
-                        )
-                    }
+                    Err(e) => failed_task(echo, &e),
                 };
                 write_response(
                     &echo,
@@ -291,6 +337,13 @@ async fn write_answers(
                 (reply.close, Some(guard))
             }
             Answer::Unframeable => {
+                // Counted like every answer; no tx code could be read.
+                metrics::counter!(
+                    crate::metric_names::TELEGRAMS,
+                    "tx_code" => crate::metric_names::UNROUTED_TX,
+                    "code" => Code::FORMAT.as_str().to_string()
+                )
+                .increment(1);
                 write_response(
                     &Echo::blank(),
                     &local_timestamp(),
@@ -305,14 +358,27 @@ async fn write_answers(
             warn!(%e, "answer cannot be framed");
             break;
         }
-        let written = writer.write_all(&framed).await;
+        // A channel that does not read its answers must not keep its slot, nor
+        // hold a drain up, for ever.
+        let written = tokio::time::timeout(write_timeout, writer.write_all(&framed)).await;
         if guard.is_some() {
             link.pending.fetch_sub(1, Ordering::SeqCst);
             link.answered.notify_one();
         }
-        if let Err(e) = written {
-            debug!(%e, "write failed; channel gone");
-            break;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                debug!(%e, "write failed; channel gone");
+                break;
+            }
+            Err(_) => {
+                metrics::counter!(crate::metric_names::ANSWER_WRITE_TIMEOUTS).increment(1);
+                warn!(
+                    write_timeout_ms = write_timeout.as_millis() as u64,
+                    "answer not written within the write timeout (the channel does not read); closing the connection"
+                );
+                break;
+            }
         }
         if close {
             break;
@@ -320,4 +386,94 @@ async fn write_answers(
     }
     let _ = writer.shutdown().await;
     link.stop.notify_one();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ServerConfig;
+
+    /// Answers 0000 with the request's header, except that a telegram whose
+    /// tx code is `PANIC1` makes its task panic (a bug in the hub).
+    struct PanicsOnPanic1;
+
+    impl Answerer for PanicsOnPanic1 {
+        async fn answer(&self, telegram: Bytes, _peer: IpAddr, _read_at: Instant) -> (Echo, Reply) {
+            if telegram.starts_with(b"PANIC1") {
+                panic!("a bug in a telegram's task");
+            }
+            (
+                Echo::from_telegram(&telegram),
+                Reply {
+                    code: Code::OK,
+                    body: Vec::new(),
+                    close: false,
+                },
+            )
+        }
+    }
+
+    fn header(tx: &str, guid: &str) -> Vec<u8> {
+        format!("{tx}{guid}IBANK   20261129132000    ").into_bytes()
+    }
+
+    /// Writes a telegram and reads one answer (bounded).
+    async fn exchange(stream: &mut TcpStream, telegram: &[u8]) -> Vec<u8> {
+        let codec = FrameCodec::new(PrefixMode::Ascii, 4096);
+        let mut framed = BytesMut::new();
+        codec.encode(telegram, &mut framed).unwrap();
+        stream.write_all(&framed).await.unwrap();
+        let mut prefix = [0u8; 4];
+        let read = async {
+            stream.read_exact(&mut prefix).await?;
+            let len: usize = std::str::from_utf8(&prefix).unwrap().parse().unwrap();
+            let mut answer = vec![0u8; len];
+            stream.read_exact(&mut answer).await?;
+            Ok::<_, std::io::Error>(answer)
+        };
+        tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .expect("an answer within 10 s")
+            .expect("an answer, not a closed connection")
+    }
+
+    #[tokio::test]
+    async fn a_telegram_task_that_panics_is_answered_e901_with_its_own_header() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits::from(&ServerConfig::default());
+        let in_flight = Arc::new(InFlight::default());
+        let server = tokio::spawn({
+            let in_flight = in_flight.clone();
+            async move {
+                let (stream, peer) = listener.accept().await.unwrap();
+                serve_connection(stream, peer, Arc::new(PanicsOnPanic1), limits, in_flight).await;
+            }
+        });
+        let mut channel = TcpStream::connect(addr).await.unwrap();
+
+        let guid = "20261129IBANK0000000000000000PNC";
+        let answer = exchange(&mut channel, &header("PANIC1", guid)).await;
+        assert_eq!(
+            std::str::from_utf8(&answer).unwrap()[..64],
+            format!(
+                "PANIC1{guid}IBANK   {}E901",
+                &std::str::from_utf8(&answer).unwrap()[46..60]
+            ),
+            "the request's own header and E901 (a POST may have gone)"
+        );
+
+        // The connection goes on.
+        let next = "20261129IBANK0000000000000000NXT";
+        let answer = exchange(&mut channel, &header("TRF001", next)).await;
+        assert_eq!(&answer[..38], format!("TRF001{next}").as_bytes());
+        assert_eq!(&answer[60..64], b"0000");
+
+        drop(channel);
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the connection ends with the channel's close")
+            .unwrap();
+        assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
+    }
 }

@@ -90,25 +90,6 @@ impl Layout {
     }
 }
 
-/// Masked fields as one line of text: `{amount=50000, from_account=*********4001}`
-/// (strings without quotes, in key order).
-pub fn fields_text(fields: &Map<String, Value>) -> String {
-    let mut out = String::from("{");
-    for (i, (k, v)) in fields.iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        out.push_str(k);
-        out.push('=');
-        match v {
-            Value::String(s) => out.push_str(s),
-            other => out.push_str(&other.to_string()),
-        }
-    }
-    out.push('}');
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -138,7 +119,7 @@ mod tests {
         assert_eq!(out["note"], "*****************l me");
         assert_eq!(out["bank"], "088");
         assert_eq!(out["amount"], 50000);
-        let text = fields_text(&out);
+        let text = Value::Object(out.clone()).to_string();
         assert!(!text.contains("1002003004001") && !text.contains("1234-5678"));
         assert_eq!(l.clear_fields(), ["request.bank", "request.amount"]);
     }

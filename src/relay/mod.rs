@@ -225,7 +225,8 @@ impl Hub {
             );
         }
         // On the span, so the one summary line carries them (masked by the layout).
-        let logged = crate::layout::fields_text(&route.layout.masked_request(&fields));
+        // A JSON object: the JSON log format embeds it as one.
+        let logged = serde_json::Value::Object(route.layout.masked_request(&fields)).to_string();
         tracing::Span::current().record("fields", logged.as_str());
         match route.operation {
             Operation::Transfer => {

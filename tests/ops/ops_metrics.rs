@@ -28,6 +28,8 @@ const DESCRIBED: &[(&str, &str)] = &[
     (metric_names::CONNECTIONS_REFUSED, "counter"),
     (metric_names::JOURNAL_UNKNOWN, "gauge"),
     (metric_names::CONFIG_RELOADS, "counter"),
+    (metric_names::ANSWER_WRITE_TIMEOUTS, "counter"),
+    (metric_names::LOG_LINES_DROPPED, "counter"),
 ];
 
 fn telegrams(m: &Metrics, tx: &str, code: &str) -> f64 {

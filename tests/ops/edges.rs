@@ -1,0 +1,658 @@
+//! Edges of the one rule: places where the hub used to stop answering, answer
+//! without the request's header, or guess. Each case is what a channel or an
+//! operator would meet:
+//!
+//! - a core asking to be retried after the end of time (`Retry-After` huge);
+//! - proxy variables in the daemon's environment;
+//! - nobody reading the hub's stderr;
+//! - logs read by machines (JSON objects, no colours in a pipe, one event per line);
+//! - a channel that pipelines telegrams and never reads its answers;
+//! - a redirect answered to a POST;
+//! - framing errors in the telegram counters.
+//!
+//! Processes, environments and sockets are exercised with the real binary;
+//! the rest with the in-process hub in front of the fixture. Waits are on
+//! answers, ready lines, log lines and scrapes, each bounded.
+
+use crate::common;
+use crate::ops_support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStderr, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use corebank::{FaultMethod, FaultRule, Phase};
+use ops_support::{Metrics, http_get};
+use relayhub::client::Channel;
+use relayhub::frame::PrefixMode;
+use relayhub::metric_names;
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+
+/// Upper bound for the waits of this suite; never used to order events.
+const WAIT: Duration = Duration::from_secs(15);
+
+/// What the test does with the hub's stderr.
+enum Stderr {
+    /// A thread reads it into a buffer and a channel of lines.
+    Read,
+    /// A pipe that is kept open and never read: a stalled log reader.
+    Stalled,
+}
+
+/// A `relayhub serve` process with its admin endpoints, killed on drop.
+struct Served {
+    child: Option<Child>,
+    addr: String,
+    admin: String,
+    log: Arc<Mutex<String>>,
+    lines: Option<mpsc::Receiver<String>>,
+    _stalled: Option<ChildStderr>,
+}
+
+impl Served {
+    /// Starts `relayhub serve ARGS --admin-listen 127.0.0.1:0` from `cmd`
+    /// (environment already set) and waits for its two ready lines.
+    fn start(mut cmd: Command, args: &[&str], stderr: Stderr) -> Served {
+        let mut child = cmd
+            .arg("serve")
+            .args(args)
+            .args(["--admin-listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn relayhub serve");
+        let log = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stderr.take().expect("piped stderr");
+        let (lines, stalled) = match stderr {
+            Stderr::Read => {
+                let (tx, rx) = mpsc::channel();
+                let all = log.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                        let mut all = all.lock().unwrap();
+                        all.push_str(&line);
+                        all.push('\n');
+                        let _ = tx.send(line);
+                    }
+                });
+                (Some(rx), None)
+            }
+            Stderr::Stalled => (None, Some(pipe)),
+        };
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            // Keep stdout drained so the child never blocks on it.
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut served = Served {
+            child: Some(child),
+            addr: String::new(),
+            admin: String::new(),
+            log,
+            lines,
+            _stalled: stalled,
+        };
+        let next = || {
+            rx.recv_timeout(WAIT)
+                .unwrap_or_else(|e| panic!("no ready line ({e}); stderr:\n{}", served.log()))
+        };
+        let (first, second) = (next(), next());
+        served.addr = after(&first, "relayhub listening on ")
+            .unwrap_or_else(|| panic!("first stdout line is not the hub's: {first:?}"));
+        served.admin = after(&second, "admin endpoints on ")
+            .unwrap_or_else(|| panic!("second stdout line is not the admin's: {second:?}"));
+        served
+    }
+
+    /// The hub as `relayhub serve ARGS`, stderr read.
+    fn spawn(args: &[&str]) -> Served {
+        Served::start(Command::new(relayhub_bin()), args, Stderr::Read)
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// The next stderr line containing `needle` (bounded wait).
+    fn line_with(&self, needle: &str) -> String {
+        let lines = self.lines.as_ref().expect("stderr is read");
+        let until = Instant::now() + WAIT;
+        loop {
+            match lines.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!(
+                    "no stderr line with {needle:?} ({e}); stderr:\n{}",
+                    self.log()
+                ),
+            }
+        }
+    }
+
+    /// SIGTERM; the exit status within [`WAIT`], and then everything the hub
+    /// wrote to stderr (read to its end when it is read at all).
+    fn terminate(&mut self) -> (std::process::ExitStatus, String) {
+        send_signal(self.pid(), "TERM");
+        let pid = self.pid();
+        let child = self.child.take().expect("running");
+        let status = wait_exit_within(child, WAIT).unwrap_or_else(|e| {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!(
+                "relayhub did not exit within {WAIT:?} of SIGTERM: {e}; stderr:\n{}",
+                self.log()
+            )
+        });
+        if let Some(lines) = &self.lines {
+            // The pipe closes with the process: read up to its end.
+            while lines.recv_timeout(WAIT).is_ok() {}
+        }
+        (status, self.log())
+    }
+
+    fn scrape(&self) -> Metrics {
+        let (status, text) = http_get(&format!("http://{}/metrics", self.admin));
+        assert_eq!(status, 200, "/metrics status; body:\n{text}");
+        Metrics::parse(&text)
+    }
+
+    /// Scrapes until `pred` holds for a scrape (bounded); returns that scrape.
+    async fn scrape_until(&self, what: &str, pred: impl Fn(&Metrics) -> bool) -> Metrics {
+        let until = Instant::now() + WAIT;
+        loop {
+            let admin = self.admin.clone();
+            let m = tokio::task::spawn_blocking(move || {
+                let (status, text) = http_get(&format!("http://{admin}/metrics"));
+                assert_eq!(status, 200, "/metrics status; body:\n{text}");
+                Metrics::parse(&text)
+            })
+            .await
+            .unwrap();
+            if pred(&m) {
+                return m;
+            }
+            assert!(
+                Instant::now() < until,
+                "{what} not seen within {WAIT:?}; last scrape:\n{}",
+                m.text
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn channel(&self) -> Channel {
+        within(Channel::connect(&self.addr, PrefixMode::Ascii))
+            .await
+            .expect("connect to the hub")
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A telegram with a well-formed header whose tx code has no route: E101, the
+/// cheapest answer the hub gives, and one summary log line.
+fn unrouted(tag: &str) -> Vec<u8> {
+    let mut t = transfer(&guid(tag), 1_000);
+    t[..6].copy_from_slice(b"ZZZ999");
+    t
+}
+
+// ---- 1. Retry-After past the end of time ---------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inquiry_told_to_retry_after_the_end_of_time_answers_with_its_own_header() {
+    let budget = Duration::from_millis(1_500);
+    let s = setup_with(HubOpts::budget(budget.as_millis() as u64)).await;
+    let g = guid("EDGRA");
+    // The transfer is applied and its answer lost: E901, the resend inquires.
+    s.core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .close()
+            .phase(Phase::AfterApply)
+            .times(1),
+    );
+    // The inquiry is told to come back in 10^19 seconds.
+    s.core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Get)
+            .status(503)
+            .retry_after("10000000000000000000"),
+    );
+    let t = transfer(&g, 1_000);
+    let mut ch = s.channel().await;
+    let first = exchange(&mut ch, &t).await;
+    assert_header_only(&first, "TRF001", &g, "E901");
+
+    let started = Instant::now();
+    let again = exchange(&mut ch, &t).await;
+    let took = started.elapsed();
+    assert_header_only(&again, "TRF001", &g, "E901");
+    assert!(took < budget, "answered after {took:?}, budget {budget:?}");
+    let (post, get) = calls(&s.core, &g);
+    assert_eq!(post, 1, "the resend must not post");
+    assert!(get >= 1, "the resend is an inquiry");
+
+    // The same connection serves the next telegram.
+    let next = guid("EDGRB");
+    let a = exchange(&mut ch, &transfer(&next, 1_000)).await;
+    assert_eq!(a.code, "0000", "{a:?}");
+    assert_eq!(a.guid, next);
+}
+
+// ---- 2. Proxy variables in the environment --------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_variables_in_the_environment_are_ignored() {
+    let core = start_core().await;
+    let url = core.url();
+    let mut hub = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(relayhub_bin());
+        // Port 9 (discard) has no listener here: through a proxy, nothing
+        // would reach the core.
+        cmd.env("HTTP_PROXY", "http://127.0.0.1:9")
+            .env("ALL_PROXY", "http://127.0.0.1:9")
+            .env("https_proxy", "http://127.0.0.1:9")
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy");
+        Served::start(
+            cmd,
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--core-url",
+                &url,
+                "--journal",
+                "memory",
+            ],
+            Stderr::Read,
+        )
+    })
+    .await
+    .unwrap();
+    let g = guid("EDGPX");
+    let mut ch = hub.channel().await;
+    let a = exchange(&mut ch, &transfer(&g, 1_000)).await;
+    assert_eq!(a.code, "0000", "{a:?}; stderr:\n{}", hub.log());
+    assert_eq!(posts(&core, &g), 1);
+    assert_eq!(core.stats().post, 1, "{:?}", core.stats());
+    drop(ch);
+    let (status, log) = tokio::task::spawn_blocking(move || hub.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status:?}");
+    let notes: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("HTTP_PROXY") && l.contains("ignored"))
+        .collect();
+    assert_eq!(notes.len(), 1, "one start-up note on the proxies:\n{log}");
+    assert!(notes[0].contains("INFO"), "{}", notes[0]);
+}
+
+// ---- 3. Nobody reading stderr --------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_stderr_reader_never_holds_up_a_telegram() {
+    let core = start_core().await;
+    let url = core.url();
+    let budget = Duration::from_millis(1_000);
+    let mut hub = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(relayhub_bin());
+        cmd.env_remove("RUST_LOG");
+        Served::start(
+            cmd,
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--core-url",
+                &url,
+                "--journal",
+                "memory",
+                "--budget-ms",
+                "1000",
+            ],
+            Stderr::Stalled,
+        )
+    })
+    .await
+    .unwrap();
+    // Each telegram leaves one INFO line: a pipe holds a few hundred, the
+    // log buffer some thousands; far more than both.
+    const CONNECTIONS: usize = 4;
+    const EACH: usize = 2_500;
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTIONS {
+        let mut ch = hub.channel().await;
+        tasks.push(tokio::spawn(async move {
+            let mut slowest = Duration::ZERO;
+            for i in 0..EACH {
+                let t = unrouted("EDGLOG");
+                let started = Instant::now();
+                let a = match tokio::time::timeout(WAIT, ch.exchange(&t)).await {
+                    Ok(Ok(a)) => a,
+                    other => panic!("connection {c}, telegram {i}: no answer: {other:?}"),
+                };
+                slowest = slowest.max(started.elapsed());
+                assert_eq!(a.code, "E101", "{a:?}");
+            }
+            slowest
+        }));
+    }
+    for task in tasks {
+        let slowest = task.await.unwrap();
+        assert!(slowest < budget, "an answer took {slowest:?}");
+    }
+    let m = hub
+        .scrape_until("dropped log lines", |m| {
+            m.value(metric_names::LOG_LINES_DROPPED, &[]).unwrap_or(0.0) > 0.0
+        })
+        .await;
+    assert_eq!(
+        m.types
+            .get(metric_names::LOG_LINES_DROPPED)
+            .map(String::as_str),
+        Some("counter")
+    );
+    let (status, _) = tokio::task::spawn_blocking(move || hub.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status:?}");
+}
+
+// ---- 4. Logs for machines -------------------------------------------------
+
+/// One transfer through a hub started with `extra` flags and no colour
+/// preference in the environment; the GUID and all of stderr.
+async fn one_transfer_logged(extra: &[&str]) -> (String, String) {
+    let core = start_core().await;
+    let mut args: Vec<String> = [
+        "--listen",
+        "127.0.0.1:0",
+        "--core-url",
+        &core.url(),
+        "--journal",
+        "memory",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut hub = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(relayhub_bin());
+        cmd.env_remove("NO_COLOR")
+            .env_remove("RUST_LOG")
+            .env("TERM", "xterm-256color");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Served::start(cmd, &args, Stderr::Read)
+    })
+    .await
+    .unwrap();
+    let g = guid("EDGJS");
+    let mut ch = hub.channel().await;
+    let a = exchange(&mut ch, &transfer(&g, 50_000)).await;
+    assert_eq!(a.code, "0000", "{a:?}");
+    drop(ch);
+    let (status, log) = tokio::task::spawn_blocking(move || hub.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status:?}");
+    (g, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_lines_carry_the_request_fields_as_an_object() {
+    let (g, log) = one_transfer_logged(&["--log-format", "json"]).await;
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let summary: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["span"]["guid"] == g.as_str() && l["fields"]["code"].is_string())
+        .collect();
+    assert_eq!(summary.len(), 1, "summary lines:\n{log}");
+    let fields = &summary[0]["span"]["fields"];
+    assert!(
+        fields.is_object(),
+        "`fields` is not an object: {}",
+        summary[0]
+    );
+    assert_eq!(fields["from_account"], "*********4001", "{fields}");
+    assert_eq!(fields["to_account"], "*********4002", "{fields}");
+    assert_eq!(fields["to_bank"], "088", "{fields}");
+    assert_eq!(fields["amount"], 50_000, "{fields}");
+    assert!(
+        !fields["memo"].as_str().unwrap_or_default().contains(MEMO),
+        "{fields}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn human_lines_in_a_pipe_have_no_colour_codes_and_readable_fields() {
+    let (g, log) = one_transfer_logged(&["--log-format", "human"]).await;
+    assert!(
+        !log.contains('\u{1b}'),
+        "ANSI escapes in a pipe:\n{}",
+        log.escape_debug()
+    );
+    let summary = log
+        .lines()
+        .find(|l| l.contains(&g) && l.contains("0000"))
+        .unwrap_or_else(|| panic!("no summary line:\n{log}"));
+    assert!(
+        summary.contains(r#""from_account":"*********4001""#),
+        "{summary}"
+    );
+    assert!(!summary.contains(r#"\""#), "escaped quotes: {summary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_reload_is_one_log_line() {
+    let core = start_core().await;
+    let config = TempFile::new("toml", "[server]\nbudget_ms = 2000\n");
+    let path = config.0.display().to_string();
+    let url = core.url();
+    let hub = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(relayhub_bin());
+        cmd.env_remove("RUST_LOG");
+        Served::start(
+            cmd,
+            &[
+                "--config",
+                &path,
+                "--listen",
+                "127.0.0.1:0",
+                "--core-url",
+                &url,
+                "--journal",
+                "memory",
+            ],
+            Stderr::Read,
+        )
+    })
+    .await
+    .unwrap();
+    // A TOML error is several lines of text (position, excerpt, caret).
+    std::fs::write(&config.0, "[server\nbudget_ms = 2000\n").unwrap();
+    send_signal(hub.pid(), "HUP");
+    let refused = hub.line_with("reload refused");
+    assert!(refused.contains("TOML parse error"), "{refused}");
+    // The excerpt of the file, on a line of its own in the error's text.
+    assert!(refused.contains("| [server"), "{refused}");
+    let mut hub = hub;
+    let (status, log) = tokio::task::spawn_blocking(move || hub.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status:?}");
+    // Every line is an event: it starts with the event's timestamp.
+    for line in log.lines() {
+        assert!(
+            line.starts_with(|c: char| c.is_ascii_digit()),
+            "a line that is not an event of its own: {line:?}\nstderr:\n{log}"
+        );
+    }
+}
+
+// ---- 5. A channel that never reads its answers ----------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_that_never_reads_loses_its_connection_not_the_hub() {
+    let core = start_core().await;
+    let config = TempFile::new(
+        "toml",
+        "[server]\nmax_connections = 1\nwrite_timeout_ms = 300\n",
+    );
+    let path = config.0.display().to_string();
+    let url = core.url();
+    let hub = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(relayhub_bin());
+        // Tens of thousands of E101 summaries are not what this is about.
+        cmd.env("RUST_LOG", "warn");
+        Served::start(
+            cmd,
+            &[
+                "--config",
+                &path,
+                "--listen",
+                "127.0.0.1:0",
+                "--core-url",
+                &url,
+                "--journal",
+                "memory",
+            ],
+            Stderr::Read,
+        )
+    })
+    .await
+    .unwrap();
+
+    // A small receive buffer, and far more answers than the buffers on both
+    // sides hold.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = within(socket.connect(hub.addr.parse().unwrap()))
+        .await
+        .expect("connect");
+    let one = framed(&unrouted("EDGWR"));
+    let burst = one.repeat(200_000);
+    let writer = tokio::spawn(async move {
+        // Ends with an error once the hub closes the connection.
+        let _ = stalled.write_all(&burst).await;
+        stalled
+    });
+
+    let line = tokio::task::block_in_place(|| hub.line_with("answer not written"));
+    assert!(line.contains("WARN"), "{line}");
+    hub.scrape_until("the stalled connection closed", |m| {
+        m.value(metric_names::OPEN_CONNECTIONS, &[]) == Some(0.0)
+    })
+    .await;
+    // The slot is free: a second channel is served.
+    let mut ch = hub.channel().await;
+    let a = exchange(&mut ch, &unrouted("EDGWS")).await;
+    assert_eq!(a.code, "E101", "{a:?}");
+    let m = hub.scrape();
+    assert!(
+        m.must(metric_names::ANSWER_WRITE_TIMEOUTS, &[]) >= 1.0,
+        "{}",
+        m.text
+    );
+    drop(ch);
+    writer.abort();
+
+    let mut hub = hub;
+    let (status, log) = tokio::task::spawn_blocking(move || hub.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status:?}; stderr:\n{log}");
+}
+
+// ---- 6. A redirect answered to a POST ---------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_a_post_is_unknown_and_the_resend_inquires() {
+    let s = setup().await;
+    let g = guid("EDG303");
+    s.core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .status(303)
+            .times(1),
+    );
+    let t = transfer(&g, 1_000);
+    let mut ch = s.channel().await;
+    let first = exchange(&mut ch, &t).await;
+    assert_header_only(&first, "TRF001", &g, "E901");
+    // The resend asks instead of posting. The 303 stood in front of the core
+    // and nothing was applied, but a "never received" this soon after the POST
+    // is no proof (the wire grace): still unknown.
+    let again = exchange(&mut ch, &t).await;
+    assert_header_only(&again, "TRF001", &g, "E901");
+    assert_eq!(calls(&s.core, &g), (1, 1), "one POST, then one GET");
+}
+
+// ---- 8. Framing errors are counted -------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unframeable_input_is_counted_like_any_answer() {
+    let core = start_core().await;
+    let url = core.url();
+    let hub = tokio::task::spawn_blocking(move || {
+        Served::spawn(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--core-url",
+            &url,
+            "--journal",
+            "memory",
+        ])
+    })
+    .await
+    .unwrap();
+    for bad in [&b"ABCD"[..], b"0000"] {
+        let mut s = within(tokio::net::TcpStream::connect(&hub.addr))
+            .await
+            .expect("connect");
+        s.write_all(bad).await.unwrap();
+        let (_, answer) = read_raw_answer(&mut s).await;
+        assert_eq!(
+            &answer[60..64],
+            b"E102",
+            "{:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert_closed(&mut s).await;
+    }
+    let m = tokio::task::spawn_blocking(move || hub.scrape())
+        .await
+        .unwrap();
+    assert_eq!(
+        m.value(
+            metric_names::TELEGRAMS,
+            &[("tx_code", metric_names::UNROUTED_TX), ("code", "E102")]
+        ),
+        Some(2.0),
+        "{}",
+        m.text
+    );
+}
