@@ -277,21 +277,50 @@ pub struct AuthConfig {
 
 impl AuthConfig {
     /// The `Authorization` header value, read now (env vars at start-up/reload).
-    pub fn header_value(&self) -> Result<String, String> {
+    pub fn header_value(&self) -> Result<String, AuthError> {
+        let env = |var: &String| {
+            std::env::var(var).map_err(|source| AuthError::Env {
+                var: var.clone(),
+                source,
+            })
+        };
         if let Some(token) = &self.bearer {
             return Ok(format!("Bearer {token}"));
         }
         if let Some(var) = &self.bearer_env {
-            return std::env::var(var)
-                .map(|t| format!("Bearer {t}"))
-                .map_err(|_| format!("environment variable {var} is not set"));
+            return env(var).map(|t| format!("Bearer {t}"));
         }
         if let Some(var) = &self.header_env {
-            return std::env::var(var)
-                .map_err(|_| format!("environment variable {var} is not set"));
+            return env(var);
         }
-        Err("auth needs one of bearer, bearer_env, header_env".into())
+        Err(AuthError::Empty)
     }
+}
+
+/// Why an `auth` table gives no `Authorization` value.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// The named environment variable is unset or not Unicode.
+    #[error("environment variable {var}: {source}")]
+    Env {
+        var: String,
+        source: std::env::VarError,
+    },
+    /// None of the keys is given.
+    #[error("auth needs one of bearer, bearer_env, header_env")]
+    Empty,
+}
+
+/// An address block that does not parse.
+#[derive(Debug, thiserror::Error)]
+pub enum CidrError {
+    #[error("{text:?} is not an IP address or CIDR block")]
+    Address {
+        text: String,
+        source: std::net::AddrParseError,
+    },
+    #[error("{text:?}: prefix length must be 0-{max}")]
+    Prefix { text: String, max: u8 },
 }
 
 /// What a tx code does.
@@ -519,7 +548,7 @@ impl Config {
             }
             if let Some(auth) = &t.auth {
                 auth.header_value()
-                    .map_err(|reason| bad(&format!("{key}.auth"), reason))?;
+                    .map_err(|e| bad(&format!("{key}.auth"), e.to_string()))?;
             }
         }
         let mut codes = std::collections::HashSet::new();
@@ -555,7 +584,7 @@ impl Config {
                 ));
             }
             for a in &c.allow_from {
-                Cidr::parse(a).map_err(|reason| bad(&format!("{key}.allow_from"), reason))?;
+                Cidr::parse(a).map_err(|e| bad(&format!("{key}.allow_from"), e.to_string()))?;
             }
             for code in &c.tx_codes {
                 if !codes.contains(code.as_str()) {
@@ -608,21 +637,26 @@ pub struct Cidr {
 
 impl Cidr {
     /// Parses `ADDR` or `ADDR/PREFIX`.
-    pub fn parse(s: &str) -> Result<Cidr, String> {
+    pub fn parse(s: &str) -> Result<Cidr, CidrError> {
         let (a, p) = match s.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
         };
-        let addr: IpAddr = a
-            .parse()
-            .map_err(|_| format!("{s:?} is not an IP address or CIDR block"))?;
+        let addr: IpAddr = a.parse().map_err(|source| CidrError::Address {
+            text: s.into(),
+            source,
+        })?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match p {
-            Some(p) => p
-                .parse::<u8>()
-                .ok()
-                .filter(|p| *p <= max)
-                .ok_or_else(|| format!("{s:?}: prefix length must be 0-{max}"))?,
+            Some(p) => {
+                p.parse::<u8>()
+                    .ok()
+                    .filter(|p| *p <= max)
+                    .ok_or_else(|| CidrError::Prefix {
+                        text: s.into(),
+                        max,
+                    })?
+            }
             None => max,
         };
         Ok(Cidr { addr, prefix })

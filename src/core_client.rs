@@ -292,7 +292,7 @@ impl std::fmt::Debug for Target {
 
 impl Target {
     /// Builds the agent for a validated target config.
-    pub fn new(cfg: &TargetConfig, budget: Duration) -> Result<Target, String> {
+    pub fn new(cfg: &TargetConfig, budget: Duration) -> Result<Target, crate::config::AuthError> {
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)

@@ -18,7 +18,7 @@ use crate::config::{Config, ConfigError, Overrides};
 use crate::core_client::Target;
 use crate::journal::{Journal, JournalError, now_ms};
 use crate::relay::{Hub, ResendPolicy};
-use crate::rules::Rules;
+use crate::rules::{Rules, RulesError};
 use crate::server::{self, Limits};
 
 /// Why the hub did not start.
@@ -26,8 +26,8 @@ use crate::server::{self, Limits};
 pub enum StartError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("{0}")]
-    Rules(String),
+    #[error(transparent)]
+    Rules(#[from] RulesError),
     #[error(transparent)]
     Journal(#[from] JournalError),
     #[error("cannot listen on {addr}: {source}")]
@@ -35,8 +35,20 @@ pub enum StartError {
         addr: String,
         source: std::io::Error,
     },
-    #[error("target {name}: {reason}")]
-    Target { name: String, reason: String },
+    #[error("target {name}: {source}")]
+    Target {
+        name: String,
+        source: crate::config::AuthError,
+    },
+}
+
+/// Why a reload was refused (the previous configuration stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Rules(#[from] RulesError),
 }
 
 /// Where the config comes from, kept for reloads.
@@ -75,9 +87,9 @@ pub fn build_targets(config: &Config) -> Result<Vec<Arc<Target>>, StartError> {
         .map(|t| {
             Target::new(t, budget)
                 .map(Arc::new)
-                .map_err(|reason| StartError::Target {
+                .map_err(|source| StartError::Target {
                     name: t.name.clone(),
-                    reason,
+                    source,
                 })
         })
         .collect()
@@ -127,7 +139,7 @@ impl Daemon {
 
         let targets = build_targets(&config)?;
         let target_names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
-        let rules = Rules::build(&config, &target_names).map_err(StartError::Rules)?;
+        let rules = Rules::build(&config, &target_names)?;
         let journal = open_journal(&config.journal.path, config.journal.max_batch).await?;
         let longest_window = config.targets.iter().map(|t| t.late_answer_window_ms).max();
         journal.check_lease(config.server.budget_ms + longest_window.unwrap_or(0))?;
@@ -183,11 +195,11 @@ impl Daemon {
     /// Everything else (listeners, prefix, budget, targets, journal, logging) is
     /// fixed at start-up: the changed keys of that kind are returned, and
     /// logged, with their running and new values.
-    pub fn reload(&self) -> Result<Reloaded, String> {
+    pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let result = self
             .source
             .load()
-            .map_err(|e| e.to_string())
+            .map_err(ReloadError::from)
             .and_then(|config| {
                 let rules = Rules::build(&config, &self.target_names)?;
                 Ok((rules, restart_only_changes(&self.started, &config)))

@@ -13,9 +13,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::config::{Cidr, Config, Operation};
+use crate::config::{Cidr, CidrError, Config, Operation};
 use crate::layout::{self, Layout};
-use crate::outcome::CodeTable;
+use crate::outcome::{CodeTable, CodeTableError};
 
 pub mod core_api;
 
@@ -53,6 +53,34 @@ struct ChannelRule {
     tx_codes: HashSet<String>,
 }
 
+/// Why the rules cannot be built; each names the file or key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    #[error(transparent)]
+    Layouts(#[from] layout::LayoutError),
+    #[error(transparent)]
+    Codes(#[from] CodeTableError),
+    #[error("route.{tx_code}.target: names unknown target {target:?}")]
+    UnknownTarget { tx_code: String, target: String },
+    #[error("route.{tx_code}: no layout {layout:?} (have {have:?})")]
+    NoLayout {
+        tx_code: String,
+        layout: String,
+        have: Vec<String>,
+    },
+    #[error("route.{tx_code}: layout {layout} ({file}): {source}")]
+    CoreApi {
+        tx_code: String,
+        layout: String,
+        file: String,
+        source: Box<core_api::ApiMismatch>,
+    },
+    #[error("channel.{channel}.allow_from: {source}")]
+    AllowFrom { channel: String, source: CidrError },
+    #[error("channel.{channel}.tx_codes: {code:?} has no route")]
+    UnroutedTxCode { channel: String, code: String },
+}
+
 /// One consistent version of routes, layouts, channels and codes.
 #[derive(Debug, Clone)]
 pub struct Rules {
@@ -66,35 +94,38 @@ pub struct Rules {
 impl Rules {
     /// Builds and checks the rules; `target_names` are the hub's targets in order.
     /// The error names the file or key and the reason.
-    pub fn build(cfg: &Config, target_names: &[String]) -> Result<Rules, String> {
+    pub fn build(cfg: &Config, target_names: &[String]) -> Result<Rules, RulesError> {
         // The folder adds to the built-in layouts (and replaces one by tx code).
-        let layouts =
-            layout::with_dir(cfg.server.layouts_dir.as_deref()).map_err(|e| e.to_string())?;
+        let layouts = layout::with_dir(cfg.server.layouts_dir.as_deref())?;
         let layouts: BTreeMap<String, Arc<Layout>> =
             layouts.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
         let codes = match &cfg.server.codes_file {
-            Some(path) => CodeTable::from_file(path).map_err(|e| e.to_string())?,
+            Some(path) => CodeTable::from_file(path)?,
             None => CodeTable::builtin(),
         };
         let mut routes = HashMap::new();
         for r in &cfg.routes {
-            let key = format!("route.{}", r.tx_code);
             let target = target_names
                 .iter()
                 .position(|n| *n == r.target)
-                .ok_or_else(|| format!("{key}.target: names unknown target {:?}", r.target))?;
+                .ok_or_else(|| RulesError::UnknownTarget {
+                    tx_code: r.tx_code.clone(),
+                    target: r.target.clone(),
+                })?;
             let layout_name = r.layout.as_deref().unwrap_or(&r.tx_code);
             let layout = layouts
                 .get(layout_name)
-                .ok_or_else(|| {
-                    format!(
-                        "{key}: no layout {layout_name:?} (have {:?})",
-                        layouts.keys().collect::<Vec<_>>()
-                    )
+                .ok_or_else(|| RulesError::NoLayout {
+                    tx_code: r.tx_code.clone(),
+                    layout: layout_name.to_string(),
+                    have: layouts.keys().cloned().collect(),
                 })?
                 .clone();
-            core_api::check(r.operation, &layout).map_err(|reason| {
-                format!("{key}: layout {layout_name} ({}): {reason}", layout.source)
+            core_api::check(r.operation, &layout).map_err(|source| RulesError::CoreApi {
+                tx_code: r.tx_code.clone(),
+                layout: layout_name.to_string(),
+                file: layout.source.clone(),
+                source: Box::new(source),
             })?;
             routes.insert(
                 r.tx_code.clone(),
@@ -116,10 +147,16 @@ impl Rules {
                     .iter()
                     .map(|a| Cidr::parse(a))
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| format!("channel.{}.allow_from: {e}", c.id))?;
+                    .map_err(|source| RulesError::AllowFrom {
+                        channel: c.id.clone(),
+                        source,
+                    })?;
                 for code in &c.tx_codes {
                     if !routes.contains_key(code) {
-                        return Err(format!("channel.{}.tx_codes: {code:?} has no route", c.id));
+                        return Err(RulesError::UnroutedTxCode {
+                            channel: c.id.clone(),
+                            code: code.clone(),
+                        });
                     }
                 }
                 map.insert(

@@ -395,7 +395,7 @@ fn send_rules(args: &SendArgs) -> Result<SendRules, String> {
     if !names.iter().any(|n| n == relayhub::config::DEFAULT_TARGET) {
         names.push(relayhub::config::DEFAULT_TARGET.into());
     }
-    let rules = Rules::build(&config, &names)?;
+    let rules = Rules::build(&config, &names).map_err(|e| e.to_string())?;
     Ok(SendRules {
         rules,
         listen: config.server.listen,
@@ -568,7 +568,7 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
     let source = args.source();
     let config = source.load().map_err(|e| e.to_string())?;
     let names: Vec<String> = config.targets.iter().map(|t| t.name.clone()).collect();
-    let rules = Rules::build(&config, &names)?;
+    let rules = Rules::build(&config, &names).map_err(|e| e.to_string())?;
     build_targets(&config).map_err(|e| e.to_string())?;
     let s = &config.server;
     println!(
@@ -708,7 +708,7 @@ async fn journal(args: JournalArgs) -> Result<ExitCode, String> {
             let config = source.load().map_err(|e| e.to_string())?;
             let targets = build_targets(&config).map_err(|e| e.to_string())?;
             let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
-            let rules = Rules::build(&config, &names)?;
+            let rules = Rules::build(&config, &names).map_err(|e| e.to_string())?;
             let journal = open_journal(&config.journal.path, config.journal.max_batch)
                 .await
                 .map_err(|e| e.to_string())?;

@@ -147,9 +147,65 @@ fn names(keys: &[Key]) -> String {
     keys.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
 }
 
+/// A layout that does not fit the core API of its operation; each names the
+/// field, what is wrong and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiMismatch {
+    #[error(
+        "request field `{field}` clashes with the key the hub takes from the header; rename or remove it"
+    )]
+    HeaderKey { field: String },
+    #[error(
+        "request has no field `{field}`, which {call} needs for {what} (it takes {takes}): add {example} to \"request\" and to request_length"
+    )]
+    MissingRequest {
+        field: &'static str,
+        call: &'static str,
+        what: &'static str,
+        takes: String,
+        example: &'static str,
+    },
+    #[error(
+        "request field `{field}` is type {kind:?}, which sends {sends} to the core; {call} needs it as in {example}"
+    )]
+    RequestType {
+        field: String,
+        kind: FieldType,
+        sends: &'static str,
+        call: &'static str,
+        example: &'static str,
+    },
+    #[error(
+        "request field `orig_guid` is {kind:?} {length}, but a GUID is AN 32: make it {example}"
+    )]
+    OrigGuid {
+        kind: FieldType,
+        length: usize,
+        example: &'static str,
+    },
+    #[error(
+        "response field `{field}` is not in the core's answer to {call} (it carries {carries}), so every success would be answered E901: {hint}rename it to one of those keys"
+    )]
+    UnknownAnswerKey {
+        field: String,
+        call: &'static str,
+        carries: String,
+        hint: String,
+    },
+    #[error(
+        "response field `{field}` is type {kind:?}, which cannot hold the answer's `{key}`: use {example}"
+    )]
+    ResponseType {
+        field: String,
+        kind: FieldType,
+        key: &'static str,
+        example: &'static str,
+    },
+}
+
 /// Checks `layout` against what `op` sends and receives. The error names the
 /// field, what is wrong and the fix; the caller adds the route and the layout.
-pub fn check(op: Operation, layout: &Layout) -> Result<(), String> {
+pub fn check(op: Operation, layout: &Layout) -> Result<(), ApiMismatch> {
     let api = api(op);
     let what = match op {
         Operation::Transfer => "a transfer",
@@ -157,36 +213,39 @@ pub fn check(op: Operation, layout: &Layout) -> Result<(), String> {
     };
     for f in &layout.request {
         if api.from_header.contains(&f.name.as_str()) {
-            return Err(format!(
-                "request field `{}` clashes with the key the hub takes from the header; rename or remove it",
-                f.name
-            ));
+            return Err(ApiMismatch::HeaderKey {
+                field: f.name.clone(),
+            });
         }
     }
     for key in api.request {
         let Some(f) = layout.request.iter().find(|f| f.name == key.name) else {
-            return Err(format!(
-                "request has no field `{}`, which {} needs for {what} (it takes {}): add {} to \"request\" and to request_length",
-                key.name,
-                api.call,
-                names(api.request),
-                key.example
-            ));
+            return Err(ApiMismatch::MissingRequest {
+                field: key.name,
+                call: api.call,
+                what,
+                takes: names(api.request),
+                example: key.example,
+            });
         };
         if let Some(sends) = request_mismatch(key.json, f.kind) {
-            return Err(format!(
-                "request field `{}` is type {:?}, which sends {sends} to the core; {} needs it as in {}",
-                f.name, f.kind, api.call, key.example
-            ));
+            return Err(ApiMismatch::RequestType {
+                field: f.name.clone(),
+                kind: f.kind,
+                sends,
+                call: api.call,
+                example: key.example,
+            });
         }
     }
     if op == Operation::Inquiry {
         let f = field(&layout.request, "orig_guid");
         if let Some(f) = f.filter(|f| f.kind != FieldType::AN || f.length != 32) {
-            return Err(format!(
-                "request field `orig_guid` is {:?} {}, but a GUID is AN 32: make it {}",
-                f.kind, f.length, api.request[0].example
-            ));
+            return Err(ApiMismatch::OrigGuid {
+                kind: f.kind,
+                length: f.length,
+                example: api.request[0].example,
+            });
         }
     }
     for f in &layout.response {
@@ -194,19 +253,21 @@ pub fn check(op: Operation, layout: &Layout) -> Result<(), String> {
             let hint = closest(&f.name, api.answer)
                 .map(|k| format!("did you mean `{}`? ", k.name))
                 .unwrap_or_default();
-            return Err(format!(
-                "response field `{}` is not in the core's answer to {} (it carries {}), so every success would be answered E901: {hint}rename it to one of those keys",
-                f.name,
-                api.call,
-                names(api.answer)
-            ));
+            return Err(ApiMismatch::UnknownAnswerKey {
+                field: f.name.clone(),
+                call: api.call,
+                carries: names(api.answer),
+                hint,
+            });
         };
         let fits = answer_types(key.json);
         if !fits.contains(&f.kind) {
-            return Err(format!(
-                "response field `{}` is type {:?}, which cannot hold the answer's `{}`: use {}",
-                f.name, f.kind, key.name, key.example
-            ));
+            return Err(ApiMismatch::ResponseType {
+                field: f.name.clone(),
+                kind: f.kind,
+                key: key.name,
+                example: key.example,
+            });
         }
     }
     Ok(())
@@ -219,26 +280,10 @@ fn field<'a>(fields: &'a [Field], name: &str) -> Option<&'a Field> {
 /// The answer key nearest to a misspelt name (at most 2 edits away).
 fn closest(name: &str, keys: &'static [Key]) -> Option<&'static Key> {
     keys.iter()
-        .map(|k| (edit_distance(name, k.name), k))
+        .map(|k| (strsim::levenshtein(name, k.name), k))
         .filter(|(d, _)| *d <= 2)
         .min_by_key(|(d, _)| *d)
         .map(|(_, k)| k)
-}
-
-/// Levenshtein distance over characters.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
 }
 
 #[cfg(test)]
@@ -285,8 +330,21 @@ mod tests {
         check(Operation::Transfer, &trf_with(REQUEST, RESPONSE)).unwrap();
         // An inquiry layout cannot serve a transfer, nor the reverse.
         let e = check(Operation::Transfer, &l["INQ001"]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ApiMismatch::MissingRequest {
+                    field: "from_account",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = e.to_string();
         assert!(e.contains("no field `from_account`"), "{e}");
-        let e = check(Operation::Inquiry, &l["TRF001"]).unwrap_err();
+        let e = check(Operation::Inquiry, &l["TRF001"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no field `orig_guid`"), "{e}");
     }
 
@@ -297,6 +355,11 @@ mod tests {
             &trf_with(REQUEST, &RESPONSE.replace("\"balance\"", "\"balnce\"")),
         )
         .unwrap_err();
+        assert!(
+            matches!(&e, ApiMismatch::UnknownAnswerKey { field, .. } if field == "balnce"),
+            "{e:?}"
+        );
+        let e = e.to_string();
         assert!(
             e.contains("response field `balnce` is not in the core's answer")
                 && e.contains("did you mean `balance`?")
@@ -318,7 +381,9 @@ mod tests {
             } else {
                 format!("{request}}}")
             };
-            let e = check(Operation::Transfer, &trf_with(&request, RESPONSE)).unwrap_err();
+            let e = check(Operation::Transfer, &trf_with(&request, RESPONSE))
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains(&format!("request has no field `{name}`"))
                     && e.contains("POST /v1/transfers")
@@ -338,6 +403,8 @@ mod tests {
             ),
         )
         .unwrap_err();
+        assert!(matches!(e, ApiMismatch::RequestType { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(
             e.contains("`amount` is type AN, which sends a string"),
             "{e}"
@@ -350,7 +417,10 @@ mod tests {
             ),
         )
         .unwrap_err();
-        assert!(e.contains("`balance` is type AN"), "{e}");
+        assert!(
+            matches!(e, ApiMismatch::ResponseType { key: "balance", .. }),
+            "{e:?}"
+        );
         let e = check(
             Operation::Transfer,
             &trf_with(
@@ -359,14 +429,16 @@ mod tests {
             ),
         )
         .unwrap_err();
-        assert!(e.contains("`guid` clashes"), "{e}");
+        assert!(
+            matches!(&e, ApiMismatch::HeaderKey { field } if field == "guid"),
+            "{e:?}"
+        );
     }
 
     #[test]
-    fn edit_distance_counts_edits() {
-        assert_eq!(edit_distance("balnce", "balance"), 1);
-        assert_eq!(edit_distance("txnid", "txn_id"), 1);
-        assert_eq!(edit_distance("", "abc"), 3);
+    fn a_misspelt_answer_key_finds_its_nearest() {
+        assert_eq!(closest("balnce", ANSWER).map(|k| k.name), Some("balance"));
+        assert_eq!(closest("txnid", ANSWER).map(|k| k.name), Some("txn_id"));
         assert!(closest("status_code", ANSWER).is_none());
     }
 }

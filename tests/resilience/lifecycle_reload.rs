@@ -115,7 +115,8 @@ async fn a_refused_reload_says_why_and_changes_nothing() {
         let err = hub
             .daemon
             .reload()
-            .expect_err(&format!("{what}: reload accepted"));
+            .expect_err(&format!("{what}: reload accepted"))
+            .to_string();
         assert!(
             err.contains(names),
             "{what}: the reason names {names:?}: {err}"
