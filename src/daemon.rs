@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::config::{Config, ConfigError, Overrides};
 use crate::core_client::Target;
-use crate::journal::{Journal, JournalError, now_ms};
+use crate::journal::{Journal, JournalError, Ownership, now_ms};
 use crate::relay::{Hub, ResendPolicy};
 use crate::rules::Rules;
 use crate::server::{self, Limits};
@@ -93,6 +93,9 @@ pub struct Daemon {
     shutdown: Option<oneshot::Sender<()>>,
     server: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
+    /// The journal is this hub's while the daemon lives: dropped (and a SQLite
+    /// file's lock released) only once shutdown has drained the telegrams.
+    _journal_owner: Ownership,
 }
 
 impl Daemon {
@@ -126,7 +129,7 @@ impl Daemon {
         let targets = build_targets(&config)?;
         let target_names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
         let rules = Rules::build(&config, &target_names).map_err(StartError::Rules)?;
-        let journal = open_journal(&config.journal.path, config.journal.max_batch).await?;
+        let (journal, owner) = open_journal(&config.journal.path, config.journal.max_batch).await?;
         let longest_window = config.targets.iter().map(|t| t.late_answer_window_ms).max();
         journal.check_lease(config.server.budget_ms + longest_window.unwrap_or(0))?;
         let hub = Arc::new(Hub::new(
@@ -168,6 +171,7 @@ impl Daemon {
             shutdown: Some(tx),
             server,
             background,
+            _journal_owner: owner,
         })
     }
 
@@ -240,9 +244,14 @@ fn bind(addr: &str) -> Result<tokio::net::TcpListener, StartError> {
     })
 }
 
-/// Opens the journal and settles what a crash left behind.
-pub async fn open_journal(spec: &str, max_batch: usize) -> Result<Journal, JournalError> {
-    let journal = Journal::open(spec, max_batch).await?;
+/// Opens the journal as its owner (a SQLite file is locked: a second hub, or
+/// a reconcile beside a live hub, is refused) and settles what a crash left
+/// behind. Keep the [`Ownership`] for as long as the journal is used.
+pub async fn open_journal(
+    spec: &str,
+    max_batch: usize,
+) -> Result<(Journal, Ownership), JournalError> {
+    let (journal, owner) = Journal::open_owned(spec, max_batch).await?;
     let recovered = journal.recover(now_ms()).await?;
     if recovered > 0 {
         warn!(
@@ -250,7 +259,7 @@ pub async fn open_journal(spec: &str, max_batch: usize) -> Result<Journal, Journ
             "transfers in flight when the hub stopped are now unknown (E901); a resend is answered by inquiry"
         );
     }
-    Ok(journal)
+    Ok((journal, owner))
 }
 
 async fn serve_admin(

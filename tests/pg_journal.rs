@@ -256,6 +256,86 @@ async fn rows_events_and_conditional_finish_round_trip() {
     assert_eq!(a.get("g3").await.unwrap().unwrap().state, State::Sending);
 }
 
+/// A tool (another process on the shared journal: `relayhub journal
+/// reconcile`) beside a live hub steals nothing: recovery leaves the hub's
+/// rows under lease alone, and its reconcile does not record "never
+/// received" for the live hub's unknown transfer, nor print it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_beside_a_live_hub_takes_none_of_its_rows() {
+    use relayhub::config::Overrides;
+    use relayhub::daemon::{Source, build_targets};
+    use relayhub::outcome::Code;
+    use relayhub::relay::{Hub, ResendPolicy};
+    use relayhub::rules::Rules;
+
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "tool").await;
+    let core = start_core().await;
+    let hub = PgJournal::open(&with_params(&url, "hub_id=live&lease_ms=60000"))
+        .await
+        .unwrap();
+    // Live: one call in flight, one answered E901 and still running.
+    assert_eq!(
+        hub.claim("flying", "TRF001", "fp", 1).await.unwrap(),
+        Claim::New
+    );
+    assert_eq!(
+        hub.claim("late", "TRF001", "fp", 1).await.unwrap(),
+        Claim::New
+    );
+    assert!(
+        hub.finish_if(
+            "late",
+            &[State::Sending],
+            finish(State::Unknown, "E901", "timed out"),
+            2
+        )
+        .await
+        .unwrap()
+    );
+
+    // The tool, as `relayhub journal reconcile` builds it.
+    let tool_url = with_params(&url, "hub_id=tool");
+    let source = Source {
+        file: None,
+        overrides: Overrides {
+            core_url: Some(core.url()),
+            journal: Some(tool_url.clone()),
+            ..Overrides::default()
+        },
+    };
+    let config = source.load().unwrap();
+    let (journal, _owner) = relayhub::daemon::open_journal(&tool_url, 16).await.unwrap();
+    let targets = build_targets(&config).unwrap();
+    let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
+    let tool = Hub::new(
+        Rules::build(&config, &names).unwrap(),
+        targets,
+        journal,
+        Duration::from_millis(config.server.budget_ms),
+        ResendPolicy::from(&config.journal),
+    );
+    assert_eq!(
+        hub.get("flying").await.unwrap().unwrap().state,
+        State::Sending
+    );
+
+    let report = relayhub::admin::reconcile(&tool).await.unwrap();
+    assert_eq!(report, [("late".to_string(), Code::UNKNOWN)]);
+    assert_eq!(calls(&core, "late"), (0, 1), "asked, not posted");
+    assert_eq!(
+        hub.get("late").await.unwrap().unwrap().state,
+        State::Unknown
+    );
+    assert_eq!(
+        hub.get("flying").await.unwrap().unwrap().state,
+        State::Sending
+    );
+    let (owner, lease) = hub.lease_of("late").await.unwrap().unwrap();
+    assert_eq!(owner.as_deref(), Some(hub.hub_id()));
+    assert!(lease.is_some(), "the live hub keeps its lease");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn recover_leaves_live_leases_and_settles_expired_ones() {
     let Some(base) = test_db() else { return };

@@ -15,6 +15,7 @@
 //!
 //! # Layout
 //!
+//! * `lock`: one owner per file (a hub, or reconcile with no hub running).
 //! * `open`: checks a file is a healthy journal of a known schema, migrates it.
 //! * `writer`: the one thread that owns the connection and group-commits.
 //! * this file: the handle, and the SQL of each operation.
@@ -23,6 +24,7 @@
 //! already returns, and one connection means a read always sees every write
 //! acknowledged before it, with no second connection to open or keep healthy.
 
+pub mod lock;
 mod open;
 #[cfg(test)]
 mod tests;
@@ -58,18 +60,29 @@ impl SqliteJournal {
     /// Opens (creating if absent) the journal at `path`, and starts its writer,
     /// which commits up to `max_batch` queued commands in one transaction.
     pub fn open(path: &Path, max_batch: usize) -> Result<SqliteJournal, JournalError> {
-        let open_error = |reason: String| JournalError::Open {
-            path: path.display().to_string(),
-            reason,
-        };
-        let conn = open::open(path).map_err(open_error)?;
+        let conn = open::open(path).map_err(|reason| open_error(path, reason))?;
+        SqliteJournal::start(path, conn, max_batch)
+    }
+
+    /// Opens an existing journal for reading only: nothing is created,
+    /// migrated or written (writes fail), so it is safe beside a live hub.
+    pub fn open_read_only(path: &Path) -> Result<SqliteJournal, JournalError> {
+        let conn = open::open_read_only(path).map_err(|reason| open_error(path, reason))?;
+        SqliteJournal::start(path, conn, 1)
+    }
+
+    fn start(
+        path: &Path,
+        conn: Connection,
+        max_batch: usize,
+    ) -> Result<SqliteJournal, JournalError> {
         let (tx, rx) = mpsc::channel(QUEUE_MIN.max(max_batch.saturating_mul(2)));
         let commits = Arc::new(AtomicU64::new(0));
         let counter = commits.clone();
         std::thread::Builder::new()
             .name("relayhub-journal".into())
             .spawn(move || writer::run(conn, rx, max_batch, counter))
-            .map_err(|e| open_error(format!("cannot start the writer thread: {e}")))?;
+            .map_err(|e| open_error(path, format!("cannot start the writer thread: {e}")))?;
         Ok(SqliteJournal { tx, commits })
     }
 
@@ -283,6 +296,13 @@ impl SqliteJournal {
             Ok(n as u64)
         })
         .await
+    }
+}
+
+fn open_error(path: &Path, reason: String) -> JournalError {
+    JournalError::Open {
+        path: path.display().to_string(),
+        reason,
     }
 }
 

@@ -589,6 +589,88 @@ fn open_twice_in_sequence_and_concurrently() {
     open(&path);
 }
 
+/// A journal of schema version 1 (before the prune index), as an older
+/// build left it.
+fn version_1_journal(path: &Path) {
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch(include_str!("../../../migrations/sqlite/0001_init.sql"))
+        .unwrap();
+    conn.execute_batch(&format!(
+        "PRAGMA user_version = 1; PRAGMA application_id = {};
+         PRAGMA journal_mode = WAL;
+         INSERT INTO journal (guid, tx_code, fingerprint, state, code, attempts,
+           last_attempt_ms, created_ms, updated_ms)
+         VALUES ('old', 'TRF001', 'fp', 'done', '0000', 1, 5, 5, 5);",
+        open::APPLICATION_ID
+    ))
+    .unwrap();
+}
+
+fn schema_version_and_index(path: &Path) -> (i64, bool) {
+    let conn = Connection::open(path).unwrap();
+    let v: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    let index: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'index' \
+             AND name = 'journal_settled_updated'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    (v, index == 1)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn read_only_open_reads_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    match SqliteJournal::open_read_only(&path) {
+        Err(JournalError::Open { reason, .. }) => assert_eq!(reason, "no such file"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a missing file opened"),
+    }
+    assert!(!path.exists(), "a read-only open created the file");
+
+    // An older schema is read as it is, not migrated.
+    version_1_journal(&path);
+    let ro = SqliteJournal::open_read_only(&path).expect("read-only open");
+    assert_eq!(
+        ro.get("old").await.unwrap().unwrap().code.as_deref(),
+        Some("0000")
+    );
+    assert!(
+        ro.claim("g", "TRF001", "fp", 1).await.is_err(),
+        "a write went through"
+    );
+    assert_eq!(ro.recover(10).await.ok(), None, "recover went through");
+    drop(ro);
+    assert_eq!(schema_version_and_index(&path), (1, false));
+
+    // Beside a writer, it sees what the writer committed; the writer's
+    // `sending` row stays as it is.
+    let rw = open(&path);
+    rw.claim("live", "TRF001", "fp", 20).await.unwrap();
+    let ro = SqliteJournal::open_read_only(&path).expect("read-only beside a writer");
+    assert_eq!(ro.get("live").await.unwrap().unwrap().state, State::Sending);
+    assert_eq!(ro.list(State::Sending, 10).await.unwrap().len(), 1);
+    assert_eq!(rw.get("live").await.unwrap().unwrap().state, State::Sending);
+
+    let other = dir.path().join("other.db");
+    Connection::open(&other)
+        .unwrap()
+        .execute_batch("CREATE TABLE customers (id INTEGER PRIMARY KEY)")
+        .unwrap();
+    match SqliteJournal::open_read_only(&other) {
+        Err(JournalError::Open { reason, .. }) => {
+            assert!(reason.contains("not a relayhub journal"), "{reason}")
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("another program's database opened"),
+    }
+}
+
 #[test]
 fn open_refuses_random_bytes() {
     let dir = tempfile::tempdir().unwrap();
