@@ -245,15 +245,19 @@ async fn rows_events_and_conditional_finish_round_trip() {
         Claim::New => panic!("a known GUID claimed as new"),
     }
 
-    // Pruning drops old settled rows and their history, never `sending` ones.
+    // Pruning drops old settled rows and their history, never `sending` or
+    // `unknown` ones.
     assert_eq!(
         a.claim("g3", "TRF001", "fp3", 50).await.unwrap(),
         Claim::New
     );
-    assert_eq!(a.prune(1_000).await.unwrap(), 2);
+    assert_eq!(a.unsettled_before(1_000).await.unwrap(), 2);
+    assert_eq!(a.prune(1_000).await.unwrap(), 1);
     assert_eq!(a.get("g1").await.unwrap(), None);
     assert!(a.history("g1").await.unwrap().is_empty());
     assert_eq!(a.get("g3").await.unwrap().unwrap().state, State::Sending);
+    assert_eq!(a.get("g2").await.unwrap().unwrap().state, State::Unknown);
+    assert!(!a.history("g2").await.unwrap().is_empty());
 }
 
 /// A tool (another process on the shared journal: `relayhub journal

@@ -13,6 +13,9 @@
 //!   resends of a "not sent" GUID cannot both post.
 //! * [`Journal::recover`] turns rows left `sending` by a crash into `unknown`
 //!   (in the shared store: only rows whose hub's lease has expired).
+//! * [`Journal::prune`] forgets settled rows (`done`, `not_sent`) past the
+//!   retention, never rows `sending` or `unknown`: a resend of one of those
+//!   must still be answered by inquiry, however late it comes.
 //!
 //! # Who may recover and settle
 //!
@@ -46,6 +49,12 @@ pub enum State {
 }
 
 impl State {
+    /// `done` or `not_sent`: nothing more will happen to the GUID unless a
+    /// channel sends it again, so the row may be pruned past the retention.
+    pub fn is_settled(&self) -> bool {
+        matches!(self, State::Done | State::NotSent)
+    }
+
     pub fn as_str(&self) -> &'static str {
         match self {
             State::Sending => "sending",
@@ -350,12 +359,24 @@ impl Journal {
         }
     }
 
-    /// Deletes rows (and their history) last updated before `before_ms`.
+    /// Deletes settled rows (`done`, `not_sent`), with their history, last
+    /// updated before `before_ms`; rows `sending` or `unknown` are kept
+    /// whatever their age.
     pub async fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
         match self {
             Journal::Memory(j) => j.prune(before_ms),
             Journal::Sqlite(j) => j.prune(before_ms).await,
             Journal::Postgres(j) => j.prune(before_ms).await,
+        }
+    }
+
+    /// Rows `sending` or `unknown` last updated before `before_ms`: those a
+    /// prune keeps past the retention because they are not settled.
+    pub async fn unsettled_before(&self, before_ms: i64) -> Result<u64, JournalError> {
+        match self {
+            Journal::Memory(j) => j.unsettled_before(before_ms),
+            Journal::Sqlite(j) => j.unsettled_before(before_ms).await,
+            Journal::Postgres(j) => j.unsettled_before(before_ms).await,
         }
     }
 }

@@ -510,18 +510,37 @@ impl PgJournal {
         .await
     }
 
-    /// Deletes rows (and their history) last updated before `before_ms`, except
-    /// rows still `sending`: those are in flight, or await their lease's end.
+    /// Deletes settled rows (`done`, `not_sent`) and their history last
+    /// updated before `before_ms`. Rows still `sending` or `unknown` are kept
+    /// whatever their age: forgetting one would let its resend post again.
+    /// Returns how many rows went.
     pub async fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
         self.bounded(true, async |c| {
             let st = c
                 .prepare_cached(
                     "WITH gone AS ( \
                        DELETE FROM relayhub_journal \
-                       WHERE updated_ms < $1::bigint AND state <> 'sending' RETURNING guid), \
+                       WHERE updated_ms < $1::bigint AND state IN ('done', 'not_sent') \
+                       RETURNING guid), \
                      ev AS ( \
                        DELETE FROM relayhub_journal_events e USING gone WHERE e.guid = gone.guid) \
                      SELECT count(*) FROM gone",
+                )
+                .await?;
+            let n: i64 = c.query_one(&st, &[&before_ms]).await?.get(0);
+            Ok(n as u64)
+        })
+        .await
+    }
+
+    /// Rows still `sending` or `unknown` last updated before `before_ms`: the
+    /// ones a prune keeps past the retention because they are not settled.
+    pub async fn unsettled_before(&self, before_ms: i64) -> Result<u64, JournalError> {
+        self.bounded(false, async |c| {
+            let st = c
+                .prepare_cached(
+                    "SELECT count(*) FROM relayhub_journal \
+                     WHERE state IN ('sending', 'unknown') AND updated_ms < $1::bigint",
                 )
                 .await?;
             let n: i64 = c.query_one(&st, &[&before_ms]).await?.get(0);

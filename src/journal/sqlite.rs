@@ -281,19 +281,37 @@ impl SqliteJournal {
         .await
     }
 
-    /// Deletes rows (and their history) last updated before `before_ms`, except
-    /// rows still `sending`: those are in flight, or await `recover`.
+    /// Deletes settled rows (`done`, `not_sent`) and their history last
+    /// updated before `before_ms`. Rows still `sending` or `unknown` are kept
+    /// whatever their age: forgetting one would let its resend post again.
+    /// Returns how many rows went.
     pub async fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
         self.call(true, move |c| {
             c.prepare_cached(
-                "DELETE FROM journal_events WHERE guid IN \
-                 (SELECT guid FROM journal WHERE updated_ms < ?1 AND state <> 'sending')",
+                "DELETE FROM journal_events WHERE guid IN (SELECT guid FROM journal \
+                 WHERE state IN ('done', 'not_sent') AND updated_ms < ?1)",
             )?
             .execute([before_ms])?;
             let n = c
-                .prepare_cached("DELETE FROM journal WHERE updated_ms < ?1 AND state <> 'sending'")?
+                .prepare_cached(
+                    "DELETE FROM journal WHERE state IN ('done', 'not_sent') AND updated_ms < ?1",
+                )?
                 .execute([before_ms])?;
             Ok(n as u64)
+        })
+        .await
+    }
+
+    /// Rows still `sending` or `unknown` last updated before `before_ms`: the
+    /// ones a prune keeps past the retention because they are not settled.
+    pub async fn unsettled_before(&self, before_ms: i64) -> Result<u64, JournalError> {
+        self.call(false, move |c| {
+            c.prepare_cached(
+                "SELECT COUNT(*) FROM journal \
+                 WHERE state IN ('sending', 'unknown') AND updated_ms < ?1",
+            )?
+            .query_row([before_ms], |r| r.get::<_, i64>(0))
+            .map(|n| n as u64)
         })
         .await
     }

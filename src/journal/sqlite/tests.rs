@@ -382,8 +382,19 @@ async fn prune_keeps_sending_and_recent_rows() {
             "{g} history pruned"
         );
     }
-    assert_eq!(j.prune(i64::MAX).await.unwrap(), 2);
+    // However old, rows not settled stay: `edge` is unknown, and a resend of
+    // it must still be an inquiry, not a new POST.
+    assert_eq!(j.unsettled_before(i64::MAX).await.unwrap(), 2);
+    assert_eq!(j.prune(i64::MAX).await.unwrap(), 1);
     assert!(j.get("old-sending").await.unwrap().is_some());
+    assert_eq!(j.get("edge").await.unwrap().unwrap().state, State::Unknown);
+    assert!(matches!(
+        j.claim("edge", "TRF001", "fp", 600).await.unwrap(),
+        Claim::Existing(Row {
+            state: State::Unknown,
+            ..
+        })
+    ));
     // A pruned GUID is new again.
     assert_eq!(
         j.claim("old-done", "TRF001", "fp", 600).await.unwrap(),
