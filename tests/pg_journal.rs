@@ -260,6 +260,105 @@ async fn rows_events_and_conditional_finish_round_trip() {
     assert!(!a.history("g2").await.unwrap().is_empty());
 }
 
+/// Writes `n` settled rows (with one event each) straight into the tables,
+/// updated at `at_ms + i`, every `unknown_every`-th one `unknown` instead.
+/// Returns how many are unknown.
+async fn fill(url: &str, n: i64, at_ms: i64, unknown_every: i64) -> u64 {
+    let c = raw_client(url).await;
+    c.execute(
+        "INSERT INTO relayhub_journal (guid, tx_code, fingerprint, state, code, attempts, \
+           last_attempt_ms, answered_ms, created_ms, updated_ms) \
+         SELECT 'FILL' || lpad(i::text, 28, '0'), 'TRF001', 'fp', \
+           CASE WHEN i % $3::bigint = 0 THEN 'unknown' ELSE 'done' END, \
+           CASE WHEN i % $3::bigint = 0 THEN 'E901' ELSE '0000' END, 1, \
+           $2::bigint + i, $2::bigint + i, $2::bigint + i, $2::bigint + i \
+         FROM generate_series(0::bigint, $1::bigint - 1) AS i",
+        &[&n, &at_ms, &unknown_every],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
+         SELECT guid, updated_ms, state, code, 'filled' FROM relayhub_journal \
+         WHERE guid LIKE 'FILL%'",
+        &[],
+    )
+    .await
+    .unwrap();
+    ((n + unknown_every - 1) / unknown_every) as u64
+}
+
+/// Retention never forgets a transfer that is not settled: an unknown GUID
+/// pruned would make its late resend a new POST. Settled rows go in batches,
+/// through the partial index on `updated_ms`.
+#[tokio::test(flavor = "multi_thread")]
+async fn prune_in_batches_keeps_unsettled_rows() {
+    let Some(base) = test_db() else { return };
+    let (url, a, b) = two_hubs(&base, "prune", 60_000).await;
+    let unknown = fill(&url, 5_000, 1_000, 7).await;
+    assert_eq!(
+        a.claim("in-flight", "TRF001", "fp", 10).await.unwrap(),
+        Claim::New
+    );
+    assert_eq!(
+        a.claim("fresh", "TRF001", "fp", 100_000).await.unwrap(),
+        Claim::New
+    );
+
+    assert_eq!(b.unsettled_before(50_000).await.unwrap(), unknown + 1);
+    assert_eq!(
+        b.prune_in_batches(50_000, 300).await.unwrap(),
+        5_000 - unknown
+    );
+    assert_eq!(b.count(State::Done).await.unwrap(), 0);
+    assert_eq!(b.count(State::Unknown).await.unwrap(), unknown);
+    assert_eq!(b.count(State::Sending).await.unwrap(), 2);
+    let c = raw_client(&url).await;
+    let events: i64 = c
+        .query_one("SELECT count(*) FROM relayhub_journal_events", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(events, unknown as i64 + 2, "pruned rows' history stays");
+    assert_eq!(b.prune(50_000).await.unwrap(), 0);
+
+    // A resend of an unknown GUID long past the retention is still known:
+    // the hub answers it by inquiry, not by a new POST.
+    match a
+        .claim(
+            "FILL0000000000000000000000000000",
+            "TRF001",
+            "fp",
+            10_000_000,
+        )
+        .await
+        .unwrap()
+    {
+        Claim::Existing(r) => assert_eq!(r.state, State::Unknown),
+        Claim::New => panic!("an unknown GUID was pruned and claimed as new"),
+    }
+
+    // The prune's query can use the partial index (schema version 2).
+    c.batch_execute("SET enable_seqscan = off").await.unwrap();
+    let plan: Vec<String> = c
+        .query(
+            "EXPLAIN SELECT guid FROM relayhub_journal \
+             WHERE state IN ('done', 'not_sent') AND updated_ms < 5 \
+             ORDER BY updated_ms LIMIT 10",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        plan.iter()
+            .any(|l| l.contains("relayhub_journal_settled_updated")),
+        "{plan:?}"
+    );
+}
+
 /// A tool (another process on the shared journal: `relayhub journal
 /// reconcile`) beside a live hub steals nothing: recovery leaves the hub's
 /// rows under lease alone, and its reconcile does not record "never
@@ -531,7 +630,7 @@ async fn hubs_starting_together_migrate_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1]);
+    assert_eq!(versions, [1, 2]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -361,7 +361,8 @@ impl Journal {
 
     /// Deletes settled rows (`done`, `not_sent`), with their history, last
     /// updated before `before_ms`; rows `sending` or `unknown` are kept
-    /// whatever their age.
+    /// whatever their age. The stores on disk delete in batches, so the
+    /// telegrams' claims are not held up behind one long delete.
     pub async fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
         match self {
             Journal::Memory(j) => j.prune(before_ms),

@@ -40,6 +40,11 @@ use tokio::sync::{mpsc, oneshot};
 use super::{Claim, Event, Finish, JournalError, Row, State};
 use writer::{FnTask, Msg};
 
+/// Rows a prune deletes per transaction. The writer serves the commands that
+/// queued meanwhile between two such batches, so a claim waits for one batch
+/// at most, not for the whole prune (see docs/performance.md for the figures).
+pub const PRUNE_BATCH: usize = 2_000;
+
 /// Commands that may queue for the writer (at least; twice `max_batch` if more).
 /// Beyond that a caller waits to enqueue, so a stalled disk pushes back on the
 /// hub instead of growing memory without limit.
@@ -282,24 +287,31 @@ impl SqliteJournal {
     }
 
     /// Deletes settled rows (`done`, `not_sent`) and their history last
-    /// updated before `before_ms`. Rows still `sending` or `unknown` are kept
-    /// whatever their age: forgetting one would let its resend post again.
-    /// Returns how many rows went.
+    /// updated before `before_ms`, [`PRUNE_BATCH`] rows per transaction, so
+    /// that claims queued meanwhile are served between batches. Rows still
+    /// `sending` or `unknown` are kept whatever their age: forgetting one would
+    /// let its resend post again. Returns how many rows went.
     pub async fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
-        self.call(true, move |c| {
-            c.prepare_cached(
-                "DELETE FROM journal_events WHERE guid IN (SELECT guid FROM journal \
-                 WHERE state IN ('done', 'not_sent') AND updated_ms < ?1)",
-            )?
-            .execute([before_ms])?;
-            let n = c
-                .prepare_cached(
-                    "DELETE FROM journal WHERE state IN ('done', 'not_sent') AND updated_ms < ?1",
-                )?
-                .execute([before_ms])?;
-            Ok(n as u64)
-        })
-        .await
+        self.prune_in_batches(before_ms, PRUNE_BATCH).await
+    }
+
+    pub(crate) async fn prune_in_batches(
+        &self,
+        before_ms: i64,
+        batch: usize,
+    ) -> Result<u64, JournalError> {
+        let limit = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
+        let mut total = 0;
+        loop {
+            // Each batch queues behind what is already waiting for the writer.
+            let n = self
+                .call(true, move |c| prune_batch(c, before_ms, limit))
+                .await?;
+            total += n;
+            if n < limit as u64 {
+                return Ok(total);
+            }
+        }
     }
 
     /// Rows still `sending` or `unknown` last updated before `before_ms`: the
@@ -322,6 +334,31 @@ fn open_error(path: &Path, reason: String) -> JournalError {
         path: path.display().to_string(),
         reason,
     }
+}
+
+/// The oldest settled rows updated before `?1`, at most `?2`, through the
+/// partial index of migration 0002: the WHERE repeats the index's condition
+/// word for word, which SQLite needs to use it, and `INDEXED BY` makes the
+/// statement fail rather than fall back to the state index and a sort of
+/// every `done` row (the planner's pick on a table without statistics).
+const PRUNE_SELECT: &str = "SELECT guid FROM journal INDEXED BY journal_settled_updated \
+     WHERE state IN ('done', 'not_sent') AND updated_ms < ?1 \
+     ORDER BY updated_ms LIMIT ?2";
+
+/// Deletes up to `limit` of the oldest settled rows updated before
+/// `before_ms`, with their history.
+fn prune_batch(c: &Connection, before_ms: i64, limit: i64) -> rusqlite::Result<u64> {
+    let guids: Vec<String> = c
+        .prepare_cached(PRUNE_SELECT)?
+        .query_map(params![before_ms, limit], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut events = c.prepare_cached("DELETE FROM journal_events WHERE guid = ?1")?;
+    let mut rows = c.prepare_cached("DELETE FROM journal WHERE guid = ?1")?;
+    for guid in &guids {
+        events.execute([guid])?;
+        rows.execute([guid])?;
+    }
+    Ok(guids.len() as u64)
 }
 
 fn add_event(

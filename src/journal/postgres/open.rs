@@ -9,7 +9,10 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
 /// Schema migrations; migration `n` (1-based) brings the schema to version `n`.
-const MIGRATIONS: &[&str] = &[include_str!("../../../migrations/postgres/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../../migrations/postgres/0001_init.sql"),
+    include_str!("../../../migrations/postgres/0002_prune_index.sql"),
+];
 
 /// The newest schema version this build reads and writes.
 pub(super) const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;

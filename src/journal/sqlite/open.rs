@@ -12,7 +12,10 @@ use rusqlite::{Connection, OpenFlags};
 pub(super) const APPLICATION_ID: i32 = 0x7268_6a6c;
 
 /// Schema migrations; migration `n` (1-based) brings `user_version` to `n`.
-const MIGRATIONS: &[&str] = &[include_str!("../../../migrations/sqlite/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../../migrations/sqlite/0001_init.sql"),
+    include_str!("../../../migrations/sqlite/0002_prune_index.sql"),
+];
 
 /// The newest schema version this build reads and writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
