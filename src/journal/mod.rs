@@ -180,6 +180,13 @@ impl Ownership {
     }
 }
 
+fn absolute(path: &std::path::Path) -> String {
+    std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
 /// The database file a `--journal` value names, if it names one (not
 /// `memory`, not a PostgreSQL URL).
 pub fn file_of(spec: &str) -> Option<&std::path::Path> {
@@ -213,9 +220,11 @@ impl Journal {
     ) -> Result<(Journal, Ownership), JournalError> {
         let lock = match file_of(spec) {
             Some(path) => Some(sqlite::lock::FileLock::acquire(path).map_err(|e| match e {
+                // Absolute, so the operator can tell which file whatever the
+                // working directory of either process.
                 sqlite::lock::LockError::Held { lock, holder } => JournalError::Locked {
-                    path: path.display().to_string(),
-                    lock: lock.display().to_string(),
+                    path: absolute(path),
+                    lock: absolute(&lock),
                     holder,
                 },
                 sqlite::lock::LockError::Io { lock, reason } => JournalError::Open {
