@@ -1,8 +1,15 @@
 //! The admin HTTP endpoints, on their own address off the telegram port:
-//! `GET /metrics` (Prometheus text), `GET /healthz` (the process runs) and
+//! `GET /metrics` (Prometheus text), `GET /healthz` (the process runs),
 //! `GET /readyz` (listeners bound, config and journal loaded; it does not depend
 //! on the core's health, so a core outage does not take the hub out of a load
-//! balancer that could still answer E902 truthfully).
+//! balancer that could still answer E902 truthfully), and
+//! `POST /journal/reconcile`, which has the hub settle its unknown transfers.
+//!
+//! Reconciling goes through the hub while it runs because only the hub knows
+//! which of its calls are still running (late-answer window): another process
+//! would believe the core's "never received" for a POST that is still on its
+//! way, and the channel's resend would be posted twice. `relayhub journal
+//! reconcile --admin ADDR` calls this endpoint.
 //!
 //! Every metric the hub records is named and described in
 //! [`crate::metric_names`]; [`describe`] installs the recorder and hands it those
@@ -17,14 +24,16 @@ use std::sync::{Arc, Once, OnceLock};
 use std::time::Duration;
 
 use crate::metric_names::{BULKHEAD_REJECTIONS, CORE_IN_FLIGHT, CORE_RETRIES, JOURNAL_UNKNOWN};
-use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::get;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 
-use crate::journal::State as RowState;
+use crate::journal::{JournalError, State as RowState};
+use crate::outcome::Code;
 use crate::relay::Hub;
 
 /// Longest a scrape waits for the journal count; past it the last value stays.
@@ -88,6 +97,24 @@ pub async fn refresh(hub: &Hub) {
     }
 }
 
+/// Asks the core about every unknown transfer of `hub`'s journal and records
+/// the answers ([`Hub::reconcile`]); returns each GUID with the code its row
+/// says now. That is the journal's word, not the inquiry's: a shared journal
+/// does not record another hub's "never received" while the owner's lease
+/// runs, and such a row is still E901.
+pub async fn reconcile(hub: &Hub) -> Result<Vec<(String, Code)>, JournalError> {
+    let report = hub.reconcile().await?;
+    let mut out = Vec::with_capacity(report.len());
+    for (guid, code) in report {
+        let now = match hub.journal().get(&guid).await? {
+            Some(row) if row.state == RowState::Unknown => Code::UNKNOWN,
+            _ => code,
+        };
+        out.push((guid, now));
+    }
+    Ok(out)
+}
+
 /// The hub, once start-up has built it: the admin listener runs before it exists.
 pub type HubCell = Arc<OnceLock<Arc<Hub>>>;
 
@@ -116,6 +143,7 @@ pub async fn serve(
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/journal/reconcile", post(journal_reconcile))
         .with_state(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
@@ -135,5 +163,27 @@ async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "starting\n")
+    }
+}
+
+/// `POST /journal/reconcile`: 200 with a JSON object of GUID -> code (`0000`,
+/// a B-code, `E904` or `E901`); 503 while the hub is starting; 500 with the
+/// reason when the journal cannot be read or written.
+async fn journal_reconcile(State(s): State<AdminState>) -> Response {
+    let Some(hub) = s.hub.get() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response();
+    };
+    match reconcile(hub).await {
+        Ok(report) => {
+            let codes: serde_json::Map<String, serde_json::Value> = report
+                .into_iter()
+                .map(|(guid, code)| (guid, code.as_str().into()))
+                .collect();
+            Json(serde_json::Value::Object(codes)).into_response()
+        }
+        Err(e) => {
+            tracing::warn!(%e, "reconcile through the admin endpoint failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
+        }
     }
 }

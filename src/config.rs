@@ -464,13 +464,13 @@ impl Config {
             ("server.listen", Some(&s.listen)),
             ("server.admin_listen", s.admin_listen.as_ref()),
         ] {
-            if let Some(addr) = addr {
-                if addr.parse::<SocketAddr>().is_err() {
-                    return Err(bad(
-                        key,
-                        format!("{addr:?} is not HOST:PORT (an IP address and a port)"),
-                    ));
-                }
+            if let Some(addr) = addr
+                && addr.parse::<SocketAddr>().is_err()
+            {
+                return Err(bad(
+                    key,
+                    format!("{addr:?} is not HOST:PORT (an IP address and a port)"),
+                ));
             }
         }
         let budget = Duration::from_millis(s.budget_ms);
@@ -508,17 +508,17 @@ impl Config {
                     ));
                 }
             }
-            if let Some(grace) = t.wire_grace_ms {
-                if grace < t.late_answer_window_ms {
-                    return Err(bad(
-                        &format!("{key}.wire_grace_ms"),
-                        format!(
-                            "{grace} ms is shorter than the late-answer window ({} ms): a \"never received\" \
+            if let Some(grace) = t.wire_grace_ms
+                && grace < t.late_answer_window_ms
+            {
+                return Err(bad(
+                    &format!("{key}.wire_grace_ms"),
+                    format!(
+                        "{grace} ms is shorter than the late-answer window ({} ms): a \"never received\" \
                              could be believed while the hub's own call still runs",
-                            t.late_answer_window_ms
-                        ),
-                    ));
-                }
+                        t.late_answer_window_ms
+                    ),
+                ));
             }
             let connect = t.effective_connect_timeout(budget);
             if connect.is_zero() || connect >= budget {

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::config::{Config, ConfigError, Overrides};
 use crate::core_client::Target;
-use crate::journal::{Journal, JournalError, now_ms};
+use crate::journal::{Journal, JournalError, Ownership, now_ms};
 use crate::relay::{Hub, ResendPolicy};
 use crate::rules::{Rules, RulesError};
 use crate::server::{self, Limits};
@@ -107,6 +107,9 @@ pub struct Daemon {
     shutdown: Option<oneshot::Sender<()>>,
     server: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
+    /// The journal is this hub's while the daemon lives: dropped (and a SQLite
+    /// file's lock released) only once shutdown has drained the telegrams.
+    _journal_owner: Ownership,
 }
 
 impl Daemon {
@@ -140,7 +143,7 @@ impl Daemon {
         let targets = build_targets(&config)?;
         let target_names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
         let rules = Rules::build(&config, &target_names)?;
-        let journal = open_journal(&config.journal.path, config.journal.max_batch).await?;
+        let (journal, owner) = open_journal(&config.journal.path, config.journal.max_batch).await?;
         let longest_window = config.targets.iter().map(|t| t.late_answer_window_ms).max();
         journal.check_lease(config.server.budget_ms + longest_window.unwrap_or(0))?;
         let hub = Arc::new(Hub::new(
@@ -155,6 +158,8 @@ impl Daemon {
         background.push(tokio::spawn(housekeeping(
             hub.clone(),
             config.journal.retention_hours,
+            GAUGES_EVERY,
+            PRUNE_EVERY,
         )));
 
         let listener = bind(&config.server.listen)?;
@@ -183,6 +188,7 @@ impl Daemon {
             shutdown: Some(tx),
             server,
             background,
+            _journal_owner: owner,
         })
     }
 
@@ -379,9 +385,14 @@ fn bind(addr: &str) -> Result<tokio::net::TcpListener, StartError> {
     })
 }
 
-/// Opens the journal and settles what a crash left behind.
-pub async fn open_journal(spec: &str, max_batch: usize) -> Result<Journal, JournalError> {
-    let journal = Journal::open(spec, max_batch).await?;
+/// Opens the journal as its owner (a SQLite file is locked: a second hub, or
+/// a reconcile beside a live hub, is refused) and settles what a crash left
+/// behind. Keep the [`Ownership`] for as long as the journal is used.
+pub async fn open_journal(
+    spec: &str,
+    max_batch: usize,
+) -> Result<(Journal, Ownership), JournalError> {
+    let (journal, owner) = Journal::open_owned(spec, max_batch).await?;
     let recovered = journal.recover(now_ms()).await?;
     if recovered > 0 {
         warn!(
@@ -389,7 +400,7 @@ pub async fn open_journal(spec: &str, max_batch: usize) -> Result<Journal, Journ
             "transfers in flight when the hub stopped are now unknown (E901); a resend is answered by inquiry"
         );
     }
-    Ok(journal)
+    Ok((journal, owner))
 }
 
 async fn serve_admin(
@@ -402,25 +413,27 @@ async fn serve_admin(
     }
 }
 
+/// How often the read gauges are refreshed.
+const GAUGES_EVERY: Duration = Duration::from_secs(5);
+/// How often the journal is pruned (the first time at start-up).
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
+
 /// Periodic work: the read gauges (also refreshed by each `/metrics` scrape),
-/// and pruning past the retention.
-async fn housekeeping(hub: Arc<Hub>, retention_hours: u64) {
-    let mut tick = tokio::time::interval(Duration::from_secs(5));
-    let mut last_prune = tokio::time::Instant::now();
+/// and pruning past the retention, whatever the journal's store.
+async fn housekeeping(
+    hub: Arc<Hub>,
+    retention_hours: u64,
+    gauges_every: Duration,
+    prune_every: Duration,
+) {
+    let mut tick = tokio::time::interval(gauges_every);
+    let mut last_prune: Option<tokio::time::Instant> = None;
     loop {
         tick.tick().await;
         crate::admin::refresh(&hub).await;
-        if last_prune.elapsed() >= Duration::from_secs(600) {
-            last_prune = tokio::time::Instant::now();
-            let before = now_ms() - (retention_hours as i64) * 3_600_000;
-            match hub.journal().prune(before).await {
-                Ok(0) => {}
-                Ok(n) => info!(
-                    pruned = n,
-                    retention_hours, "journal rows past the retention pruned"
-                ),
-                Err(e) => warn!(%e, "journal prune failed"),
-            }
+        if last_prune.is_none_or(|t| t.elapsed() >= prune_every) {
+            last_prune = Some(tokio::time::Instant::now());
+            prune(hub.journal(), retention_hours).await;
         }
     }
 }
@@ -485,5 +498,116 @@ mod tests {
                 && keys.contains(&"target.ledger.name unset ledger".to_string()),
             "{keys:?}"
         );
+    }
+}
+
+/// Prunes settled rows past the retention and sets the gauge of unsettled
+/// rows kept past it.
+async fn prune(journal: &Journal, retention_hours: u64) {
+    let before = now_ms().saturating_sub((retention_hours as i64).saturating_mul(3_600_000));
+    match journal.prune(before).await {
+        Ok(0) => {}
+        Ok(n) => info!(
+            pruned = n,
+            retention_hours, "journal rows past the retention pruned"
+        ),
+        Err(e) => warn!(%e, "journal prune failed"),
+    }
+    match journal.unsettled_before(before).await {
+        Ok(kept) => {
+            metrics::gauge!(crate::metric_names::JOURNAL_UNSETTLED_PAST_RETENTION).set(kept as f64);
+            if kept > 0 {
+                warn!(
+                    kept,
+                    retention_hours,
+                    "journal rows past the retention kept because they are not settled (sending or unknown); reconcile them"
+                );
+            }
+        }
+        Err(e) => warn!(%e, "cannot count unsettled journal rows past the retention"),
+    }
+}
+
+#[cfg(test)]
+mod housekeeping_tests {
+    use super::*;
+    use crate::config::Overrides;
+    use crate::journal::memory::MemoryJournal;
+    use crate::journal::{Finish, State};
+
+    /// A hub on `journal` whose core is never called.
+    fn hub_on(journal: Journal) -> Arc<Hub> {
+        let source = Source {
+            file: None,
+            overrides: Overrides {
+                core_url: Some("http://127.0.0.1:9".into()),
+                ..Overrides::default()
+            },
+        };
+        let config = source.load().expect("default config");
+        let targets = build_targets(&config).expect("targets");
+        let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
+        let rules = Rules::build(&config, &names).expect("rules");
+        Arc::new(Hub::new(
+            rules,
+            targets,
+            journal,
+            Duration::from_millis(config.server.budget_ms),
+            ResendPolicy::from(&config.journal),
+        ))
+    }
+
+    fn settle(j: &MemoryJournal, guid: &str, state: State, at_ms: i64) {
+        j.claim(guid, "TRF001", "fp", "http://core", at_ms).unwrap();
+        let f = Finish {
+            state,
+            code: if state == State::Done { "0000" } else { "E901" }.into(),
+            answer: None,
+            error: None,
+            note: "test".into(),
+        };
+        j.finish(guid, f, at_ms).unwrap();
+    }
+
+    /// Polls (bounded) until `done` holds; the pause between polls orders
+    /// nothing, it only keeps the loop from spinning.
+    async fn until(mut done: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "housekeeping did not get there"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// The memory journal is pruned by the hub's housekeeping like the
+    /// others: at start-up, then every `prune_every`; unknown rows stay.
+    #[tokio::test]
+    async fn housekeeping_prunes_the_memory_journal_too() {
+        let mem = MemoryJournal::default();
+        let now = now_ms();
+        let long_ago = now - 100 * 3_600_000;
+        settle(&mem, "old-done", State::Done, long_ago);
+        settle(&mem, "old-unknown", State::Unknown, long_ago);
+        settle(&mem, "fresh", State::Done, now);
+        let task = tokio::spawn(housekeeping(
+            hub_on(Journal::Memory(mem.clone())),
+            72,
+            Duration::from_millis(5),
+            Duration::from_millis(50),
+        ));
+
+        until(|| mem.get("old-done").unwrap().is_none()).await;
+        assert!(mem.get("old-unknown").unwrap().is_some(), "unknown pruned");
+        assert!(mem.get("fresh").unwrap().is_some());
+
+        // Another old row: gone at a later prune.
+        settle(&mem, "later", State::Done, long_ago);
+        until(|| mem.get("later").unwrap().is_none()).await;
+        assert!(mem.get("old-unknown").unwrap().is_some());
+        assert!(mem.get("fresh").unwrap().is_some());
+        task.abort();
     }
 }

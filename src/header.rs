@@ -247,10 +247,11 @@ impl Default for Echo {
 
 fn echo_field<const N: usize>(telegram: &[u8], range: Range<usize>) -> [u8; N] {
     let mut out = [b' '; N];
-    if let Some(src) = telegram.get(range) {
-        if src.len() == N && src.iter().all(|&b| is_printable(b)) {
-            out.copy_from_slice(src);
-        }
+    if let Some(src) = telegram.get(range)
+        && src.len() == N
+        && src.iter().all(|&b| is_printable(b))
+    {
+        out.copy_from_slice(src);
     }
     out
 }

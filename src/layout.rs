@@ -277,12 +277,12 @@ fn check_fields(list: &str, fields: &[Field], declared: usize) -> Result<(), Str
                     ));
                 }
             }
-            if let (Some(min), Some(max)) = (f.min, f.max) {
-                if min > max {
-                    return Err(format!(
-                        "{list} field `{name}`: min {min} is greater than max {max}"
-                    ));
-                }
+            if let (Some(min), Some(max)) = (f.min, f.max)
+                && min > max
+            {
+                return Err(format!(
+                    "{list} field `{name}`: min {min} is greater than max {max}"
+                ));
             }
         }
         total = total

@@ -25,6 +25,9 @@ pub const OPEN_CONNECTIONS: &str = "relayhub_open_connections";
 pub const CONNECTIONS_REFUSED: &str = "relayhub_connections_refused_total";
 /// Transfers the journal holds as unknown (answered E901, not yet settled).
 pub const JOURNAL_UNKNOWN: &str = "relayhub_journal_unknown";
+/// Journal rows past the retention that pruning keeps because they are not
+/// settled (`sending` or `unknown`), as of the last prune.
+pub const JOURNAL_UNSETTLED_PAST_RETENTION: &str = "relayhub_journal_unsettled_past_retention";
 /// SIGHUP reloads, by `result` (`ok` or `refused`).
 pub const CONFIG_RELOADS: &str = "relayhub_config_reloads_total";
 /// Journal calls that failed or outlived the budget, by `stage`: `claim` (the
@@ -91,6 +94,11 @@ pub fn describe_all() {
         Unit::Count,
         "Transfers the journal holds as unknown (answered E901, not settled yet); reconcile with `relayhub journal reconcile`."
     );
+    describe_gauge!(
+        JOURNAL_UNSETTLED_PAST_RETENTION,
+        Unit::Count,
+        "Journal rows older than the retention that pruning keeps because they are not settled (sending or unknown), as of the last prune (every 10 minutes); reconcile them."
+    );
     describe_counter!(
         CONFIG_RELOADS,
         Unit::Count,
@@ -115,6 +123,7 @@ pub fn describe_all() {
     metrics::counter!(LOG_LINES_DROPPED).increment(0);
     metrics::counter!(ANSWER_WRITE_TIMEOUTS).increment(0);
     metrics::gauge!(JOURNAL_UNKNOWN).increment(0.0);
+    metrics::gauge!(JOURNAL_UNSETTLED_PAST_RETENTION).increment(0.0);
     metrics::counter!(CONNECTIONS_REFUSED).increment(0);
     for result in ["ok", "refused"] {
         metrics::counter!(CONFIG_RELOADS, "result" => result).increment(0);

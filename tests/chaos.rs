@@ -283,15 +283,14 @@ async fn connect_hub(run: &Run) -> Option<(Channel, u64)> {
     let deadline = Instant::now() + PATIENCE;
     while Instant::now() < deadline {
         let (addr, generation) = *rx.borrow_and_update();
-        if let Some(addr) = addr {
-            if let Ok(Ok(ch)) = tokio::time::timeout(
+        if let Some(addr) = addr
+            && let Ok(Ok(ch)) = tokio::time::timeout(
                 Duration::from_secs(2),
                 Channel::connect(&addr.to_string(), PrefixMode::Ascii),
             )
             .await
-            {
-                return Some((ch, generation));
-            }
+        {
+            return Some((ch, generation));
         }
         // Restarting: wait for the new address (no event when a connect fails
         // just before the driver says "down", hence the bound).
@@ -661,13 +660,13 @@ async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
         if r.codes().any(|c| c == "0000") && !answered_ok {
             violate(r, "a 0000 followed by another answer".into());
         }
-        if let Some(first) = r.txn_ids.first() {
-            if r.txn_ids.iter().any(|t| t != first) {
-                violate(
-                    r,
-                    format!("different txn_ids for one GUID: {:?}", r.txn_ids),
-                );
-            }
+        if let Some(first) = r.txn_ids.first()
+            && r.txn_ids.iter().any(|t| t != first)
+        {
+            violate(
+                r,
+                format!("different txn_ids for one GUID: {:?}", r.txn_ids),
+            );
         }
         match &r.end {
             End::Unresolved => violate(r, "no final answer within the GUID deadline".into()),

@@ -233,10 +233,10 @@ impl LoadSpec {
         if self.connections == 0 {
             return Err("--connections must be at least 1".into());
         }
-        if let Some(r) = self.rate {
-            if !(r.is_finite() && r > 0.0) {
-                return Err("--rate must be more than 0".into());
-            }
+        if let Some(r) = self.rate
+            && !(r.is_finite() && r > 0.0)
+        {
+            return Err("--rate must be more than 0".into());
         }
         if self.channel_id.is_empty() || self.channel_id.len() > 8 {
             return Err("--channel must be 1-8 characters".into());

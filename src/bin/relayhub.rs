@@ -4,18 +4,21 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+// The `journal` subcommands; a directory of its own so Cargo does not take it
+// for a binary.
+#[path = "relayhub/journal.rs"]
+mod journal;
 use serde_json::{Map, Value};
 
 use relayhub::client::{
     Answer, Channel, check_channel_id, check_guid, check_request, explain, new_guid,
 };
 use relayhub::config::{Config, LogFormat, Operation, Overrides};
-use relayhub::daemon::{Daemon, Source, build_targets, open_journal};
+use relayhub::daemon::{Daemon, Source, build_targets};
 use relayhub::frame::PrefixMode;
 use relayhub::header::local_timestamp;
-use relayhub::journal::State;
 use relayhub::layout::Layout;
-use relayhub::outcome::Code;
 use relayhub::rules::Rules;
 
 #[derive(Parser)]
@@ -60,14 +63,16 @@ enum Command {
     Check(ConfigArgs),
     /// Inspect the GUID journal and reconcile unknown transfers.
     ///
-    /// Safe next to a running hub on the same journal: SQLite serialises the two.
-    Journal(JournalArgs),
+    /// `list` and `show` open the journal read-only: safe beside a running hub.
+    /// `reconcile` beside a running hub asks that hub (its admin listener) to
+    /// settle its unknown transfers; see `relayhub journal reconcile --help`.
+    Journal(journal::JournalArgs),
     /// Load the hub (or, with --direct, the core itself) and report speed and codes.
     Bench(relayhub::bench::BenchArgs),
 }
 
-/// Flags shared by `serve`, `check` and `journal reconcile` (section 10 of the
-/// protocol). Each overrides the config file.
+/// Flags shared by `serve` and `check` (section 10 of the protocol). Each
+/// overrides the config file.
 #[derive(Args, Clone)]
 struct ConfigArgs {
     /// Telegram listener address (HOST:PORT; port 0 picks a free one).
@@ -157,27 +162,6 @@ impl From<PrefixArg> for PrefixMode {
     }
 }
 
-/// `journal list --state`, as clap parses it.
-#[derive(Clone, Copy, ValueEnum)]
-enum StateArg {
-    Sending,
-    Done,
-    Unknown,
-    #[value(name = "not_sent")]
-    NotSent,
-}
-
-impl From<StateArg> for State {
-    fn from(arg: StateArg) -> State {
-        match arg {
-            StateArg::Sending => State::Sending,
-            StateArg::Done => State::Done,
-            StateArg::Unknown => State::Unknown,
-            StateArg::NotSent => State::NotSent,
-        }
-    }
-}
-
 #[derive(Args)]
 struct SendArgs {
     /// The hub's telegram address [default: the config's listen address, else
@@ -218,45 +202,6 @@ struct SendArgs {
     layouts_dir: Option<PathBuf>,
 }
 
-#[derive(Args)]
-struct JournalArgs {
-    /// The journal: the hub's SQLite file (under systemd
-    /// /var/lib/relayhub/journal.db), or a postgres:// URL.
-    #[arg(long, value_name = "PATH|URL", default_value = "relayhub-journal.db")]
-    journal: String,
-    #[command(subcommand)]
-    action: JournalAction,
-}
-
-#[derive(Subcommand)]
-enum JournalAction {
-    /// List transfers in a state (default: unknown, i.e. answered E901).
-    List {
-        /// sending, done, unknown (answered E901, not settled) or not_sent.
-        #[arg(long, value_enum, default_value = "unknown")]
-        state: StateArg,
-        /// At most this many rows.
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
-    },
-    /// Show one GUID's row (state, code, attempts, times) and its history.
-    Show {
-        /// The transfer's GUID (32 characters).
-        guid: String,
-    },
-    /// Ask the core about every unknown transfer and record the answers.
-    ///
-    /// Sends GET /v1/transfers/{guid} for each unknown row (using --core-url or
-    /// the targets and routes of --config) and prints each GUID with its code
-    /// now: 0000 or a B-code (settled), E904 (never received; a resend may post
-    /// again) or E901 (still unknown; run it again later). The journal is the one
-    /// named by `--journal`, before or after `reconcile`.
-    Reconcile {
-        #[command(flatten)]
-        config: ConfigArgs,
-    },
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -275,7 +220,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve(args).await,
             Command::Send(args) => send(args).await,
             Command::Check(args) => check(args),
-            Command::Journal(args) => journal(args).await,
+            Command::Journal(args) => journal::run(args).await,
             Command::Bench(args) => relayhub::bench::run(args).await,
         }
     });
@@ -654,83 +599,6 @@ fn prefix_name(p: PrefixMode) -> &'static str {
     match p {
         PrefixMode::Ascii => "ascii",
         PrefixMode::Binary => "binary",
-    }
-}
-
-async fn journal(args: JournalArgs) -> Result<ExitCode, String> {
-    match args.action {
-        JournalAction::List { state, limit } => {
-            let state = State::from(state);
-            let j = relayhub::journal::Journal::open(&args.journal, 16)
-                .await
-                .map_err(|e| e.to_string())?;
-            let rows = j.list(state, limit).await.map_err(|e| e.to_string())?;
-            for r in &rows {
-                println!(
-                    "{}  {}  {:<8}  {}  attempts={}  {}",
-                    r.guid,
-                    r.tx_code,
-                    r.state.as_str(),
-                    r.code.as_deref().unwrap_or("----"),
-                    r.attempts,
-                    r.last_error.as_deref().unwrap_or("")
-                );
-            }
-            eprintln!("{} row(s)", rows.len());
-            Ok(ExitCode::SUCCESS)
-        }
-        JournalAction::Show { guid } => {
-            let j = relayhub::journal::Journal::open(&args.journal, 16)
-                .await
-                .map_err(|e| e.to_string())?;
-            let Some(row) = j.get(&guid).await.map_err(|e| e.to_string())? else {
-                eprintln!("{guid}: not in the journal");
-                return Ok(ExitCode::from(3));
-            };
-            println!("{}", serde_json::to_string_pretty(&row).unwrap_or_default());
-            for e in j.history(&guid).await.map_err(|e| e.to_string())? {
-                println!(
-                    "{}  {:<8}  {}  {}",
-                    e.at_ms,
-                    e.state.as_str(),
-                    e.code.as_deref().unwrap_or("----"),
-                    e.note
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        JournalAction::Reconcile { config } => {
-            let mut source = config.source();
-            // `--journal` given after `reconcile` names the journal too.
-            if source.overrides.journal.is_none() {
-                source.overrides.journal = Some(args.journal.clone());
-            }
-            let config = source.load().map_err(|e| e.to_string())?;
-            let targets = build_targets(&config).map_err(|e| e.to_string())?;
-            let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
-            let rules = Rules::build(&config, &names).map_err(|e| e.to_string())?;
-            let journal = open_journal(&config.journal.path, config.journal.max_batch)
-                .await
-                .map_err(|e| e.to_string())?;
-            let hub = relayhub::relay::Hub::new(
-                rules,
-                targets,
-                journal,
-                std::time::Duration::from_millis(config.server.budget_ms),
-                relayhub::relay::ResendPolicy::from(&config.journal),
-            );
-            let report = hub.reconcile().await.map_err(|e| e.to_string())?;
-            for (guid, code) in &report {
-                println!("{guid}  {code}  {}", code.meaning());
-            }
-            let open = report.iter().filter(|(_, c)| *c == Code::UNKNOWN).count();
-            eprintln!(
-                "{} unknown transfer(s) asked; {} still unknown",
-                report.len(),
-                open
-            );
-            Ok(ExitCode::SUCCESS)
-        }
     }
 }
 

@@ -190,11 +190,21 @@ impl MemoryJournal {
         Ok(n)
     }
 
+    /// Deletes settled rows (`done`, `not_sent`) last updated before
+    /// `before_ms`; rows `sending` or `unknown` stay whatever their age.
     pub fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
         let mut rows = self.lock();
         let before = rows.len();
-        rows.retain(|_, (r, _)| r.updated_ms >= before_ms || r.state == State::Sending);
+        rows.retain(|_, (r, _)| r.updated_ms >= before_ms || !r.state.is_settled());
         Ok((before - rows.len()) as u64)
+    }
+
+    pub fn unsettled_before(&self, before_ms: i64) -> Result<u64, JournalError> {
+        Ok(self
+            .lock()
+            .values()
+            .filter(|(r, _)| r.updated_ms < before_ms && !r.state.is_settled())
+            .count() as u64)
     }
 }
 
@@ -221,5 +231,55 @@ mod tests {
         assert_eq!(j.recover(3).unwrap(), 2);
         assert_eq!(j.count(State::Unknown).unwrap(), 2);
         assert_eq!(j.count(State::Sending).unwrap(), 0);
+    }
+
+    fn settle(j: &MemoryJournal, guid: &str, state: State, code: &str, at_ms: i64) {
+        let f = Finish {
+            state,
+            code: code.into(),
+            answer: None,
+            error: None,
+            note: "test".into(),
+        };
+        j.finish(guid, f, at_ms).unwrap();
+    }
+
+    #[test]
+    fn prune_keeps_unsettled_and_recent_rows() {
+        let j = MemoryJournal::default();
+        for g in ["done", "not-sent", "unknown", "sending", "recent"] {
+            j.claim(g, "TRF001", "fp", "http://core", 10).unwrap();
+        }
+        settle(&j, "done", State::Done, "0000", 20);
+        settle(&j, "not-sent", State::NotSent, "E902", 20);
+        settle(&j, "unknown", State::Unknown, "E901", 20);
+        settle(&j, "recent", State::Done, "0000", 100);
+
+        assert_eq!(j.unsettled_before(100).unwrap(), 2);
+        assert_eq!(j.prune(100).unwrap(), 2);
+        for g in ["done", "not-sent"] {
+            assert_eq!(j.get(g).unwrap(), None, "{g} kept");
+            assert!(j.history(g).unwrap().is_empty());
+        }
+        for g in ["unknown", "sending", "recent"] {
+            assert!(j.get(g).unwrap().is_some(), "{g} pruned");
+        }
+        // However old: an unknown row's resend must stay an inquiry.
+        assert_eq!(j.prune(i64::MAX).unwrap(), 1);
+        assert_eq!(j.unsettled_before(i64::MAX).unwrap(), 2);
+        assert!(matches!(
+            j.claim("unknown", "TRF001", "fp", "http://core", 1_000)
+                .unwrap(),
+            Claim::Existing(Row {
+                state: State::Unknown,
+                ..
+            })
+        ));
+        // A pruned GUID is new again.
+        assert_eq!(
+            j.claim("done", "TRF001", "fp", "http://core", 1_000)
+                .unwrap(),
+            Claim::New
+        );
     }
 }

@@ -13,6 +13,20 @@
 //!   resends of a "not sent" GUID cannot both post.
 //! * [`Journal::recover`] turns rows left `sending` by a crash into `unknown`
 //!   (in the shared store: only rows whose hub's lease has expired).
+//! * [`Journal::prune`] forgets settled rows (`done`, `not_sent`) past the
+//!   retention, never rows `sending` or `unknown`: a resend of one of those
+//!   must still be answered by inquiry, however late it comes.
+//!
+//! # Who may recover and settle
+//!
+//! "Every `sending` row was left by a crash" is true only for the one process
+//! that owns the journal. [`Journal::open_owned`] takes that ownership: for a
+//! SQLite file an exclusive lock on `<file>.lock` ([`sqlite::lock`]), held by
+//! the returned [`Ownership`] until it is dropped, so a second hub, or a
+//! `relayhub journal reconcile` beside a live hub, is refused instead of
+//! marking the live hub's calls unknown and believing "never received" for
+//! them. The shared store needs no lock: its leases say which rows are a live
+//! hub's. [`Journal::open_read_only`] is for tools that only look.
 
 pub mod memory;
 pub mod postgres;
@@ -35,6 +49,12 @@ pub enum State {
 }
 
 impl State {
+    /// `done` or `not_sent`: nothing more will happen to the GUID unless a
+    /// channel sends it again, so the row may be pruned past the retention.
+    pub fn is_settled(&self) -> bool {
+        matches!(self, State::Done | State::NotSent)
+    }
+
     pub fn as_str(&self) -> &'static str {
         match self {
             State::Sending => "sending",
@@ -125,6 +145,18 @@ pub struct Finish {
 pub enum JournalError {
     #[error("journal {path}: {reason}")]
     Open { path: String, reason: String },
+    /// Another process owns the journal file (see [`Journal::open_owned`]).
+    #[error(
+        "journal {path} is held by another relayhub ({holder}; lock file {lock}): a journal \
+         file serves one hub at a time, since each would take the other's transfers in flight \
+         for ones a crash left behind. Stop that one first, or give this hub a journal of its \
+         own (several hubs share a postgres:// journal)"
+    )]
+    Locked {
+        path: String,
+        lock: String,
+        holder: String,
+    },
     #[error("journal write failed: {0}")]
     Write(String),
     #[error("journal read failed: {0}")]
@@ -139,20 +171,90 @@ pub enum Journal {
     Postgres(postgres::PgJournal),
 }
 
+/// This process's ownership of a journal, from [`Journal::open_owned`]: for a
+/// SQLite file, the lock on `<file>.lock`, released when this is dropped (or
+/// the process ends, however it ends).
+#[derive(Debug)]
+#[must_use = "the journal is owned only while this is kept"]
+pub struct Ownership {
+    lock: Option<sqlite::lock::FileLock>,
+}
+
+impl Ownership {
+    /// The lock file held, for a SQLite journal.
+    pub fn lock_file(&self) -> Option<&std::path::Path> {
+        self.lock.as_ref().map(|l| l.path())
+    }
+}
+
+fn absolute(path: &std::path::Path) -> String {
+    std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// The database file a `--journal` value names, if it names one (not
+/// `memory`, not a PostgreSQL URL).
+pub fn file_of(spec: &str) -> Option<&std::path::Path> {
+    let shared = spec.starts_with("postgres://") || spec.starts_with("postgresql://");
+    (spec != "memory" && !shared).then(|| std::path::Path::new(spec))
+}
+
 impl Journal {
     /// Opens the journal named by `--journal`: `memory`, a `postgres://` (or
-    /// `postgresql://`) URL, or a database file.
+    /// `postgresql://`) URL, or a database file (created if absent). Takes no
+    /// ownership: for tests and tools; a hub opens with [`Journal::open_owned`].
     pub async fn open(spec: &str, max_batch: usize) -> Result<Journal, JournalError> {
         if spec == "memory" {
             return Ok(Journal::Memory(memory::MemoryJournal::default()));
         }
-        if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-            return Ok(Journal::Postgres(postgres::PgJournal::open(spec).await?));
+        match file_of(spec) {
+            Some(path) => Ok(Journal::Sqlite(sqlite::SqliteJournal::open(
+                path, max_batch,
+            )?)),
+            None => Ok(Journal::Postgres(postgres::PgJournal::open(spec).await?)),
         }
-        Ok(Journal::Sqlite(sqlite::SqliteJournal::open(
-            std::path::Path::new(spec),
-            max_batch,
-        )?))
+    }
+
+    /// Opens the journal as its owner, the only process that may run
+    /// [`Journal::recover`] on it and settle its unknown rows on its own
+    /// word: a SQLite file is locked first (refused with
+    /// [`JournalError::Locked`] while another process owns it), then opened.
+    pub async fn open_owned(
+        spec: &str,
+        max_batch: usize,
+    ) -> Result<(Journal, Ownership), JournalError> {
+        let lock = match file_of(spec) {
+            Some(path) => Some(sqlite::lock::FileLock::acquire(path).map_err(|e| match e {
+                // Absolute, so the operator can tell which file whatever the
+                // working directory of either process.
+                sqlite::lock::LockError::Held { lock, holder } => JournalError::Locked {
+                    path: absolute(path),
+                    lock: absolute(&lock),
+                    holder,
+                },
+                sqlite::lock::LockError::Io { lock, reason } => JournalError::Open {
+                    path: path.display().to_string(),
+                    reason: format!("cannot lock {}: {reason}", lock.display()),
+                },
+            })?),
+            None => None,
+        };
+        let journal = Journal::open(spec, max_batch).await?;
+        Ok((journal, Ownership { lock }))
+    }
+
+    /// Opens an existing journal to look at it: a SQLite file is opened
+    /// read-only (never created, migrated or locked), so this is safe beside
+    /// a live hub. A shared journal is opened as usual (it has no owner).
+    pub async fn open_read_only(spec: &str) -> Result<Journal, JournalError> {
+        match file_of(spec) {
+            Some(path) => Ok(Journal::Sqlite(sqlite::SqliteJournal::open_read_only(
+                path,
+            )?)),
+            None => Journal::open(spec, 1).await,
+        }
     }
 
     /// A short name of the store, for logs.
@@ -295,12 +397,25 @@ impl Journal {
         }
     }
 
-    /// Deletes rows (and their history) last updated before `before_ms`.
+    /// Deletes settled rows (`done`, `not_sent`), with their history, last
+    /// updated before `before_ms`; rows `sending` or `unknown` are kept
+    /// whatever their age. The stores on disk delete in batches, so the
+    /// telegrams' claims are not held up behind one long delete.
     pub async fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
         match self {
             Journal::Memory(j) => j.prune(before_ms),
             Journal::Sqlite(j) => j.prune(before_ms).await,
             Journal::Postgres(j) => j.prune(before_ms).await,
+        }
+    }
+
+    /// Rows `sending` or `unknown` last updated before `before_ms`: those a
+    /// prune keeps past the retention because they are not settled.
+    pub async fn unsettled_before(&self, before_ms: i64) -> Result<u64, JournalError> {
+        match self {
+            Journal::Memory(j) => j.unsettled_before(before_ms),
+            Journal::Sqlite(j) => j.unsettled_before(before_ms).await,
+            Journal::Postgres(j) => j.unsettled_before(before_ms).await,
         }
     }
 }

@@ -59,6 +59,10 @@ use super::{Claim, Event, Finish, JournalError, Row, State};
 /// hub reading a telegram and its claim reaching the database.
 pub const LEASE_MARGIN_MS: u64 = 1_000;
 
+/// Rows a prune deletes per statement: small enough to finish well within one
+/// call's timeout and to hold few row locks at a time.
+pub const PRUNE_BATCH: usize = 2_000;
+
 /// Now on the database's clock, in ms since the epoch: leases are compared
 /// with one clock whatever the hubs' clocks say.
 const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
@@ -539,18 +543,66 @@ impl PgJournal {
         .await
     }
 
-    /// Deletes rows (and their history) last updated before `before_ms`, except
-    /// rows still `sending`: those are in flight, or await their lease's end.
+    /// Deletes settled rows (`done`, `not_sent`) and their history last
+    /// updated before `before_ms`, [`PRUNE_BATCH`] rows per statement, each
+    /// bounded by the call timeout like any other. Rows still `sending` or
+    /// `unknown` are kept whatever their age: forgetting one would let its
+    /// resend post again. Returns how many rows went.
     pub async fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
-        self.bounded(true, async |c| {
+        self.prune_in_batches(before_ms, PRUNE_BATCH).await
+    }
+
+    /// [`PgJournal::prune`] with a batch size of the caller's (for tests).
+    pub async fn prune_in_batches(
+        &self,
+        before_ms: i64,
+        batch: usize,
+    ) -> Result<u64, JournalError> {
+        let limit = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
+        let mut total = 0;
+        loop {
+            let n = self
+                .bounded(true, async |c| {
+                    // The oldest settled rows, through the partial index of
+                    // migration 0002; rows another hub's prune holds are skipped.
+                    // The DELETE checks the state again on the row it locks.
+                    let st = c
+                        .prepare_cached(
+                            "WITH victims AS ( \
+                               SELECT guid FROM relayhub_journal \
+                               WHERE state IN ('done', 'not_sent') AND updated_ms < $1::bigint \
+                               ORDER BY updated_ms LIMIT $2::bigint FOR UPDATE SKIP LOCKED), \
+                             gone AS ( \
+                               DELETE FROM relayhub_journal j USING victims v \
+                               WHERE j.guid = v.guid AND j.state IN ('done', 'not_sent') \
+                                 AND j.updated_ms < $1 \
+                               RETURNING j.guid), \
+                             ev AS ( \
+                               DELETE FROM relayhub_journal_events e USING gone \
+                               WHERE e.guid = gone.guid) \
+                             SELECT (SELECT count(*) FROM victims), (SELECT count(*) FROM gone)",
+                        )
+                        .await?;
+                    let row = c.query_one(&st, &[&before_ms, &limit]).await?;
+                    let (seen, gone): (i64, i64) = (row.get(0), row.get(1));
+                    Ok((seen as u64, gone as u64))
+                })
+                .await?;
+            total += n.1;
+            if n.0 < limit as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Rows still `sending` or `unknown` last updated before `before_ms`: the
+    /// ones a prune keeps past the retention because they are not settled.
+    pub async fn unsettled_before(&self, before_ms: i64) -> Result<u64, JournalError> {
+        self.bounded(false, async |c| {
             let st = c
                 .prepare_cached(
-                    "WITH gone AS ( \
-                       DELETE FROM relayhub_journal \
-                       WHERE updated_ms < $1::bigint AND state <> 'sending' RETURNING guid), \
-                     ev AS ( \
-                       DELETE FROM relayhub_journal_events e USING gone WHERE e.guid = gone.guid) \
-                     SELECT count(*) FROM gone",
+                    "SELECT count(*) FROM relayhub_journal \
+                     WHERE state IN ('sending', 'unknown') AND updated_ms < $1::bigint",
                 )
                 .await?;
             let n: i64 = c.query_one(&st, &[&before_ms]).await?.get(0);

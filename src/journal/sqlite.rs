@@ -15,6 +15,7 @@
 //!
 //! # Layout
 //!
+//! * `lock`: one owner per file (a hub, or reconcile with no hub running).
 //! * `open`: checks a file is a healthy journal of a known schema, migrates it.
 //! * `writer`: the one thread that owns the connection and group-commits.
 //! * this file: the handle, and the SQL of each operation.
@@ -23,6 +24,7 @@
 //! already returns, and one connection means a read always sees every write
 //! acknowledged before it, with no second connection to open or keep healthy.
 
+pub mod lock;
 mod open;
 #[cfg(test)]
 mod tests;
@@ -37,6 +39,11 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{Claim, Event, Finish, JournalError, Row, State};
 use writer::{FnTask, Msg};
+
+/// Rows a prune deletes per transaction. The writer serves the commands that
+/// queued meanwhile between two such batches, so a claim waits for one batch
+/// at most, not for the whole prune (see docs/performance.md for the figures).
+pub const PRUNE_BATCH: usize = 2_000;
 
 /// Commands that may queue for the writer (at least; twice `max_batch` if more).
 /// Beyond that a caller waits to enqueue, so a stalled disk pushes back on the
@@ -58,18 +65,29 @@ impl SqliteJournal {
     /// Opens (creating if absent) the journal at `path`, and starts its writer,
     /// which commits up to `max_batch` queued commands in one transaction.
     pub fn open(path: &Path, max_batch: usize) -> Result<SqliteJournal, JournalError> {
-        let open_error = |reason: String| JournalError::Open {
-            path: path.display().to_string(),
-            reason,
-        };
-        let conn = open::open(path).map_err(open_error)?;
+        let conn = open::open(path).map_err(|reason| open_error(path, reason))?;
+        SqliteJournal::start(path, conn, max_batch)
+    }
+
+    /// Opens an existing journal for reading only: nothing is created,
+    /// migrated or written (writes fail), so it is safe beside a live hub.
+    pub fn open_read_only(path: &Path) -> Result<SqliteJournal, JournalError> {
+        let conn = open::open_read_only(path).map_err(|reason| open_error(path, reason))?;
+        SqliteJournal::start(path, conn, 1)
+    }
+
+    fn start(
+        path: &Path,
+        conn: Connection,
+        max_batch: usize,
+    ) -> Result<SqliteJournal, JournalError> {
         let (tx, rx) = mpsc::channel(QUEUE_MIN.max(max_batch.saturating_mul(2)));
         let commits = Arc::new(AtomicU64::new(0));
         let counter = commits.clone();
         std::thread::Builder::new()
             .name("relayhub-journal".into())
             .spawn(move || writer::run(conn, rx, max_batch, counter))
-            .map_err(|e| open_error(format!("cannot start the writer thread: {e}")))?;
+            .map_err(|e| open_error(path, format!("cannot start the writer thread: {e}")))?;
         Ok(SqliteJournal { tx, commits })
     }
 
@@ -300,22 +318,79 @@ impl SqliteJournal {
         .await
     }
 
-    /// Deletes rows (and their history) last updated before `before_ms`, except
-    /// rows still `sending`: those are in flight, or await `recover`.
+    /// Deletes settled rows (`done`, `not_sent`) and their history last
+    /// updated before `before_ms`, [`PRUNE_BATCH`] rows per transaction, so
+    /// that claims queued meanwhile are served between batches. Rows still
+    /// `sending` or `unknown` are kept whatever their age: forgetting one would
+    /// let its resend post again. Returns how many rows went.
     pub async fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
-        self.call(true, move |c| {
+        self.prune_in_batches(before_ms, PRUNE_BATCH).await
+    }
+
+    pub(crate) async fn prune_in_batches(
+        &self,
+        before_ms: i64,
+        batch: usize,
+    ) -> Result<u64, JournalError> {
+        let limit = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
+        let mut total = 0;
+        loop {
+            // Each batch queues behind what is already waiting for the writer.
+            let n = self
+                .call(true, move |c| prune_batch(c, before_ms, limit))
+                .await?;
+            total += n;
+            if n < limit as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Rows still `sending` or `unknown` last updated before `before_ms`: the
+    /// ones a prune keeps past the retention because they are not settled.
+    pub async fn unsettled_before(&self, before_ms: i64) -> Result<u64, JournalError> {
+        self.call(false, move |c| {
             c.prepare_cached(
-                "DELETE FROM journal_events WHERE guid IN \
-                 (SELECT guid FROM journal WHERE updated_ms < ?1 AND state <> 'sending')",
+                "SELECT COUNT(*) FROM journal \
+                 WHERE state IN ('sending', 'unknown') AND updated_ms < ?1",
             )?
-            .execute([before_ms])?;
-            let n = c
-                .prepare_cached("DELETE FROM journal WHERE updated_ms < ?1 AND state <> 'sending'")?
-                .execute([before_ms])?;
-            Ok(n as u64)
+            .query_row([before_ms], |r| r.get::<_, i64>(0))
+            .map(|n| n as u64)
         })
         .await
     }
+}
+
+fn open_error(path: &Path, reason: String) -> JournalError {
+    JournalError::Open {
+        path: path.display().to_string(),
+        reason,
+    }
+}
+
+/// The oldest settled rows updated before `?1`, at most `?2`, through the
+/// partial index of migration 0002: the WHERE repeats the index's condition
+/// word for word, which SQLite needs to use it, and `INDEXED BY` makes the
+/// statement fail rather than fall back to the state index and a sort of
+/// every `done` row (the planner's pick on a table without statistics).
+const PRUNE_SELECT: &str = "SELECT guid FROM journal INDEXED BY journal_settled_updated \
+     WHERE state IN ('done', 'not_sent') AND updated_ms < ?1 \
+     ORDER BY updated_ms LIMIT ?2";
+
+/// Deletes up to `limit` of the oldest settled rows updated before
+/// `before_ms`, with their history.
+fn prune_batch(c: &Connection, before_ms: i64, limit: i64) -> rusqlite::Result<u64> {
+    let guids: Vec<String> = c
+        .prepare_cached(PRUNE_SELECT)?
+        .query_map(params![before_ms, limit], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut events = c.prepare_cached("DELETE FROM journal_events WHERE guid = ?1")?;
+    let mut rows = c.prepare_cached("DELETE FROM journal WHERE guid = ?1")?;
+    for guid in &guids {
+        events.execute([guid])?;
+        rows.execute([guid])?;
+    }
+    Ok(guids.len() as u64)
 }
 
 fn add_event(

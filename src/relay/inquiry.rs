@@ -83,32 +83,32 @@ pub(super) async fn run(
     }
     let (reply, outcome) = reply_for(outcome, &route.layout, &rules.codes);
     // An answer that settles an unknown (or orphaned) transfer is journaled too.
-    if reply.code.is_final() {
-        if let Record::Known(Some(row)) = &record {
-            let orphaned = row.state == State::Sending
-                && !hub.journal.is_shared()
-                && !hub.flights.contains(orig)
-                && !hub.late_calls.running(orig);
-            if row.state == State::Unknown || orphaned {
-                let body = rules.route(&row.tx_code).and_then(|r| match &outcome {
-                    Outcome::Processed(m) => encode_fields(&r.layout.response, m, HEADER_LEN).ok(),
-                    _ => None,
-                });
-                if reply.code != Code::OK || body.is_some() {
-                    let finish = Finish {
-                        state: State::Done,
-                        code: reply.code.as_str().into(),
-                        answer: body,
-                        error: error_of(&outcome),
-                        note: "settled by an inquiry telegram".into(),
-                    };
-                    let from: &'static [State] = if orphaned {
-                        &[State::Sending]
-                    } else {
-                        &[State::Unknown]
-                    };
-                    settle::settle_write(&hub.journal, orig, from, finish, deadline).await;
-                }
+    if reply.code.is_final()
+        && let Record::Known(Some(row)) = &record
+    {
+        let orphaned = row.state == State::Sending
+            && !hub.journal.is_shared()
+            && !hub.flights.contains(orig)
+            && !hub.late_calls.running(orig);
+        if row.state == State::Unknown || orphaned {
+            let body = rules.route(&row.tx_code).and_then(|r| match &outcome {
+                Outcome::Processed(m) => encode_fields(&r.layout.response, m, HEADER_LEN).ok(),
+                _ => None,
+            });
+            if reply.code != Code::OK || body.is_some() {
+                let finish = Finish {
+                    state: State::Done,
+                    code: reply.code.as_str().into(),
+                    answer: body,
+                    error: error_of(&outcome),
+                    note: "settled by an inquiry telegram".into(),
+                };
+                let from: &'static [State] = if orphaned {
+                    &[State::Sending]
+                } else {
+                    &[State::Unknown]
+                };
+                settle::settle_write(&hub.journal, orig, from, finish, deadline).await;
             }
         }
     }

@@ -288,10 +288,10 @@ pub(super) fn finish_later(
     pending: Option<tokio::task::JoinHandle<Result<bool, JournalError>>>,
 ) {
     tokio::spawn(async move {
-        if let Some(task) = pending {
-            if matches!(task.await, Ok(Ok(_))) {
-                return;
-            }
+        if let Some(task) = pending
+            && matches!(task.await, Ok(Ok(_)))
+        {
+            return;
         }
         let mut pause = Duration::from_millis(100);
         for _ in 0..6 {

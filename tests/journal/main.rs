@@ -11,10 +11,13 @@
 mod common;
 #[path = "../journal_support/mod.rs"]
 mod journal_support;
+#[path = "../ops_support/mod.rs"]
+mod ops_support;
 
 mod journal_cost;
 mod journal_crash;
 mod journal_repeats;
 mod journal_resend;
+mod journal_tools;
 mod one_rule;
 mod one_rule_model;

@@ -114,10 +114,10 @@ impl Hub {
     pub async fn wait_state(&self, guid: &str, state: State) -> Row {
         within(async {
             loop {
-                if let Some(row) = self.row(guid).await {
-                    if row.state == state {
-                        return row;
-                    }
+                if let Some(row) = self.row(guid).await
+                    && row.state == state
+                {
+                    return row;
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }

@@ -27,6 +27,7 @@ const DESCRIBED: &[(&str, &str)] = &[
     (metric_names::OPEN_CONNECTIONS, "gauge"),
     (metric_names::CONNECTIONS_REFUSED, "counter"),
     (metric_names::JOURNAL_UNKNOWN, "gauge"),
+    (metric_names::JOURNAL_UNSETTLED_PAST_RETENTION, "gauge"),
     (metric_names::CONFIG_RELOADS, "counter"),
     (metric_names::ANSWER_WRITE_TIMEOUTS, "counter"),
     (metric_names::LOG_LINES_DROPPED, "counter"),

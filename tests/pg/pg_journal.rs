@@ -258,17 +258,209 @@ async fn rows_events_and_conditional_finish_round_trip() {
         Claim::New => panic!("a known GUID claimed as new"),
     }
 
-    // Pruning drops old settled rows and their history, never `sending` ones.
+    // Pruning drops old settled rows and their history, never `sending` or
+    // `unknown` ones.
     assert_eq!(
         a.claim("g3", "TRF001", "fp3", "http://core", 50)
             .await
             .unwrap(),
         Claim::New
     );
-    assert_eq!(a.prune(1_000).await.unwrap(), 2);
+    assert_eq!(a.unsettled_before(1_000).await.unwrap(), 2);
+    assert_eq!(a.prune(1_000).await.unwrap(), 1);
     assert_eq!(a.get("g1").await.unwrap(), None);
     assert!(a.history("g1").await.unwrap().is_empty());
     assert_eq!(a.get("g3").await.unwrap().unwrap().state, State::Sending);
+    assert_eq!(a.get("g2").await.unwrap().unwrap().state, State::Unknown);
+    assert!(!a.history("g2").await.unwrap().is_empty());
+}
+
+/// Writes `n` settled rows (with one event each) straight into the tables,
+/// updated at `at_ms + i`, every `unknown_every`-th one `unknown` instead.
+/// Returns how many are unknown.
+async fn fill(url: &str, n: i64, at_ms: i64, unknown_every: i64) -> u64 {
+    let c = raw_client(url).await;
+    c.execute(
+        "INSERT INTO relayhub_journal (guid, tx_code, fingerprint, state, code, attempts, \
+           last_attempt_ms, answered_ms, created_ms, updated_ms) \
+         SELECT 'FILL' || lpad(i::text, 28, '0'), 'TRF001', 'fp', \
+           CASE WHEN i % $3::bigint = 0 THEN 'unknown' ELSE 'done' END, \
+           CASE WHEN i % $3::bigint = 0 THEN 'E901' ELSE '0000' END, 1, \
+           $2::bigint + i, $2::bigint + i, $2::bigint + i, $2::bigint + i \
+         FROM generate_series(0::bigint, $1::bigint - 1) AS i",
+        &[&n, &at_ms, &unknown_every],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
+         SELECT guid, updated_ms, state, code, 'filled' FROM relayhub_journal \
+         WHERE guid LIKE 'FILL%'",
+        &[],
+    )
+    .await
+    .unwrap();
+    ((n + unknown_every - 1) / unknown_every) as u64
+}
+
+/// Retention never forgets a transfer that is not settled: an unknown GUID
+/// pruned would make its late resend a new POST. Settled rows go in batches,
+/// through the partial index on `updated_ms`.
+#[tokio::test(flavor = "multi_thread")]
+async fn prune_in_batches_keeps_unsettled_rows() {
+    let Some(base) = test_db() else { return };
+    let (url, a, b) = two_hubs(&base, "prune", 60_000).await;
+    let unknown = fill(&url, 5_000, 1_000, 7).await;
+    assert_eq!(
+        a.claim("in-flight", "TRF001", "fp", "http://core", 10)
+            .await
+            .unwrap(),
+        Claim::New
+    );
+    assert_eq!(
+        a.claim("fresh", "TRF001", "fp", "http://core", 100_000)
+            .await
+            .unwrap(),
+        Claim::New
+    );
+
+    assert_eq!(b.unsettled_before(50_000).await.unwrap(), unknown + 1);
+    assert_eq!(
+        b.prune_in_batches(50_000, 300).await.unwrap(),
+        5_000 - unknown
+    );
+    assert_eq!(b.count(State::Done).await.unwrap(), 0);
+    assert_eq!(b.count(State::Unknown).await.unwrap(), unknown);
+    assert_eq!(b.count(State::Sending).await.unwrap(), 2);
+    let c = raw_client(&url).await;
+    let events: i64 = c
+        .query_one("SELECT count(*) FROM relayhub_journal_events", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(events, unknown as i64 + 2, "pruned rows' history stays");
+    assert_eq!(b.prune(50_000).await.unwrap(), 0);
+
+    // A resend of an unknown GUID long past the retention is still known:
+    // the hub answers it by inquiry, not by a new POST.
+    match a
+        .claim(
+            "FILL0000000000000000000000000000",
+            "TRF001",
+            "fp",
+            "http://core",
+            10_000_000,
+        )
+        .await
+        .unwrap()
+    {
+        Claim::Existing(r) => assert_eq!(r.state, State::Unknown),
+        Claim::New => panic!("an unknown GUID was pruned and claimed as new"),
+    }
+
+    // The prune's query can use the partial index (schema version 3).
+    c.batch_execute("SET enable_seqscan = off").await.unwrap();
+    let plan: Vec<String> = c
+        .query(
+            "EXPLAIN SELECT guid FROM relayhub_journal \
+             WHERE state IN ('done', 'not_sent') AND updated_ms < 5 \
+             ORDER BY updated_ms LIMIT 10",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        plan.iter()
+            .any(|l| l.contains("relayhub_journal_settled_updated")),
+        "{plan:?}"
+    );
+}
+
+/// A tool (another process on the shared journal: `relayhub journal
+/// reconcile`) beside a live hub steals nothing: recovery leaves the hub's
+/// rows under lease alone, and its reconcile does not record "never
+/// received" for the live hub's unknown transfer, nor print it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_beside_a_live_hub_takes_none_of_its_rows() {
+    use relayhub::config::Overrides;
+    use relayhub::daemon::{Source, build_targets};
+    use relayhub::outcome::Code;
+    use relayhub::relay::{Hub, ResendPolicy};
+    use relayhub::rules::Rules;
+
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "tool").await;
+    let core = start_core().await;
+    let hub = PgJournal::open(&with_params(&url, "hub_id=live&lease_ms=60000"))
+        .await
+        .unwrap();
+    // Live: one call in flight, one answered E901 and still running.
+    assert_eq!(
+        hub.claim("flying", "TRF001", "fp", "http://core", 1)
+            .await
+            .unwrap(),
+        Claim::New
+    );
+    assert_eq!(
+        hub.claim("late", "TRF001", "fp", "http://core", 1)
+            .await
+            .unwrap(),
+        Claim::New
+    );
+    assert!(
+        hub.finish_if(
+            "late",
+            &[State::Sending],
+            finish(State::Unknown, "E901", "timed out"),
+            2
+        )
+        .await
+        .unwrap()
+    );
+
+    // The tool, as `relayhub journal reconcile` builds it.
+    let tool_url = with_params(&url, "hub_id=tool");
+    let source = Source {
+        file: None,
+        overrides: Overrides {
+            core_url: Some(core.url()),
+            journal: Some(tool_url.clone()),
+            ..Overrides::default()
+        },
+    };
+    let config = source.load().unwrap();
+    let (journal, _owner) = relayhub::daemon::open_journal(&tool_url, 16).await.unwrap();
+    let targets = build_targets(&config).unwrap();
+    let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
+    let tool = Hub::new(
+        Rules::build(&config, &names).unwrap(),
+        targets,
+        journal,
+        Duration::from_millis(config.server.budget_ms),
+        ResendPolicy::from(&config.journal),
+    );
+    assert_eq!(
+        hub.get("flying").await.unwrap().unwrap().state,
+        State::Sending
+    );
+
+    let report = relayhub::admin::reconcile(&tool).await.unwrap();
+    assert_eq!(report, [("late".to_string(), Code::UNKNOWN)]);
+    assert_eq!(calls(&core, "late"), (0, 1), "asked, not posted");
+    assert_eq!(
+        hub.get("late").await.unwrap().unwrap().state,
+        State::Unknown
+    );
+    assert_eq!(
+        hub.get("flying").await.unwrap().unwrap().state,
+        State::Sending
+    );
+    let (owner, lease) = hub.lease_of("late").await.unwrap().unwrap();
+    assert_eq!(owner.as_deref(), Some(hub.hub_id()));
+    assert!(lease.is_some(), "the live hub keeps its lease");
 }
 
 #[tokio::test(flavor = "multi_thread")]

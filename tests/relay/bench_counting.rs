@@ -129,7 +129,7 @@ async fn lying_hub() -> String {
                     };
                     n += 1;
                     let mut echo = Echo::from_telegram(&telegram);
-                    if n % 2 == 0 {
+                    if n.is_multiple_of(2) {
                         echo.guid = *b"WRONGWRONGWRONGWRONGWRONGWRONG00";
                     }
                     let mut answer = Vec::new();

@@ -15,30 +15,21 @@ pub(super) const APPLICATION_ID: i32 = 0x7268_6a6c;
 const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0001_init.sql"),
     include_str!("../../../migrations/sqlite/0002_attempt_url.sql"),
+    include_str!("../../../migrations/sqlite/0003_prune_index.sql"),
 ];
 
 /// The newest schema version this build reads and writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// How long a statement waits for a lock held by another connection (an
-/// operator's `relayhub journal` session, or the previous hub still closing)
-/// before failing.
+/// How long a statement waits for a lock held by another connection (a
+/// backup tool, or the previous hub of this process still closing) before
+/// failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Opens, checks and migrates the journal at `path`. The error is the reason,
-/// in words meant for the operator.
+/// Opens, checks and migrates the journal at `path`, creating it if absent.
+/// The error is the reason, in words meant for the operator.
 pub(super) fn open(path: &Path) -> Result<Connection, String> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if dir.exists() && !dir.is_dir() {
-            return Err(format!("{} is not a directory", dir.display()));
-        }
-        if !dir.is_dir() {
-            return Err(format!("directory {} does not exist", dir.display()));
-        }
-    }
-    if path.is_dir() {
-        return Err("is a directory, not a database file".into());
-    }
+    check_path(path)?;
     // No URI parsing: the path is a file name, whatever it looks like.
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
@@ -50,8 +41,71 @@ pub(super) fn open(path: &Path) -> Result<Connection, String> {
     }
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| format!("cannot set busy timeout: {e}"))?;
+    check_health(&conn)?;
 
-    // The first statement that reads the file: random bytes fail here.
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(|e| format!("cannot switch to WAL: {e}"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(format!("cannot switch to WAL (journal_mode stays {mode})"));
+    }
+    // See the module doc of `sqlite` for why FULL and not NORMAL.
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(|e| format!("cannot set synchronous=FULL: {e}"))?;
+
+    migrate(&conn)?;
+    Ok(conn)
+}
+
+/// Opens an existing journal for reading only (`relayhub journal list` and
+/// `show`, which may run beside a live hub): nothing is created, migrated or
+/// written. A journal of an older schema is read as it is; the hub migrates
+/// it at its next start.
+pub(super) fn open_read_only(path: &Path) -> Result<Connection, String> {
+    check_path(path)?;
+    if !path.exists() {
+        return Err("no such file".into());
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| format!("cannot open: {e}"))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|e| format!("cannot set busy timeout: {e}"))?;
+    check_health(&conn)?;
+    let version = identify(&conn)?;
+    if version == 0 {
+        return Err("an empty database, not a relayhub journal (yet)".into());
+    }
+    if version < SCHEMA_VERSION {
+        // A tool only looks: it does not migrate, and this build reads the
+        // newest schema's columns.
+        return Err(format!(
+            "journal schema version {version} is older than this build's ({SCHEMA_VERSION}); \
+             `relayhub serve` on it (or `relayhub journal reconcile` with no hub running) migrates it"
+        ));
+    }
+    check_tables(&conn)?;
+    Ok(conn)
+}
+
+/// The parent directory exists and the path is not a directory itself.
+fn check_path(path: &Path) -> Result<(), String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if dir.exists() && !dir.is_dir() {
+            return Err(format!("{} is not a directory", dir.display()));
+        }
+        if !dir.is_dir() {
+            return Err(format!("directory {} does not exist", dir.display()));
+        }
+    }
+    if path.is_dir() {
+        return Err("is a directory, not a database file".into());
+    }
+    Ok(())
+}
+
+/// `PRAGMA quick_check`: the first statement that reads the file, so random
+/// bytes and corruption are refused here.
+fn check_health(conn: &Connection) -> Result<(), String> {
     let check: Vec<String> = conn
         .prepare("PRAGMA quick_check")
         .and_then(|mut s| s.query_map([], |r| r.get::<_, String>(0))?.collect())
@@ -69,19 +123,7 @@ pub(super) fn open(path: &Path) -> Result<Connection, String> {
             first.join("; ")
         ));
     }
-
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-        .map_err(|e| format!("cannot switch to WAL: {e}"))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(format!("cannot switch to WAL (journal_mode stays {mode})"));
-    }
-    // See the module doc of `sqlite` for why FULL and not NORMAL.
-    conn.pragma_update(None, "synchronous", "FULL")
-        .map_err(|e| format!("cannot set synchronous=FULL: {e}"))?;
-
-    migrate(&conn)?;
-    Ok(conn)
+    Ok(())
 }
 
 fn not_a_database(e: rusqlite::Error) -> String {
@@ -108,6 +150,22 @@ fn migrate(conn: &Connection) -> Result<(), String> {
 }
 
 fn migrate_locked(conn: &Connection) -> Result<(), String> {
+    let version = identify(conn)?;
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let to = i + 1;
+        conn.execute_batch(sql)
+            .map_err(|e| format!("migration to schema version {to} failed: {e}"))?;
+        conn.execute_batch(&format!(
+            "PRAGMA user_version = {to}; PRAGMA application_id = {APPLICATION_ID};"
+        ))
+        .map_err(|e| format!("cannot record schema version {to}: {e}"))?;
+    }
+    check_tables(conn)
+}
+
+/// The schema version of a relayhub journal (0: an empty database, which may
+/// become one); an error for another program's database or a newer schema.
+fn identify(conn: &Connection) -> Result<i64, String> {
     let read = |pragma: &str| -> Result<i64, String> {
         conn.query_row(&format!("PRAGMA {pragma}"), [], |r| r.get(0))
             .map_err(|e| format!("cannot read {pragma}: {e}"))
@@ -138,15 +196,10 @@ fn migrate_locked(conn: &Connection) -> Result<(), String> {
     if version < 0 {
         return Err(format!("invalid journal schema version {version}"));
     }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-        let to = i + 1;
-        conn.execute_batch(sql)
-            .map_err(|e| format!("migration to schema version {to} failed: {e}"))?;
-        conn.execute_batch(&format!(
-            "PRAGMA user_version = {to}; PRAGMA application_id = {APPLICATION_ID};"
-        ))
-        .map_err(|e| format!("cannot record schema version {to}: {e}"))?;
-    }
+    Ok(version)
+}
+
+fn check_tables(conn: &Connection) -> Result<(), String> {
     let tables: i64 = conn
         .query_row(
             "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN ('journal', 'journal_events')",

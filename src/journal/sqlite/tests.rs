@@ -411,8 +411,21 @@ async fn prune_keeps_sending_and_recent_rows() {
             "{g} history pruned"
         );
     }
-    assert_eq!(j.prune(i64::MAX).await.unwrap(), 2);
+    // However old, rows not settled stay: `edge` is unknown, and a resend of
+    // it must still be an inquiry, not a new POST.
+    assert_eq!(j.unsettled_before(i64::MAX).await.unwrap(), 2);
+    assert_eq!(j.prune(i64::MAX).await.unwrap(), 1);
     assert!(j.get("old-sending").await.unwrap().is_some());
+    assert_eq!(j.get("edge").await.unwrap().unwrap().state, State::Unknown);
+    assert!(matches!(
+        j.claim("edge", "TRF001", "fp", "http://core", 600)
+            .await
+            .unwrap(),
+        Claim::Existing(Row {
+            state: State::Unknown,
+            ..
+        })
+    ));
     // A pruned GUID is new again.
     assert_eq!(
         j.claim("old-done", "TRF001", "fp", "http://core", 600)
@@ -421,6 +434,115 @@ async fn prune_keeps_sending_and_recent_rows() {
         Claim::New
     );
     assert_eq!(j.history("old-done").await.unwrap().len(), 1);
+}
+
+/// Writes `n` rows straight into the table, oldest first: settled ones
+/// (`done`) updated at `at_ms + i`, with one event each, and every
+/// `unknown_every`-th one `unknown` instead. Returns how many are unknown.
+async fn fill(j: &SqliteJournal, n: u64, at_ms: i64, unknown_every: u64) -> u64 {
+    j.call(true, move |c| {
+        c.execute(
+            "WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i + 1 < ?1) \
+             INSERT INTO journal (guid, tx_code, fingerprint, state, code, attempts, \
+               last_attempt_ms, answered_ms, created_ms, updated_ms) \
+             SELECT printf('FILL%028d', i), 'TRF001', 'fp', \
+               CASE WHEN i % ?3 = 0 THEN 'unknown' ELSE 'done' END, \
+               CASE WHEN i % ?3 = 0 THEN 'E901' ELSE '0000' END, 1, \
+               ?2 + i, ?2 + i, ?2 + i, ?2 + i FROM s",
+            params![n as i64, at_ms, unknown_every as i64],
+        )?;
+        c.execute(
+            "INSERT INTO journal_events (guid, at_ms, state, code, note) \
+             SELECT guid, updated_ms, state, code, 'filled' FROM journal \
+             WHERE guid LIKE 'FILL%'",
+            [],
+        )?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    n.div_ceil(unknown_every)
+}
+
+async fn events_total(j: &SqliteJournal) -> i64 {
+    j.call(false, |c| {
+        c.query_row("SELECT count(*) FROM journal_events", [], |r| r.get(0))
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prune_in_batches_deletes_every_settled_row_and_its_history() {
+    let (_dir, j) = fresh();
+    let unknown = fill(&j, 5_000, 1_000, 7).await;
+    j.claim("fresh", "TRF001", "fp", "http://core", 100_000)
+        .await
+        .unwrap();
+    let before = j.commits();
+    assert_eq!(
+        j.prune_in_batches(50_000, 300).await.unwrap(),
+        5_000 - unknown
+    );
+    // 4,285 settled rows in batches of 300: 15 batches, the last one short,
+    // each its own commit.
+    assert_eq!(j.commits() - before, 15);
+    assert_eq!(j.count(State::Done).await.unwrap(), 0);
+    assert_eq!(j.count(State::Unknown).await.unwrap(), unknown);
+    assert_eq!(j.unsettled_before(50_000).await.unwrap(), unknown);
+    // The kept rows' history is whole; the pruned ones' is gone.
+    assert_eq!(events_total(&j).await, unknown as i64 + 1);
+    assert!(j.get("fresh").await.unwrap().is_some());
+    assert_eq!(j.prune(50_000).await.unwrap(), 0);
+}
+
+/// The prune's query walks the partial index of migration 0002, not the table.
+#[tokio::test(flavor = "multi_thread")]
+async fn prune_finds_its_rows_through_the_index() {
+    let (_dir, j) = fresh();
+    let plan: Vec<String> = j
+        .call(false, |c| {
+            let mut st = c.prepare(&format!("EXPLAIN QUERY PLAN {PRUNE_SELECT}"))?;
+            st.query_map(params![1, 2], |r| r.get::<_, String>(3))?
+                .collect()
+        })
+        .await
+        .unwrap();
+    assert!(
+        plan.iter().any(|p| p.contains("journal_settled_updated")),
+        "{plan:?}"
+    );
+    assert!(!plan.iter().any(|p| p.contains("SCAN journal")), "{plan:?}");
+    assert!(!plan.iter().any(|p| p.contains("TEMP B-TREE")), "{plan:?}");
+}
+
+/// Claims queued while a prune runs are served between its batches, not
+/// after the whole prune.
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_are_served_between_prune_batches() {
+    let (_dir, j) = fresh();
+    let settled = 2_000 - fill(&j, 2_000, 1_000, 1_000_000).await;
+    let pruning = {
+        let j = j.clone();
+        tokio::spawn(async move { j.prune_in_batches(50_000, 10).await })
+    };
+    // Once the first batch has gone, 199 more are to come, each queued only
+    // when the one before it has answered.
+    while j.count(State::Done).await.unwrap() == settled {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        j.claim("new", "TRF001", "fp", "http://core", 60_000)
+            .await
+            .unwrap(),
+        Claim::New
+    );
+    assert!(
+        !pruning.is_finished(),
+        "the claim waited for the whole prune"
+    );
+    assert_eq!(pruning.await.unwrap().unwrap(), settled);
+    assert_eq!(j.get("new").await.unwrap().unwrap().state, State::Sending);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -647,6 +769,119 @@ fn open_twice_in_sequence_and_concurrently() {
     open(&path);
 }
 
+/// A journal of schema version 1 (before the prune index), as an older
+/// build left it.
+fn version_1_journal(path: &Path) {
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch(include_str!("../../../migrations/sqlite/0001_init.sql"))
+        .unwrap();
+    conn.execute_batch(&format!(
+        "PRAGMA user_version = 1; PRAGMA application_id = {};
+         PRAGMA journal_mode = WAL;
+         INSERT INTO journal (guid, tx_code, fingerprint, state, code, attempts,
+           last_attempt_ms, created_ms, updated_ms)
+         VALUES ('old', 'TRF001', 'fp', 'done', '0000', 1, 5, 5, 5);",
+        open::APPLICATION_ID
+    ))
+    .unwrap();
+}
+
+fn schema_version_and_index(path: &Path) -> (i64, bool) {
+    let conn = Connection::open(path).unwrap();
+    let v: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    let index: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'index' \
+             AND name = 'journal_settled_updated'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    (v, index == 1)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_1_journal_is_migrated_and_keeps_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    version_1_journal(&path);
+    assert_eq!(schema_version_and_index(&path), (1, false));
+    let j = open(&path);
+    assert_eq!(j.get("old").await.unwrap().unwrap().state, State::Done);
+    drop(j);
+    assert_eq!(
+        schema_version_and_index(&path),
+        (open::SCHEMA_VERSION, true)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn read_only_open_reads_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    match SqliteJournal::open_read_only(&path) {
+        Err(JournalError::Open { reason, .. }) => assert_eq!(reason, "no such file"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a missing file opened"),
+    }
+    assert!(!path.exists(), "a read-only open created the file");
+
+    // An older schema is not migrated by a look: refused, with the way out.
+    version_1_journal(&path);
+    match SqliteJournal::open_read_only(&path) {
+        Err(JournalError::Open { reason, .. }) => {
+            assert!(reason.contains("older than this build"), "{reason}")
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("an old schema opened read-only"),
+    }
+    assert_eq!(schema_version_and_index(&path), (1, false));
+    drop(open(&path)); // migrated by a writer
+    let ro = SqliteJournal::open_read_only(&path).expect("read-only open");
+    assert_eq!(
+        ro.get("old").await.unwrap().unwrap().code.as_deref(),
+        Some("0000")
+    );
+    assert!(
+        ro.claim("g", "TRF001", "fp", "http://core", 1)
+            .await
+            .is_err(),
+        "a write went through"
+    );
+    assert_eq!(ro.recover(10).await.ok(), None, "recover went through");
+    drop(ro);
+    assert_eq!(
+        schema_version_and_index(&path),
+        (open::SCHEMA_VERSION, true)
+    );
+
+    // Beside a writer, it sees what the writer committed; the writer's
+    // `sending` row stays as it is.
+    let rw = open(&path);
+    rw.claim("live", "TRF001", "fp", "http://core", 20)
+        .await
+        .unwrap();
+    let ro = SqliteJournal::open_read_only(&path).expect("read-only beside a writer");
+    assert_eq!(ro.get("live").await.unwrap().unwrap().state, State::Sending);
+    assert_eq!(ro.list(State::Sending, 10).await.unwrap().len(), 1);
+    assert_eq!(rw.get("live").await.unwrap().unwrap().state, State::Sending);
+
+    let other = dir.path().join("other.db");
+    Connection::open(&other)
+        .unwrap()
+        .execute_batch("CREATE TABLE customers (id INTEGER PRIMARY KEY)")
+        .unwrap();
+    match SqliteJournal::open_read_only(&other) {
+        Err(JournalError::Open { reason, .. }) => {
+            assert!(reason.contains("not a relayhub journal"), "{reason}")
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("another program's database opened"),
+    }
+}
+
 #[test]
 fn open_refuses_random_bytes() {
     let dir = tempfile::tempdir().unwrap();
@@ -790,4 +1025,165 @@ async fn journal_enum_dispatches_to_sqlite() {
             .unwrap(),
         Claim::Existing(_)
     ));
+}
+
+/// Latencies of claims made by `tasks` concurrent callers, each claiming new
+/// GUIDs one after another until `until` says stop (checked between claims).
+async fn claims_while(
+    j: &SqliteJournal,
+    tag: &str,
+    tasks: usize,
+    until: impl Fn() -> bool + Send + Sync + Clone + 'static,
+) -> Vec<std::time::Duration> {
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let (j, until, tag) = (j.clone(), until.clone(), tag.to_string());
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut i = 0u64;
+                while !until() {
+                    let g = format!("{tag}{t:04}{i:020}");
+                    let start = std::time::Instant::now();
+                    j.claim(&g, "TRF001", "fp", "http://core", 10_000_000)
+                        .await
+                        .unwrap();
+                    lat.push(start.elapsed());
+                    i += 1;
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.unwrap());
+    }
+    all.sort();
+    all
+}
+
+fn summary(lat: &[std::time::Duration]) -> String {
+    let at = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
+    format!(
+        "{:>7} claims  p50 {:>8.2?}  p99 {:>8.2?}  max {:>8.2?}",
+        lat.len(),
+        at(0.50),
+        at(0.99),
+        lat[lat.len() - 1]
+    )
+}
+
+/// A measurement, not a check of speed (ignored by default): claim latency
+/// with no prune running, during a prune of 1,000,000 old rows in batches,
+/// and during the same prune as one statement (the way it was done before).
+///
+/// ```text
+/// cargo test --release --lib prune_of_a_million_rows_timing -- --ignored --nocapture
+/// ```
+///
+/// `RELAYHUB_PRUNE_ROWS` sets another number of rows, `RELAYHUB_PRUNE_BATCH`
+/// another batch size. Only correctness is asserted: every settled row goes,
+/// every unknown one stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn prune_of_a_million_rows_timing() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    const TASKS: usize = 16;
+    let env = |name: &str, default: u64| -> u64 {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let rows = env("RELAYHUB_PRUNE_ROWS", 1_000_000);
+    let batch = env("RELAYHUB_PRUNE_BATCH", PRUNE_BATCH as u64) as usize;
+    let dir = tempfile::tempdir().unwrap();
+    let j = SqliteJournal::open(&db(&dir), 256).unwrap();
+
+    let started = Instant::now();
+    let unknown = fill(&j, rows, 1_000, 1_000).await;
+    println!(
+        "filled {rows} old rows ({unknown} unknown) in {:.1?}",
+        started.elapsed()
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let timer = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            stop.store(true, Ordering::SeqCst);
+        })
+    };
+    let s = stop.clone();
+    let idle = claims_while(&j, "IDLE", TASKS, move || s.load(Ordering::SeqCst)).await;
+    timer.await.unwrap();
+    println!("no prune:              {}", summary(&idle));
+
+    // The prune as it is now: batches of PRUNE_BATCH through the index.
+    let done = Arc::new(AtomicBool::new(false));
+    let pruning = {
+        let (j, done) = (j.clone(), done.clone());
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let n = j.prune_in_batches(i64::MAX / 2, batch).await.unwrap();
+            done.store(true, Ordering::SeqCst);
+            (n, t.elapsed())
+        })
+    };
+    let d = done.clone();
+    let during = claims_while(&j, "BTCH", TASKS, move || d.load(Ordering::SeqCst)).await;
+    let (pruned, took) = pruning.await.unwrap();
+    assert_eq!(pruned, rows - unknown);
+    assert_eq!(j.count(State::Unknown).await.unwrap(), unknown);
+    println!(
+        "prune in batches of {batch}: {} ({pruned} rows in {took:.1?})",
+        summary(&during)
+    );
+
+    // The prune as it was: one statement, a scan of the whole table.
+    j.call(true, |c| {
+        c.execute("DELETE FROM journal WHERE guid LIKE 'FILL%'", [])
+    })
+    .await
+    .unwrap();
+    j.call(true, |c| c.execute("DELETE FROM journal_events", []))
+        .await
+        .unwrap();
+    let unknown = fill(&j, rows, 1_000, 1_000).await;
+    let done = Arc::new(AtomicBool::new(false));
+    let pruning = {
+        let (j, done) = (j.clone(), done.clone());
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let n = j
+                .call(true, |c| {
+                    c.execute(
+                        "DELETE FROM journal_events WHERE guid IN (SELECT guid FROM journal \
+                         WHERE updated_ms < ?1 AND state NOT IN ('sending', 'unknown'))",
+                        [i64::MAX / 2],
+                    )?;
+                    c.execute(
+                        "DELETE FROM journal WHERE updated_ms < ?1 \
+                         AND state NOT IN ('sending', 'unknown')",
+                        [i64::MAX / 2],
+                    )
+                })
+                .await
+                .unwrap();
+            done.store(true, Ordering::SeqCst);
+            (n as u64, t.elapsed())
+        })
+    };
+    let d = done.clone();
+    let during = claims_while(&j, "ONCE", TASKS, move || d.load(Ordering::SeqCst)).await;
+    let (pruned, took) = pruning.await.unwrap();
+    assert_eq!(pruned, rows - unknown);
+    println!(
+        "prune in one statement: {} ({pruned} rows in {took:.1?})",
+        summary(&during)
+    );
 }

@@ -1,0 +1,428 @@
+//! `relayhub journal`: look at the GUID journal and settle unknown transfers.
+//!
+//! `list` and `show` only look: a SQLite file is opened read-only (never
+//! created, migrated, locked or recovered), so they are safe beside a live
+//! hub. `reconcile` settles: with no hub running it owns the journal (the same
+//! lock a hub takes), recovers it and asks the core itself; while a hub runs
+//! on the file, the hub settles its own unknown transfers, because only it
+//! knows which of its calls are still running, so `reconcile` asks it through
+//! its admin listener (`--admin`, or the config's `admin_listen`), or refuses
+//! and says how.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde::Serialize;
+
+use relayhub::config::Overrides;
+use relayhub::daemon::{Source, build_targets, open_journal};
+use relayhub::journal::{Journal, JournalError, Row, State, file_of};
+use relayhub::outcome::Code;
+use relayhub::rules::Rules;
+
+/// The journal file the hub uses when nothing says otherwise.
+const DEFAULT_JOURNAL: &str = "relayhub-journal.db";
+
+#[derive(Args)]
+pub struct JournalArgs {
+    /// The journal: the hub's SQLite file (under systemd
+    /// /var/lib/relayhub/journal.db), or a postgres:// URL. Default:
+    /// relayhub-journal.db; for `reconcile`, the [journal] path of --config.
+    #[arg(long, value_name = "PATH|URL", global = true)]
+    journal: Option<String>,
+    /// Create the journal file if it does not exist. Without it, a file that
+    /// does not exist is refused, so that a mistyped path is not read as an
+    /// empty journal.
+    #[arg(long, global = true)]
+    create: bool,
+    #[command(subcommand)]
+    action: JournalAction,
+}
+
+/// `journal list --state`, as clap parses it.
+#[derive(Clone, Copy, ValueEnum)]
+enum StateArg {
+    Sending,
+    Done,
+    Unknown,
+    #[value(name = "not_sent")]
+    NotSent,
+}
+
+impl From<StateArg> for State {
+    fn from(arg: StateArg) -> State {
+        match arg {
+            StateArg::Sending => State::Sending,
+            StateArg::Done => State::Done,
+            StateArg::Unknown => State::Unknown,
+            StateArg::NotSent => State::NotSent,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum JournalAction {
+    /// List transfers in a state (default: unknown, i.e. answered E901).
+    ///
+    /// One line per row, oldest first: GUID, tx code, state, code, attempts,
+    /// created and updated times (ISO 8601, local time), last error. Opens the
+    /// journal read-only: safe beside a running hub.
+    List {
+        /// sending, done, unknown (answered E901, not settled) or not_sent.
+        #[arg(long, value_enum, default_value = "unknown")]
+        state: StateArg,
+        /// At most this many rows.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Show one GUID's row (state, code, attempts, times) and its history.
+    ///
+    /// Times are ISO 8601 in local time. Opens the journal read-only: safe
+    /// beside a running hub. Exits 3 when the GUID is not in the journal.
+    Show {
+        /// The transfer's GUID (32 characters).
+        guid: String,
+    },
+    /// Ask the core about every unknown transfer and record the answers.
+    ///
+    /// Sends GET /v1/transfers/{guid} for each unknown row and prints each GUID
+    /// with its code now: 0000 or a B-code (settled), E904 (never received; a
+    /// resend may post again) or E901 (still unknown; run it again later).
+    ///
+    /// With no hub running on the journal, reconcile opens it as the hub would
+    /// (taking its lock, marking transfers left in flight by a crash unknown)
+    /// and asks the core named by --core-url or --config. While a hub runs on
+    /// it, the hub settles its own unknown transfers: reconcile asks it through
+    /// its admin listener (--admin, or admin_listen in --config), or refuses.
+    Reconcile(ReconcileArgs),
+}
+
+#[derive(Args)]
+struct ReconcileArgs {
+    /// Have the running hub whose admin endpoints are at HOST:PORT (its
+    /// admin_listen) reconcile, through POST /journal/reconcile. The journal
+    /// and core flags are then not used.
+    #[arg(long, value_name = "HOST:PORT")]
+    admin: Option<String>,
+    /// Base URL (http://HOST:PORT) of the target `core`, which the default
+    /// routes (TRF001, INQ001) use.
+    #[arg(long, value_name = "URL")]
+    core_url: Option<String>,
+    /// The hub's TOML config: its targets, routes, budget, journal path and
+    /// admin_listen. Flags override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Each inquiry is answered within this many ms (default 3000).
+    #[arg(long, value_name = "MS")]
+    budget_ms: Option<u64>,
+    /// TCP connect timeout to the core, in ms (default 500, lowered to half
+    /// the budget).
+    #[arg(long, value_name = "MS")]
+    connect_timeout_ms: Option<u64>,
+}
+
+pub async fn run(args: JournalArgs) -> Result<ExitCode, String> {
+    match args.action {
+        JournalAction::List { state, limit } => {
+            let state = State::from(state);
+            let spec = args.journal.as_deref().unwrap_or(DEFAULT_JOURNAL);
+            let j = open_to_look(spec, args.create).await?;
+            let rows = j.list(state, limit).await.map_err(|e| e.to_string())?;
+            for r in &rows {
+                println!(
+                    "{}  {}  {:<8}  {}  attempts={}  created={}  updated={}  {}",
+                    r.guid,
+                    r.tx_code,
+                    r.state.as_str(),
+                    r.code.as_deref().unwrap_or("----"),
+                    r.attempts,
+                    local_time(r.created_ms),
+                    local_time(r.updated_ms),
+                    r.last_error.as_deref().unwrap_or("")
+                );
+            }
+            eprintln!(
+                "{} row(s) in state {} in {}",
+                rows.len(),
+                state.as_str(),
+                describe(spec)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        JournalAction::Show { guid } => {
+            let spec = args.journal.as_deref().unwrap_or(DEFAULT_JOURNAL);
+            let j = open_to_look(spec, args.create).await?;
+            eprintln!("{}", describe(spec));
+            let Some(row) = j.get(&guid).await.map_err(|e| e.to_string())? else {
+                eprintln!("{guid}: not in the journal");
+                return Ok(ExitCode::from(3));
+            };
+            let view = RowView::from(&row);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&view).unwrap_or_default()
+            );
+            for e in j.history(&guid).await.map_err(|e| e.to_string())? {
+                println!(
+                    "{}  {:<8}  {}  {}",
+                    local_time(e.at_ms),
+                    e.state.as_str(),
+                    e.code.as_deref().unwrap_or("----"),
+                    e.note
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        JournalAction::Reconcile(r) => reconcile(args.journal, args.create, r).await,
+    }
+}
+
+/// A row as `show` prints it: times in ISO 8601 local time.
+#[derive(Serialize)]
+struct RowView<'a> {
+    guid: &'a str,
+    tx_code: &'a str,
+    fingerprint: &'a str,
+    state: &'a str,
+    code: Option<&'a str>,
+    answer: Option<String>,
+    attempts: u32,
+    created: String,
+    last_attempt: String,
+    answered: Option<String>,
+    updated: String,
+    last_error: Option<&'a str>,
+}
+
+impl<'a> From<&'a Row> for RowView<'a> {
+    fn from(r: &'a Row) -> Self {
+        RowView {
+            guid: &r.guid,
+            tx_code: &r.tx_code,
+            fingerprint: &r.fingerprint,
+            state: r.state.as_str(),
+            code: r.code.as_deref(),
+            answer: r
+                .answer
+                .as_deref()
+                .map(|a| String::from_utf8_lossy(a).into_owned()),
+            attempts: r.attempts,
+            created: local_time(r.created_ms),
+            last_attempt: local_time(r.last_attempt_ms),
+            answered: r.answered_ms.map(local_time),
+            updated: local_time(r.updated_ms),
+            last_error: r.last_error.as_deref(),
+        }
+    }
+}
+
+/// Milliseconds since the epoch as ISO 8601 in local time, with the offset
+/// (`2026-11-29T14:03:07.123+09:00`).
+fn local_time(ms: i64) -> String {
+    use chrono::TimeZone;
+    match chrono::Local.timestamp_millis_opt(ms).single() {
+        Some(t) => t.format("%Y-%m-%dT%H:%M:%S%.3f%:z").to_string(),
+        None => format!("{ms} ms since the epoch"),
+    }
+}
+
+/// What an operator should read for the journal a command opened: the
+/// absolute path of a file, a PostgreSQL URL without its password.
+fn describe(spec: &str) -> String {
+    match file_of(spec) {
+        Some(path) => {
+            let shown = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+            format!("journal {} (SQLite file)", shown.display())
+        }
+        None => format!(
+            "journal {} (PostgreSQL)",
+            relayhub::journal::postgres::redact(spec)
+        ),
+    }
+}
+
+/// A file that does not exist is refused unless `--create` was given.
+fn check_exists(spec: &str, create: bool) -> Result<(), String> {
+    match file_of(spec) {
+        Some(path) if !create && !path.exists() => Err(format!(
+            "journal {}: no such file. Check --journal (the hub's [journal] path; under \
+             systemd /var/lib/relayhub/journal.db), or give --create to start an empty journal",
+            shown(path)
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn shown(path: &Path) -> String {
+    std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// Opens a journal for `list` and `show`: read-only, or created (and then
+/// owned for the moment it takes) with `--create`. Names it on stderr.
+async fn open_to_look(spec: &str, create: bool) -> Result<Journal, String> {
+    check_exists(spec, create)?;
+    let missing = file_of(spec).is_some_and(|p| !p.exists());
+    let journal = if missing {
+        // Only with --create: made and migrated as a hub would.
+        let (journal, _owner) = Journal::open_owned(spec, 16)
+            .await
+            .map_err(|e| e.to_string())?;
+        eprintln!("{} created", describe(spec));
+        journal
+    } else {
+        Journal::open_read_only(spec)
+            .await
+            .map_err(|e| e.to_string())?
+    };
+    Ok(journal)
+}
+
+async fn reconcile(
+    journal: Option<String>,
+    create: bool,
+    args: ReconcileArgs,
+) -> Result<ExitCode, String> {
+    if let Some(admin) = &args.admin {
+        return through_hub(admin).await;
+    }
+    let source = Source {
+        file: args.config.clone(),
+        overrides: Overrides {
+            core_url: args.core_url.clone(),
+            budget_ms: args.budget_ms,
+            connect_timeout_ms: args.connect_timeout_ms,
+            journal,
+            ..Overrides::default()
+        },
+    };
+    let config = source.load().map_err(|e| e.to_string())?;
+    let spec = config.journal.path.as_str();
+    check_exists(spec, create)?;
+    let (journal, _owner) = match open_journal(spec, config.journal.max_batch).await {
+        Ok(opened) => opened,
+        Err(JournalError::Locked { path, holder, .. }) => {
+            return match &config.server.admin_listen {
+                Some(addr) => {
+                    eprintln!(
+                        "journal {path} is held by a running hub ({holder}); asking it to \
+                         reconcile through its admin listener {addr}"
+                    );
+                    through_hub(addr).await
+                }
+                None => Err(format!(
+                    "journal {path} is held by a running hub ({holder}). While a hub runs, it \
+                     settles its unknown transfers itself: only it knows which of its calls \
+                     are still running, and a channel's resend is answered by inquiry. To \
+                     settle them all now, ask it: relayhub journal reconcile --admin HOST:PORT \
+                     (the hub's admin_listen)"
+                )),
+            };
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    eprintln!("{}", describe(spec));
+    let targets = build_targets(&config).map_err(|e| e.to_string())?;
+    let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
+    let rules = Rules::build(&config, &names).map_err(|e| e.to_string())?;
+    let hub = relayhub::relay::Hub::new(
+        rules,
+        targets,
+        journal,
+        Duration::from_millis(config.server.budget_ms),
+        relayhub::relay::ResendPolicy::from(&config.journal),
+    );
+    let report = relayhub::admin::reconcile(&hub)
+        .await
+        .map_err(|e| e.to_string())?;
+    let report: Vec<(String, String)> = report
+        .into_iter()
+        .map(|(g, c)| (g, c.as_str().to_string()))
+        .collect();
+    Ok(print_report(&report))
+}
+
+/// Prints each GUID with its code, and a summary on stderr.
+fn print_report(report: &[(String, String)]) -> ExitCode {
+    for (guid, code) in report {
+        let meaning = Code::parse(code)
+            .map(|c| c.meaning())
+            .unwrap_or("unreadable code");
+        println!("{guid}  {code}  {meaning}");
+    }
+    let open = report
+        .iter()
+        .filter(|(_, c)| c == Code::UNKNOWN.as_str())
+        .count();
+    eprintln!(
+        "{} unknown transfer(s) asked; {} still unknown",
+        report.len(),
+        open
+    );
+    ExitCode::SUCCESS
+}
+
+/// `POST http://ADMIN/journal/reconcile` on the running hub.
+async fn through_hub(admin: &str) -> Result<ExitCode, String> {
+    let host = reachable(admin);
+    let url = format!("http://{host}/journal/reconcile");
+    let asked = url.clone();
+    let answer = tokio::task::spawn_blocking(move || -> Result<(u16, String), String> {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(5)))
+            .build()
+            .new_agent();
+        let mut resp = agent
+            .post(&url)
+            .send_empty()
+            .map_err(|e| format!("cannot reach the hub's admin listener at {url}: {e}"))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| format!("{url}: cannot read the answer: {e}"))?;
+        Ok((status, body))
+    })
+    .await
+    .map_err(|e| format!("{asked}: {e}"))??;
+    match answer {
+        (200, body) => {
+            let codes: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&body)
+                .map_err(|e| {
+                    format!("{asked}: the answer is not a JSON object of GUID -> code: {e}")
+                })?;
+            eprintln!("reconciled by the hub at {host}");
+            let report: Vec<(String, String)> = codes
+                .into_iter()
+                .map(|(g, c)| (g, c.as_str().unwrap_or("????").to_string()))
+                .collect();
+            Ok(print_report(&report))
+        }
+        (404, _) => Err(format!(
+            "{asked}: 404; is {host} the hub's admin_listen, and the hub a build with \
+             POST /journal/reconcile?"
+        )),
+        (status, body) => Err(format!("{asked}: {status} {}", body.trim())),
+    }
+}
+
+/// An admin address as the hub binds it (`0.0.0.0:9101`, `[::]:9101`) made
+/// one this host can connect to.
+fn reachable(addr: &str) -> String {
+    match addr.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() => {
+            let ip: std::net::IpAddr = if a.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            };
+            std::net::SocketAddr::new(ip, a.port()).to_string()
+        }
+        _ => addr.to_string(),
+    }
+}

@@ -1,0 +1,148 @@
+//! One owner per journal file: an exclusive lock on the sidecar `<file>.lock`.
+//!
+//! The process that owns a journal (a hub, or `relayhub journal reconcile`
+//! with no hub running) treats every `sending` row as its own: at start-up it
+//! takes them for rows a crash left behind and marks them unknown, and it
+//! believes an inquiry's "never received" for them. A second owner beside a
+//! live hub would do both to calls that are still running there, and the
+//! channel's resend would be posted twice. So an owner holds this lock for
+//! as long as it runs, and a second one is refused.
+//!
+//! # Why a sidecar file and not the database file
+//!
+//! SQLite locks the database file with POSIX record locks, and POSIX drops
+//! every record lock a process holds on a file when the process closes *any*
+//! descriptor of that file. A lock taken on a descriptor of our own would be
+//! a second descriptor, and closing it could silently drop SQLite's locks. On
+//! Windows the lock would be mandatory and block SQLite's own reads. The
+//! sidecar has neither problem; the kernel releases it when the process dies,
+//! however it dies, so a crash never leaves a stale lock behind.
+//!
+//! The file holds the owner's pid and command for the message a refused
+//! process prints; it is left in place (removing it would race a new owner).
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+/// The held lock; dropping it (or the process ending) releases it.
+#[derive(Debug)]
+pub struct FileLock {
+    _file: File,
+    path: PathBuf,
+}
+
+/// Why the lock was not taken.
+#[derive(Debug)]
+pub enum LockError {
+    /// Another process holds it: `holder` is what it wrote there.
+    Held { lock: PathBuf, holder: String },
+    /// The lock file cannot be created or locked.
+    Io { lock: PathBuf, reason: String },
+}
+
+/// `<db>.lock`, beside the database file.
+pub fn lock_path(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+impl FileLock {
+    /// Takes the lock of the journal at `db` without waiting.
+    pub fn acquire(db: &Path) -> Result<FileLock, LockError> {
+        let path = lock_path(db);
+        let io = |e: std::io::Error| LockError::Io {
+            lock: path.clone(),
+            reason: e.to_string(),
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io)?;
+        // `File::try_lock`: flock(2) on Unix, LockFileEx on Windows (Rust 1.89).
+        let locked = file.try_lock();
+        match locked {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = holder.trim();
+                return Err(LockError::Held {
+                    lock: path.clone(),
+                    holder: if holder.is_empty() {
+                        "a process that has not written its name yet".into()
+                    } else {
+                        holder.to_string()
+                    },
+                });
+            }
+            Err(TryLockError::Error(e)) => return Err(io(e)),
+        }
+        // Who holds it, for the message of the next one refused.
+        let me = holder_name();
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| file.write_all(me.as_bytes()))
+            .and_then(|()| file.flush())
+            .map_err(io)?;
+        Ok(FileLock { _file: file, path })
+    }
+
+    /// The lock file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// `pid 1234: relayhub serve`.
+fn holder_name() -> String {
+    let mut args = std::env::args();
+    let program = args
+        .next()
+        .map(|p| {
+            Path::new(&p)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or(p)
+        })
+        .unwrap_or_else(|| "?".into());
+    let command = args.next().unwrap_or_default();
+    format!("pid {}: {program} {command}\n", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_holder_at_a_time_and_released_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("journal.db");
+        let first = FileLock::acquire(&db).expect("first lock");
+        assert_eq!(first.path(), dir.path().join("journal.db.lock"));
+        // A second descriptor, even in the same process, is refused.
+        match FileLock::acquire(&db) {
+            Err(LockError::Held { lock, holder }) => {
+                assert_eq!(lock, lock_path(&db));
+                assert!(
+                    holder.starts_with(&format!("pid {}: ", std::process::id())),
+                    "{holder}"
+                );
+            }
+            other => panic!("expected Held, got {other:?}"),
+        }
+        drop(first);
+        FileLock::acquire(&db).expect("free again once dropped");
+    }
+
+    #[test]
+    fn an_unwritable_place_is_an_io_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("missing").join("journal.db");
+        assert!(matches!(FileLock::acquire(&db), Err(LockError::Io { .. })));
+    }
+}

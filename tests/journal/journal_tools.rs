@@ -1,0 +1,538 @@
+//! The journal and its tools as an operator meets them, with the real
+//! `relayhub` binary: `relayhub journal list/show/reconcile` beside a live hub
+//! on the same SQLite file, two hubs on one file, and the first-time mistakes
+//! (a mistyped path, epoch milliseconds, flags a command does not use).
+//!
+//! Waits are on answers, ready lines, process exits and the fixture's
+//! counters, each bounded by [`PATIENCE`]; nothing sleeps to order events.
+
+#![cfg(unix)]
+
+use crate::common;
+use crate::journal_support;
+use crate::ops_support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::*;
+use corebank::{FaultMethod, FaultRule, Phase};
+use journal_support::start_hub_process;
+
+/// What a finished `relayhub` command printed.
+#[derive(Debug)]
+struct Output {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `relayhub ARGS` to its end (bounded by [`PATIENCE`]).
+fn relayhub(args: &[&str]) -> Output {
+    let child = Command::new(relayhub_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn relayhub");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = rx
+        .recv_timeout(PATIENCE)
+        .unwrap_or_else(|_| panic!("relayhub {args:?} did not end within {PATIENCE:?}"))
+        .expect("relayhub output");
+    Output {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 temp path")
+}
+
+/// A TOML letting a resend follow its "not sent" answer at once, so that a
+/// second POST, if the hub would make one, is not hidden behind an E905.
+const NO_COOLDOWN: &str = "[journal]\nresend_cooldown_ms = 0\n";
+
+/// A live hub (SQLite file) whose POST for a GUID is held in front of the
+/// core's ledger (a gateway holding the request: an inquiry meanwhile says
+/// NOT_FOUND) for longer than the budget: the channel gets E901 and the call
+/// goes on in its late-answer window. `relayhub journal reconcile` run beside
+/// it must not conclude "never received" (E904, `not_sent`): the hub's call is
+/// still running, and the channel's resend would be posted a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_beside_a_live_hub_never_lets_a_held_transfer_post_twice() {
+    let core = start_core().await;
+    let dir = TempDir::new("tools-live");
+    let file = dir.join("journal.db");
+    let config = TempFile::new("toml", NO_COOLDOWN);
+    let g = guid("LIVE");
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .delay_ms(30_000)
+            .phase(Phase::BeforeApply)
+            .close()
+            .times(1),
+    );
+    let url = core.url();
+    let hub = ops_support::Hub::spawn(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--core-url",
+        &url,
+        "--journal",
+        path_str(&file),
+        "--budget-ms",
+        "500",
+        "--config",
+        path_str(&config.0),
+    ]);
+    let hub_addr = hub.addr.parse().expect("hub address");
+    let telegram = transfer(&g, 31_000);
+    let mut ch = connect(hub_addr, relayhub::frame::PrefixMode::Ascii).await;
+    assert_header_only(&exchange(&mut ch, &telegram).await, "TRF001", &g, "E901");
+    assert_eq!(posts(&core, &g), 1);
+
+    let reconcile = relayhub(&[
+        "journal",
+        "--journal",
+        path_str(&file),
+        "reconcile",
+        "--core-url",
+        &url,
+    ]);
+    let resend = exchange(&mut ch, &telegram).await;
+    assert_eq!(
+        posts(&core, &g),
+        1,
+        "the resend was posted a second time (answered {}); reconcile: {reconcile:?}",
+        resend.code
+    );
+    // The hub's own call is still running: its inquiry's NOT_FOUND is not believed.
+    assert_header_only(&resend, "TRF001", &g, "E901");
+    assert!(
+        !reconcile.stdout.contains(&format!("{g}  E904")),
+        "reconcile beside the live hub said never received: {reconcile:?}"
+    );
+}
+
+/// Waits (bounded) until the fixture has counted `n` POSTs for `guid`.
+async fn wait_posts(core: &corebank::CoreBank, guid: &str, n: u64) {
+    let g = guid.to_string();
+    within(core.wait_stats(move |s| s.by_guid.get(&g).map(|x| x.post).unwrap_or(0) >= n)).await;
+}
+
+/// A POST for `guid` held in front of the core's ledger for 30 s, then
+/// dropped: an inquiry meanwhile says NOT_FOUND.
+fn hold_post(core: &corebank::CoreBank, guid: &str) {
+    core.add_fault(
+        FaultRule::guid(guid)
+            .method(FaultMethod::Post)
+            .delay_ms(30_000)
+            .phase(Phase::BeforeApply)
+            .close()
+            .times(1),
+    );
+}
+
+/// While a hub runs, it settles its own unknown transfers: `reconcile
+/// --admin` (or the admin_listen of `--config`) has the live hub do it, and
+/// the hub, knowing its call is still running, does not believe NOT_FOUND.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_beside_a_live_hub_asks_that_hub() {
+    let core = start_core().await;
+    let dir = TempDir::new("tools-admin");
+    let file = dir.join("journal.db");
+    let g = guid("ADMN");
+    hold_post(&core, &g);
+    let url = core.url();
+    let hub = ops_support::Hub::spawn(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--core-url",
+        &url,
+        "--journal",
+        path_str(&file),
+        "--budget-ms",
+        "500",
+    ]);
+    let telegram = transfer(&g, 32_000);
+    let mut ch = connect(
+        hub.addr.parse().unwrap(),
+        relayhub::frame::PrefixMode::Ascii,
+    )
+    .await;
+    assert_header_only(&exchange(&mut ch, &telegram).await, "TRF001", &g, "E901");
+
+    // Without a way to reach the hub: refused, and told how.
+    let refused = relayhub(&[
+        "journal",
+        "--journal",
+        path_str(&file),
+        "reconcile",
+        "--core-url",
+        &url,
+    ]);
+    assert_ne!(refused.code, Some(0), "{refused:?}");
+    assert!(
+        refused.stderr.contains(path_str(&file))
+            && refused.stderr.contains("held by a running hub")
+            && refused.stderr.contains("--admin HOST:PORT"),
+        "{refused:?}"
+    );
+    assert_eq!(gets(&core, &g), 0, "a refused reconcile asks nothing");
+
+    let asked = relayhub(&["journal", "reconcile", "--admin", &hub.admin]);
+    assert_eq!(asked.code, Some(0), "{asked:?}");
+    assert!(
+        asked.stdout.contains(&format!("{g}  E901")),
+        "the hub's call still runs: still unknown; {asked:?}"
+    );
+    assert_eq!(gets(&core, &g), 1, "the hub asked the core");
+
+    // The config's admin_listen is found when the journal is held.
+    let config = TempFile::new(
+        "toml",
+        &format!(
+            "[server]\nadmin_listen = \"{}\"\n[journal]\npath = \"{}\"\n",
+            hub.admin,
+            path_str(&file)
+        ),
+    );
+    let asked = relayhub(&[
+        "journal",
+        "reconcile",
+        "--config",
+        path_str(&config.0),
+        "--core-url",
+        &url,
+    ]);
+    assert_eq!(asked.code, Some(0), "{asked:?}");
+    assert!(asked.stdout.contains(&format!("{g}  E901")), "{asked:?}");
+    assert!(asked.stderr.contains(&hub.admin), "{asked:?}");
+    assert_eq!(gets(&core, &g), 2);
+
+    let resend = exchange(&mut ch, &telegram).await;
+    assert_eq!(posts(&core, &g), 1, "resend answered {}", resend.code);
+    assert_header_only(&resend, "TRF001", &g, "E901");
+}
+
+/// A second `relayhub serve` on a journal file a live hub holds is refused at
+/// start, naming the file and the holder; once the first is gone (SIGTERM or
+/// SIGKILL: the kernel drops the lock), the file is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_hub_on_one_journal_file_is_refused() {
+    let core = start_core().await;
+    let dir = TempDir::new("tools-two");
+    let file = dir.join("journal.db");
+    let url = core.url();
+    let serve = |file: &Path| -> Vec<String> {
+        [
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--core-url",
+            &url,
+            "--journal",
+            path_str(file),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let mut first = try_start(Command::new(relayhub_bin()).args(serve(&file)))
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let args = serve(&file);
+    let second = relayhub(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_ne!(second.code, Some(0), "{second:?}");
+    assert!(
+        second.stderr.contains(path_str(&file))
+            && second.stderr.contains("held by another relayhub")
+            && second.stderr.contains(&format!("pid {}", first.pid)),
+        "{second:?}"
+    );
+    assert!(
+        !second.stdout.contains("listening on"),
+        "the second hub announced itself: {second:?}"
+    );
+    // The first one is unharmed.
+    let g = guid("TWO");
+    let answer = first.send(&transfer(&g, 1_000)).await;
+    assert_eq!(answer.code, "0000", "{answer:?}");
+
+    // Another file is fine meanwhile.
+    let other = dir.join("other.db");
+    let mut beside = try_start(Command::new(relayhub_bin()).args(serve(&other)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(beside.terminate().code(), Some(0));
+
+    let killed = first.sigkill();
+    assert!(!killed.success());
+    let mut next = try_start(Command::new(relayhub_bin()).args(serve(&file)))
+        .unwrap_or_else(|e| panic!("after SIGKILL the file is free: {e}"));
+    assert_eq!(next.terminate().code(), Some(0));
+    let mut last = try_start(Command::new(relayhub_bin()).args(serve(&file)))
+        .unwrap_or_else(|e| panic!("after SIGTERM the file is free: {e}"));
+    assert_eq!(last.send(&transfer(&g, 1_000)).await.code, "0000");
+    assert_eq!(posts(&core, &g), 1, "replayed from the journal");
+    assert_eq!(last.terminate().code(), Some(0));
+}
+
+/// `list` and `show` beside a live hub only look: the hub's row in flight
+/// stays `sending` (no start-up recovery by a tool), and `reconcile` does not
+/// touch it either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_beside_a_live_hub_leave_its_rows_in_flight_alone() {
+    let core = start_core().await;
+    let dir = TempDir::new("tools-look");
+    let file = dir.join("journal.db");
+    let g = guid("LOOK");
+    hold_post(&core, &g);
+    let url = core.url();
+    // A budget long enough for the tools to run while the row is `sending`.
+    let hub = start_hub_process(&url, &file, 20_000);
+    let mut ch = hub.channel().await;
+    within(ch.send(&transfer(&g, 33_000))).await.expect("send");
+    wait_posts(&core, &g, 1).await;
+    let journal = path_str(&file);
+
+    let list = relayhub(&[
+        "journal",
+        "--journal",
+        journal,
+        "list",
+        "--state",
+        "sending",
+    ]);
+    assert_eq!(list.code, Some(0), "{list:?}");
+    assert!(
+        list.stdout.contains(&g) && list.stderr.contains("1 row(s) in state sending"),
+        "{list:?}"
+    );
+    let refused = relayhub(&[
+        "journal",
+        "--journal",
+        journal,
+        "reconcile",
+        "--core-url",
+        &url,
+    ]);
+    assert_ne!(refused.code, Some(0), "{refused:?}");
+    let show = relayhub(&["journal", "--journal", journal, "show", &g]);
+    assert_eq!(show.code, Some(0), "{show:?}");
+    assert!(show.stdout.contains("\"state\": \"sending\""), "{show:?}");
+    let list = relayhub(&["journal", "--journal", journal, "list"]);
+    assert!(
+        !list.stdout.contains(&g) && list.stderr.contains("0 row(s) in state unknown"),
+        "a tool marked the live hub's call unknown: {list:?}"
+    );
+    assert_eq!(calls(&core, &g), (1, 0), "no inquiry, no second POST");
+}
+
+/// With no hub running, `reconcile` owns the journal as a hub would: what a
+/// crash left `sending` becomes unknown and is asked about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_without_a_hub_recovers_and_settles() {
+    let core = start_core().await;
+    let dir = TempDir::new("tools-alone");
+    let file = dir.join("journal.db");
+    let g = guid("ALON");
+    // Held, then applied: an inquiry meanwhile says PROCESSING.
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .delay_ms(2_000)
+            .phase(Phase::BeforeApply),
+    );
+    let url = core.url();
+    let mut hub = start_hub_process(&url, &file, 20_000);
+    let mut ch = hub.channel().await;
+    within(ch.send(&transfer(&g, 34_000))).await.expect("send");
+    within(core.wait_received(&g)).await;
+    hub.sigkill();
+    let journal = path_str(&file);
+
+    let first = relayhub(&[
+        "journal",
+        "--journal",
+        journal,
+        "reconcile",
+        "--core-url",
+        &url,
+    ]);
+    assert_eq!(first.code, Some(0), "{first:?}");
+    assert!(
+        first.stdout.contains(&format!("{g}  E901")) && first.stderr.contains(journal),
+        "{first:?}"
+    );
+    assert!(within(core.wait_applied(&g)).await);
+    let second = relayhub(&[
+        "journal",
+        "--journal",
+        journal,
+        "reconcile",
+        "--core-url",
+        &url,
+    ]);
+    assert!(second.stdout.contains(&format!("{g}  0000")), "{second:?}");
+    let show = relayhub(&["journal", "--journal", journal, "show", &g]);
+    assert!(
+        show.stdout.contains("\"state\": \"done\"")
+            && show.stdout.contains("was in flight when the hub stopped"),
+        "{show:?}"
+    );
+    assert_eq!(posts(&core, &g), 1);
+}
+
+// ---- a first-time operator ----------------------------------------------
+
+/// A mistyped journal path is refused (naming the path and `--create`), not
+/// read as an empty journal; `--create` makes one, and says where.
+#[test]
+fn a_journal_file_that_does_not_exist_is_refused() {
+    let dir = TempDir::new("tools-typo");
+    let typo = dir.join("typo.db");
+    let journal = path_str(&typo);
+    for args in [
+        vec!["journal", "--journal", journal, "list"],
+        vec!["journal", "--journal", journal, "show", "G"],
+        vec![
+            "journal",
+            "--journal",
+            journal,
+            "reconcile",
+            "--core-url",
+            "http://127.0.0.1:9",
+        ],
+    ] {
+        let out = relayhub(&args);
+        assert_ne!(out.code, Some(0), "{args:?}: {out:?}");
+        assert!(
+            out.stderr.contains(journal)
+                && out.stderr.contains("no such file")
+                && out.stderr.contains("--create"),
+            "{args:?}: {out:?}"
+        );
+        assert!(!typo.exists(), "{args:?} created the file");
+    }
+
+    let out = relayhub(&["journal", "--journal", journal, "list", "--create"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(typo.exists());
+    assert!(
+        out.stderr.contains("0 row(s) in state unknown") && out.stderr.contains(journal),
+        "{out:?}"
+    );
+    let again = relayhub(&["journal", "--journal", journal, "list"]);
+    assert_eq!(again.code, Some(0), "an existing journal opens: {again:?}");
+}
+
+/// `show` and `list` give times as ISO 8601 in local time, not epoch ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_and_list_print_local_iso_times() {
+    use chrono::TimeZone;
+    use relayhub::journal::{Finish, Journal, State};
+
+    let dir = TempDir::new("tools-times");
+    let file = dir.join("journal.db");
+    let g = guid("TIME");
+    let (created, updated) = (1_764_396_187_123_i64, 1_764_396_190_456_i64);
+    {
+        let j = Journal::open(path_str(&file), 8).await.expect("journal");
+        j.claim(&g, "TRF001", "fp", "http://core", created)
+            .await
+            .unwrap();
+        let f = Finish {
+            state: State::Unknown,
+            code: "E901".into(),
+            answer: None,
+            error: Some("read timeout".into()),
+            note: "attempt 1: unknown".into(),
+        };
+        j.finish(&g, f, updated).await.unwrap();
+    }
+    let iso = |ms: i64| {
+        chrono::Local
+            .timestamp_millis_opt(ms)
+            .unwrap()
+            .format("%Y-%m-%dT%H:%M:%S%.3f%:z")
+            .to_string()
+    };
+
+    let show = relayhub(&["journal", "--journal", path_str(&file), "show", &g]);
+    assert_eq!(show.code, Some(0), "{show:?}");
+    assert!(
+        show.stdout
+            .contains(&format!("\"created\": \"{}\"", iso(created)))
+            && show
+                .stdout
+                .contains(&format!("\"updated\": \"{}\"", iso(updated)))
+            && show.stdout.contains(&format!("{}  sending", iso(created)))
+            && show.stdout.contains(&format!("{}  unknown", iso(updated))),
+        "{show:?}"
+    );
+    for ms in [created, updated] {
+        assert!(
+            !show.stdout.contains(&ms.to_string()),
+            "epoch ms {ms} in {show:?}"
+        );
+    }
+    assert!(show.stderr.contains(path_str(&file)), "{show:?}");
+
+    let list = relayhub(&["journal", "--journal", path_str(&file), "list"]);
+    assert!(
+        list.stdout.contains(&format!(
+            "created={}  updated={}",
+            iso(created),
+            iso(updated)
+        )),
+        "{list:?}"
+    );
+}
+
+/// Each `journal` command's help lists the flags it uses, and only those.
+#[test]
+fn journal_help_lists_only_the_flags_each_command_uses() {
+    let flags = |args: &[&str]| -> Vec<String> {
+        let out = relayhub(args);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        // Option lines: `      --admin <HOST:PORT>`, `  -h, --help`.
+        out.stdout
+            .lines()
+            .map(str::trim_start)
+            .filter(|l| l.starts_with('-'))
+            .flat_map(|l| l.split_whitespace())
+            .filter(|w| w.starts_with("--"))
+            .map(|w| w.trim_end_matches(',').to_string())
+            .collect()
+    };
+    let mut reconcile = flags(&["journal", "reconcile", "--help"]);
+    reconcile.sort();
+    reconcile.dedup();
+    assert_eq!(
+        reconcile,
+        [
+            "--admin",
+            "--budget-ms",
+            "--config",
+            "--connect-timeout-ms",
+            "--core-url",
+            "--create",
+            "--help",
+            "--journal",
+        ],
+    );
+    let mut list = flags(&["journal", "list", "--help"]);
+    list.sort();
+    list.dedup();
+    assert_eq!(
+        list,
+        ["--create", "--help", "--journal", "--limit", "--state"]
+    );
+}
