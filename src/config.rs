@@ -62,8 +62,15 @@ pub struct Config {
 pub struct ServerConfig {
     /// Address of the telegram listener.
     pub listen: String,
-    /// Address of the admin HTTP endpoints (metrics, health); off when absent.
+    /// Address of the admin HTTP endpoints (metrics, health, console); off when
+    /// absent. Give a loopback address (`127.0.0.1:9101`) unless the endpoints
+    /// must be reached from other hosts.
     pub admin_listen: Option<String>,
+    /// Name of an environment variable holding the admin bearer token; with a
+    /// token, every admin endpoint but `/healthz` and `/readyz` needs it.
+    pub admin_token_env: Option<String>,
+    /// A file holding the admin bearer token (surrounding whitespace ignored).
+    pub admin_token_file: Option<PathBuf>,
     /// Length prefix: `ascii` (4 digits) or `binary` (u32 big-endian).
     pub prefix: PrefixMode,
     /// Longest telegram accepted, in bytes after the prefix.
@@ -89,6 +96,8 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: "127.0.0.1:9100".into(),
             admin_listen: None,
+            admin_token_env: None,
+            admin_token_file: None,
             prefix: PrefixMode::Ascii,
             max_telegram_len: 4096,
             budget_ms: 3000,
@@ -99,6 +108,39 @@ impl Default for ServerConfig {
             layouts_dir: None,
             codes_file: None,
         }
+    }
+}
+
+impl ServerConfig {
+    /// The admin bearer token, read now: from `admin_token_env`, else from
+    /// `admin_token_file`; `None` when neither is set. An unset variable, an
+    /// unreadable file or an empty token is an error naming the key.
+    pub fn admin_token(&self) -> Result<Option<String>, (&'static str, String)> {
+        let token = if let Some(var) = &self.admin_token_env {
+            let t = std::env::var(var).map_err(|_| {
+                (
+                    "server.admin_token_env",
+                    format!("environment variable {var} is not set"),
+                )
+            })?;
+            ("server.admin_token_env", t)
+        } else if let Some(path) = &self.admin_token_file {
+            let t = std::fs::read_to_string(path).map_err(|e| {
+                (
+                    "server.admin_token_file",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            ("server.admin_token_file", t)
+        } else {
+            return Ok(None);
+        };
+        let (key, t) = token;
+        let t = t.trim();
+        if t.is_empty() {
+            return Err((key, "the token is empty".into()));
+        }
+        Ok(Some(t.to_string()))
     }
 }
 

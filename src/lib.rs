@@ -35,6 +35,7 @@ pub mod admin;
 pub mod bench;
 pub mod client;
 pub mod config;
+pub mod console;
 pub mod core_client;
 pub mod daemon;
 pub mod frame;

@@ -11,6 +11,7 @@ mod common;
 #[path = "../ops_support/mod.rs"]
 mod ops_support;
 
+mod console;
 mod ops_config;
 mod ops_docs;
 mod ops_logs;
