@@ -686,6 +686,31 @@ impl Cidr {
 mod tests {
     use super::*;
 
+    #[test]
+    fn admin_token_comes_from_the_env_or_the_file_and_names_its_key() {
+        let mut s = ServerConfig::default();
+        assert_eq!(s.admin_token(), Ok(None));
+        let file =
+            std::env::temp_dir().join(format!("relayhub-admin-token-{}", std::process::id()));
+        std::fs::write(&file, "  s3cret\n").unwrap();
+        s.admin_token_file = Some(file.clone());
+        assert_eq!(s.admin_token(), Ok(Some("s3cret".into())));
+        std::fs::write(&file, "\n").unwrap();
+        assert_eq!(s.admin_token().unwrap_err().0, "server.admin_token_file");
+        std::fs::remove_file(&file).unwrap();
+        let (key, reason) = s.admin_token().unwrap_err();
+        assert_eq!(key, "server.admin_token_file");
+        assert!(reason.contains("cannot read"), "{reason}");
+        // The variable wins over the file; an unset one is an error.
+        s.admin_token_env = Some("RELAYHUB_TEST_ADMIN_TOKEN_NEVER_SET".into());
+        let (key, reason) = s.admin_token().unwrap_err();
+        assert_eq!(key, "server.admin_token_env");
+        assert!(
+            reason.contains("RELAYHUB_TEST_ADMIN_TOKEN_NEVER_SET"),
+            "{reason}"
+        );
+    }
+
     fn with_core() -> Config {
         let mut c = Config::default();
         c.apply(&Overrides {
