@@ -117,7 +117,7 @@ pub async fn serve(
     token: Option<String>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    crate::console::stats();
+    crate::console_stats::stats();
     let state = AdminState {
         ready,
         metrics: metrics_handle(),

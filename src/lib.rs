@@ -36,6 +36,7 @@ pub mod bench;
 pub mod client;
 pub mod config;
 pub mod console;
+pub mod console_stats;
 pub mod core_client;
 pub mod daemon;
 pub mod frame;

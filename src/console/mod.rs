@@ -13,7 +13,6 @@
 //! none can be shown; request fields reach the page only masked.
 
 mod page;
-pub mod stats;
 
 use std::sync::{Arc, Mutex};
 
@@ -24,11 +23,13 @@ use axum::response::{Html, IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::admin::HubCell;
 use crate::journal::{Event, Row, State as RowState, now_ms};
 use crate::relay::Hub;
 
-pub use stats::{record, stats, traces};
+use crate::console_stats::{stats, traces};
+
+/// The hub, once start-up has built it (the admin listener runs before it exists).
+pub type HubCell = Arc<std::sync::OnceLock<Arc<Hub>>>;
 
 /// Most unknown transfers one answer lists.
 pub const UNKNOWN_LIMIT: usize = 200;

@@ -182,7 +182,7 @@ impl Hub {
             None => metric_names::UNROUTED_TX.to_string(),
         };
         metrics::counter!(metric_names::TELEGRAMS, "tx_code" => tx.clone(), "code" => reply.code.as_str().to_string()).increment(1);
-        crate::console::record(echo.guid_str(), &tx, reply.code.as_str(), elapsed, trace);
+        crate::console_stats::record(echo.guid_str(), &tx, reply.code.as_str(), elapsed, trace);
         metrics::histogram!(metric_names::TELEGRAM_DURATION, "tx_code" => tx)
             .record(elapsed.as_secs_f64());
         span.in_scope(|| {

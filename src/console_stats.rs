@@ -1,4 +1,4 @@
-//! Rates and latencies for the console: a ring of per-second counters over the
+//! Rates, latencies and trace ids for the console ([`crate::console`]): a ring of per-second counters over the
 //! last minute, and totals since the process started.
 //!
 //! Fed by one call per answered telegram ([`record`]); read by the console's
