@@ -17,6 +17,12 @@
 //! (`relay.rs`, `server.rs`, `daemon.rs`); the gauges that are read rather than
 //! counted (calls in flight per target, unknown transfers in the journal) are
 //! refreshed by [`refresh`] before each scrape and by the 5 s housekeeping loop.
+//!
+//! The operator's console ([`crate::console`]) is served here too: `/` and
+//! `/api/...`. With an admin token configured, every endpoint but `/healthz`
+//! and `/readyz` answers 401 unless the request carries the token, as
+//! `Authorization: Bearer <token>` or as the `token` query parameter (so a
+//! browser can open the page).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,11 +30,13 @@ use std::sync::{Arc, Once, OnceLock};
 use std::time::Duration;
 
 use crate::metric_names::{BULKHEAD_REJECTIONS, CORE_IN_FLIGHT, CORE_RETRIES, JOURNAL_UNKNOWN};
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::Json;
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 
@@ -127,27 +135,78 @@ struct AdminState {
 
 /// Serves the admin endpoints until `shutdown` resolves. `/readyz` answers 200
 /// once `ready` is set; `/metrics` refreshes the read gauges of `hub` (when
-/// start-up has put one there) before rendering.
+/// start-up has put one there) before rendering. With a `token`, everything
+/// but `/healthz` and `/readyz` requires it.
 pub async fn serve(
     listener: TcpListener,
     ready: Arc<AtomicBool>,
     hub: HubCell,
+    token: Option<String>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    crate::console_stats::stats();
     let state = AdminState {
         ready,
         metrics: metrics_handle(),
-        hub,
+        hub: hub.clone(),
     };
-    let app = Router::new()
+    let console = Router::new()
+        .route("/", get(crate::console::index))
+        .route("/api/overview", get(crate::console::overview))
+        .route("/api/unknown", get(crate::console::unknown))
+        .route("/api/transfer/{guid}", get(crate::console::transfer))
+        .with_state(crate::console::Console::new(hub));
+    // Everything but the health checks; reconcile changes rows, so it is
+    // guarded like the rest (the console's pages only read).
+    let guarded = Router::new()
         .route("/metrics", get(metrics))
+        .route("/journal/reconcile", post(journal_reconcile))
+        .with_state(state.clone())
+        .merge(console)
+        .layer(middleware::from_fn_with_state(
+            Arc::new(token),
+            require_token,
+        ));
+    let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/journal/reconcile", post(journal_reconcile))
-        .with_state(state);
+        .with_state(state)
+        .merge(guarded);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// Lets a request through when no token is configured or when it carries it.
+async fn require_token(
+    State(token): State<Arc<Option<String>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(token) = token.as_deref() else {
+        return next.run(request).await;
+    };
+    let bearer = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    let given = bearer.or_else(|| crate::console::query_param(request.uri(), "token"));
+    match given {
+        Some(g) if same(g.as_bytes(), token.as_bytes()) => next.run(request).await,
+        _ => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "admin token required\n",
+        )
+            .into_response(),
+    }
+}
+
+/// Compares without stopping at the first difference.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn metrics(State(s): State<AdminState>) -> String {

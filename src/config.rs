@@ -62,8 +62,15 @@ pub struct Config {
 pub struct ServerConfig {
     /// Address of the telegram listener.
     pub listen: String,
-    /// Address of the admin HTTP endpoints (metrics, health); off when absent.
+    /// Address of the admin HTTP endpoints (metrics, health, console); off when
+    /// absent. Give a loopback address (`127.0.0.1:9101`) unless the endpoints
+    /// must be reached from other hosts.
     pub admin_listen: Option<String>,
+    /// Name of an environment variable holding the admin bearer token; with a
+    /// token, every admin endpoint but `/healthz` and `/readyz` needs it.
+    pub admin_token_env: Option<String>,
+    /// A file holding the admin bearer token (surrounding whitespace ignored).
+    pub admin_token_file: Option<PathBuf>,
     /// Length prefix: `ascii` (4 digits) or `binary` (u32 big-endian).
     pub prefix: PrefixMode,
     /// Longest telegram accepted, in bytes after the prefix.
@@ -93,6 +100,8 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: "127.0.0.1:9100".into(),
             admin_listen: None,
+            admin_token_env: None,
+            admin_token_file: None,
             prefix: PrefixMode::Ascii,
             max_telegram_len: 4096,
             budget_ms: 3000,
@@ -104,6 +113,39 @@ impl Default for ServerConfig {
             layouts_dir: None,
             codes_file: None,
         }
+    }
+}
+
+impl ServerConfig {
+    /// The admin bearer token, read now: from `admin_token_env`, else from
+    /// `admin_token_file`; `None` when neither is set. An unset variable, an
+    /// unreadable file or an empty token is an error naming the key.
+    pub fn admin_token(&self) -> Result<Option<String>, (&'static str, String)> {
+        let token = if let Some(var) = &self.admin_token_env {
+            let t = std::env::var(var).map_err(|_| {
+                (
+                    "server.admin_token_env",
+                    format!("environment variable {var} is not set"),
+                )
+            })?;
+            ("server.admin_token_env", t)
+        } else if let Some(path) = &self.admin_token_file {
+            let t = std::fs::read_to_string(path).map_err(|e| {
+                (
+                    "server.admin_token_file",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            ("server.admin_token_file", t)
+        } else {
+            return Ok(None);
+        };
+        let (key, t) = token;
+        let t = t.trim();
+        if t.is_empty() {
+            return Err((key, "the token is empty".into()));
+        }
+        Ok(Some(t.to_string()))
     }
 }
 
@@ -685,6 +727,31 @@ impl Cidr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn admin_token_comes_from_the_env_or_the_file_and_names_its_key() {
+        let mut s = ServerConfig::default();
+        assert_eq!(s.admin_token(), Ok(None));
+        let file =
+            std::env::temp_dir().join(format!("relayhub-admin-token-{}", std::process::id()));
+        std::fs::write(&file, "  s3cret\n").unwrap();
+        s.admin_token_file = Some(file.clone());
+        assert_eq!(s.admin_token(), Ok(Some("s3cret".into())));
+        std::fs::write(&file, "\n").unwrap();
+        assert_eq!(s.admin_token().unwrap_err().0, "server.admin_token_file");
+        std::fs::remove_file(&file).unwrap();
+        let (key, reason) = s.admin_token().unwrap_err();
+        assert_eq!(key, "server.admin_token_file");
+        assert!(reason.contains("cannot read"), "{reason}");
+        // The variable wins over the file; an unset one is an error.
+        s.admin_token_env = Some("RELAYHUB_TEST_ADMIN_TOKEN_NEVER_SET".into());
+        let (key, reason) = s.admin_token().unwrap_err();
+        assert_eq!(key, "server.admin_token_env");
+        assert!(
+            reason.contains("RELAYHUB_TEST_ADMIN_TOKEN_NEVER_SET"),
+            "{reason}"
+        );
+    }
 
     fn with_core() -> Config {
         let mut c = Config::default();

@@ -42,6 +42,64 @@ use crate::config::TargetConfig;
 /// a gateway) can give up on work nobody is waiting for.
 pub const DEADLINE_HEADER: &str = "X-Expected-Timeout-Ms";
 
+/// The W3C Trace Context header every call carries: `00-TRACE-PARENT-01`,
+/// the trace id of the telegram being answered and a span id of the call's own.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+
+/// A W3C trace id: one per telegram, random, never zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceId(pub u128);
+
+tokio::task_local! {
+    /// The trace id of the telegram this task answers.
+    static TRACE_ID: TraceId;
+}
+
+impl TraceId {
+    pub fn new() -> TraceId {
+        loop {
+            let id = (u128::from(crate::random::random_u64()) << 64)
+                | u128::from(crate::random::random_u64());
+            if id != 0 {
+                return TraceId(id);
+            }
+        }
+    }
+
+    /// Runs `f` with this trace id on every core call it makes.
+    pub async fn scope<F: std::future::Future>(self, f: F) -> F::Output {
+        TRACE_ID.scope(self, f).await
+    }
+
+    /// The trace id of the telegram being answered, if any.
+    pub fn current() -> Option<TraceId> {
+        TRACE_ID.try_with(|t| *t).ok()
+    }
+
+    /// The `traceparent` value for one call: a fresh span id, sampled.
+    fn traceparent(&self) -> String {
+        let span = loop {
+            let s = crate::random::random_u64();
+            if s != 0 {
+                break s;
+            }
+        };
+        format!("00-{self}-{span:016x}-01")
+    }
+}
+
+impl Default for TraceId {
+    fn default() -> Self {
+        TraceId::new()
+    }
+}
+
+impl std::fmt::Display for TraceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
 /// Largest answer body the hub reads from a core.
 const MAX_BODY: u64 = 64 * 1024;
 
@@ -337,6 +395,11 @@ impl Target {
         self.max_concurrency - self.bulkhead.available_permits()
     }
 
+    /// Calls this target may have in progress at once (its bulkhead).
+    pub fn capacity(&self) -> usize {
+        self.max_concurrency
+    }
+
     /// Waits for a bulkhead slot, at most the queue wait and never past the
     /// deadline; a refusal is counted and means nothing was sent.
     pub async fn slot(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, CallFailure> {
@@ -424,6 +487,8 @@ impl Target {
             call_limit,
             remaining_ms: remaining.as_millis() as u64,
             auth: self.auth.clone(),
+            // A call outside any telegram (reconcile) starts a trace of its own.
+            trace: TraceId::current().unwrap_or_default(),
             gate: gate.clone(),
         };
         tokio::task::spawn_blocking(move || {
@@ -475,6 +540,7 @@ struct Job {
     call_limit: Duration,
     remaining_ms: u64,
     auth: Option<String>,
+    trace: TraceId,
     gate: SendGate,
 }
 
@@ -498,6 +564,7 @@ impl Job {
     /// within the budget plus, for a transfer, the late-answer window).
     fn prepare<B>(&self, mut req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
         req = req.header(DEADLINE_HEADER, self.remaining_ms.to_string());
+        req = req.header(TRACEPARENT_HEADER, self.trace.traceparent());
         if let Some(a) = &self.auth {
             req = req.header("Authorization", a.as_str());
         }
@@ -608,6 +675,67 @@ mod tests {
         let g = SendGate::new();
         assert_eq!(g.abandon(), QUEUED);
         assert!(!g.start());
+    }
+
+    #[test]
+    fn traceparent_is_w3c_shaped() {
+        let t = TraceId(0x0af7651916cd43dd8448eb211c80319c);
+        let v = t.traceparent();
+        let parts: Vec<&str> = v.split('-').collect();
+        assert_eq!(parts.len(), 4, "{v}");
+        assert_eq!(parts[0], "00");
+        assert_eq!(parts[1], "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(parts[2].len(), 16);
+        assert_ne!(parts[2], "0000000000000000");
+        assert_eq!(parts[3], "01");
+        assert_ne!(t.traceparent(), v, "each call has a span id of its own");
+        assert_eq!(TraceId(1).to_string(), format!("{:032x}", 1));
+    }
+
+    /// A core that reads one request head, answers 200 and hands the head back.
+    fn one_shot_core() -> (String, std::sync::mpsc::Receiver<String>) {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                head.push_str(&line);
+            }
+            let mut stream = stream;
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
+            let _ = tx.send(head);
+        });
+        (url, rx)
+    }
+
+    #[tokio::test]
+    async fn a_call_carries_the_telegrams_trace_id() {
+        let (url, head) = one_shot_core();
+        let budget = Duration::from_secs(5);
+        let target = Target::new(&TargetConfig::with_url("core", &url), budget).unwrap();
+        let trace = TraceId(0x4bf92f3577b34da6a3ce929d0e0e4736);
+        let request = CoreRequest::Inquiry { guid: "G1".into() };
+        let end = trace
+            .scope(target.attempt(&request, 0, Instant::now() + budget))
+            .await;
+        assert!(matches!(end, CallEnd::Done(Ok(ref a)) if a.status == 200));
+        let head = head.recv_timeout(budget).unwrap().to_ascii_lowercase();
+        let line = head
+            .lines()
+            .find(|l| l.starts_with("traceparent: "))
+            .unwrap_or_else(|| panic!("no traceparent in:\n{head}"));
+        assert!(
+            line.starts_with("traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -123,22 +123,31 @@ impl Daemon {
         let hub_cell = crate::admin::HubCell::default();
 
         // The admin listener comes first, so /readyz can say "starting".
-        let admin_addr = match &config.server.admin_listen {
-            Some(addr) => {
-                let listener = bind(addr)?;
-                let bound = listener.local_addr().ok();
-                if let Some(admin) = bound {
-                    info!(%admin, "admin endpoints listening (not ready yet)");
+        let admin_addr =
+            match &config.server.admin_listen {
+                Some(addr) => {
+                    let token = config.server.admin_token().map_err(|(key, reason)| {
+                        ConfigError::Invalid {
+                            file: source.name(),
+                            key: key.into(),
+                            reason,
+                        }
+                    })?;
+                    let listener = bind(addr)?;
+                    let bound = listener.local_addr().ok();
+                    if let Some(admin) = bound {
+                        info!(%admin, "admin endpoints listening (not ready yet)");
+                    }
+                    background.push(tokio::spawn(serve_admin(
+                        listener,
+                        ready.clone(),
+                        hub_cell.clone(),
+                        token,
+                    )));
+                    bound
                 }
-                background.push(tokio::spawn(serve_admin(
-                    listener,
-                    ready.clone(),
-                    hub_cell.clone(),
-                )));
-                bound
-            }
-            None => None,
-        };
+                None => None,
+            };
 
         let targets = build_targets(&config)?;
         let target_names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
@@ -407,8 +416,10 @@ async fn serve_admin(
     listener: tokio::net::TcpListener,
     ready: Arc<AtomicBool>,
     hub: crate::admin::HubCell,
+    token: Option<String>,
 ) {
-    if let Err(e) = crate::admin::serve(listener, ready, hub, std::future::pending()).await {
+    let serving = crate::admin::serve(listener, ready, hub, token, std::future::pending());
+    if let Err(e) = serving.await {
         warn!(%e, "admin listener failed");
     }
 }

@@ -35,6 +35,8 @@ pub mod admin;
 pub mod bench;
 pub mod client;
 pub mod config;
+pub mod console;
+pub mod console_stats;
 pub mod core_client;
 pub mod daemon;
 pub mod frame;

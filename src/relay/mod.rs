@@ -166,12 +166,15 @@ impl Hub {
     pub async fn handle(&self, telegram: &[u8], peer: IpAddr, read_at: Instant) -> (Echo, Reply) {
         let deadline = Deadline::new(read_at, self.budget);
         let echo = Echo::from_telegram(telegram);
-        let span = info_span!("telegram", guid = echo.guid_str(), tx = echo.tx_code_str(), channel = tracing::field::Empty, core_ms = tracing::field::Empty, fields = tracing::field::Empty, %peer);
+        let trace = crate::core_client::TraceId::new();
+        let span = info_span!("telegram", guid = echo.guid_str(), tx = echo.tx_code_str(), channel = tracing::field::Empty, core_ms = tracing::field::Empty, fields = tracing::field::Empty, %peer, %trace);
         // One version of the rules for the whole telegram, its metrics included.
         let rules = self.rules();
-        let (reply, note) = self
-            .dispatch(telegram, peer, &rules, deadline)
-            .instrument(span.clone())
+        let (reply, note) = trace
+            .scope(
+                self.dispatch(telegram, peer, &rules, deadline)
+                    .instrument(span.clone()),
+            )
             .await;
         let elapsed = read_at.elapsed();
         // Only routed tx codes become label values: garbage must not grow the metrics.
@@ -180,6 +183,7 @@ impl Hub {
             None => metric_names::UNROUTED_TX.to_string(),
         };
         metrics::counter!(metric_names::TELEGRAMS, "tx_code" => tx.clone(), "code" => reply.code.as_str().to_string()).increment(1);
+        crate::console_stats::record(echo.guid_str(), &tx, reply.code.as_str(), elapsed, trace);
         metrics::histogram!(metric_names::TELEGRAM_DURATION, "tx_code" => tx)
             .record(elapsed.as_secs_f64());
         span.in_scope(|| {

@@ -11,6 +11,7 @@ mod common;
 #[path = "../ops_support/mod.rs"]
 mod ops_support;
 
+mod console;
 mod edges;
 mod first_hour;
 mod ops_config;

@@ -25,6 +25,8 @@ fn read(path: &str) -> String {
 fn full_config() -> Config {
     let mut c = Config::default();
     c.server.admin_listen = Some("127.0.0.1:9101".into());
+    c.server.admin_token_env = Some("RELAYHUB_ADMIN_TOKEN".into());
+    c.server.admin_token_file = Some("/etc/relayhub/admin.token".into());
     c.server.layouts_dir = Some("/etc/relayhub/layouts".into());
     c.server.codes_file = Some("/etc/relayhub/codes.json".into());
     let mut t = TargetConfig::with_url("core", "http://127.0.0.1:8080");

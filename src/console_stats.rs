@@ -1,0 +1,345 @@
+//! Rates, latencies and trace ids for the console ([`crate::console`]): a ring of per-second counters over the
+//! last minute, and totals since the process started.
+//!
+//! Fed by one call per answered telegram ([`record`]); read by the console's
+//! JSON endpoints. A mutex around a few small maps: a telegram costs one lock
+//! and two map look-ups, nothing is allocated once its tx code and answer code
+//! have been seen.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::core_client::TraceId;
+
+/// Seconds the "last minute" window holds.
+pub const WINDOW_SECS: u64 = 60;
+
+/// Upper bounds of the latency buckets, in ms; the last bucket is open.
+pub const LATENCY_BOUNDS_MS: [u64; 20] = [
+    1, 2, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000, 1500, 2000, 2500, 3000, 4000, 5000, 10_000,
+    30_000,
+];
+const BUCKETS: usize = LATENCY_BOUNDS_MS.len() + 1;
+
+/// Counts by tx code, then by answer code.
+pub type Counts = BTreeMap<String, BTreeMap<String, u64>>;
+
+#[derive(Default, Clone)]
+struct Slot {
+    /// The second (since start) this slot holds; a slot from an older lap is stale.
+    second: u64,
+    counts: Counts,
+    latency: [u64; BUCKETS],
+}
+
+struct Inner {
+    ring: Vec<Slot>,
+    totals: Counts,
+    latency: [u64; BUCKETS],
+}
+
+/// The process's counters (see [`stats`]).
+pub struct Stats {
+    started: Instant,
+    started_ms: i64,
+    inner: Mutex<Inner>,
+}
+
+/// Counts and latency over one period.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Period {
+    /// Telegrams answered.
+    pub total: u64,
+    /// Telegrams per second over the period.
+    pub per_second: f64,
+    /// By answer code.
+    pub by_code: BTreeMap<String, u64>,
+    /// By tx code (`other` for unrouted ones), then by answer code.
+    pub by_tx: Counts,
+    /// Latency percentiles in ms: the upper bound of the bucket the
+    /// percentile falls in (`null` past the last bound, or with no telegram).
+    pub p50_ms: Option<u64>,
+    pub p90_ms: Option<u64>,
+    pub p99_ms: Option<u64>,
+}
+
+/// The process-wide counters, created on first use.
+pub fn stats() -> &'static Stats {
+    static STATS: OnceLock<Stats> = OnceLock::new();
+    STATS.get_or_init(Stats::new)
+}
+
+/// Counts one answered telegram and remembers its trace id under its GUID
+/// (called by `Hub::handle`).
+pub fn record(guid: &str, tx_code: &str, code: &str, elapsed: Duration, trace: TraceId) {
+    stats().record_at(Instant::now(), tx_code, code, elapsed);
+    if !guid.is_empty() {
+        traces().note(guid, code, trace);
+    }
+}
+
+/// GUIDs whose trace ids the console remembers (the most recent ones).
+pub const TRACED_GUIDS: usize = 20_000;
+/// Telegrams remembered per GUID (its latest ones).
+const TRACES_PER_GUID: usize = 8;
+
+/// One telegram of a GUID: when it was answered, with what, and its trace id.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Traced {
+    pub at_ms: i64,
+    pub code: String,
+    pub trace_id: String,
+}
+
+/// The trace ids of the latest telegrams, by GUID, in memory only: a restart
+/// forgets them (the log lines keep them).
+#[derive(Default)]
+pub struct Traces {
+    inner: Mutex<TraceMap>,
+}
+
+/// Telegrams by GUID, and the GUIDs in the order they were first seen.
+type TraceMap = (HashMap<String, Vec<Traced>>, VecDeque<String>);
+
+/// The process-wide trace store.
+pub fn traces() -> &'static Traces {
+    static TRACES: OnceLock<Traces> = OnceLock::new();
+    TRACES.get_or_init(Traces::default)
+}
+
+impl Traces {
+    fn note(&self, guid: &str, code: &str, trace: TraceId) {
+        let t = Traced {
+            at_ms: crate::journal::now_ms(),
+            code: code.to_string(),
+            trace_id: trace.to_string(),
+        };
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (map, order) = &mut *g;
+        match map.get_mut(guid) {
+            Some(v) => {
+                if v.len() == TRACES_PER_GUID {
+                    v.remove(0);
+                }
+                v.push(t);
+            }
+            None => {
+                if order.len() == TRACED_GUIDS
+                    && let Some(old) = order.pop_front() {
+                        map.remove(&old);
+                    }
+                map.insert(guid.to_string(), vec![t]);
+                order.push_back(guid.to_string());
+            }
+        }
+    }
+
+    /// The remembered telegrams of `guid`, oldest first.
+    pub fn of(&self, guid: &str) -> Vec<Traced> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.0.get(guid).cloned().unwrap_or_default()
+    }
+}
+
+fn bucket(elapsed: Duration) -> usize {
+    let ms = elapsed.as_millis() as u64;
+    LATENCY_BOUNDS_MS
+        .iter()
+        .position(|&b| ms < b)
+        .unwrap_or(LATENCY_BOUNDS_MS.len())
+}
+
+fn bump(counts: &mut Counts, tx: &str, code: &str) {
+    let by_code = match counts.get_mut(tx) {
+        Some(m) => m,
+        None => counts.entry(tx.to_string()).or_default(),
+    };
+    match by_code.get_mut(code) {
+        Some(n) => *n += 1,
+        None => {
+            by_code.insert(code.to_string(), 1);
+        }
+    }
+}
+
+fn percentile(latency: &[u64; BUCKETS], total: u64, p: f64) -> Option<u64> {
+    if total == 0 {
+        return None;
+    }
+    let rank = ((total as f64) * p).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (i, n) in latency.iter().enumerate() {
+        seen += n;
+        if seen >= rank {
+            return LATENCY_BOUNDS_MS.get(i).copied();
+        }
+    }
+    None
+}
+
+fn period(counts: &Counts, latency: &[u64; BUCKETS], secs: f64) -> Period {
+    let mut by_code = BTreeMap::new();
+    let mut total = 0;
+    for m in counts.values() {
+        for (code, n) in m {
+            *by_code.entry(code.clone()).or_insert(0) += n;
+            total += n;
+        }
+    }
+    let timed: u64 = latency.iter().sum();
+    Period {
+        total,
+        per_second: if secs > 0.0 { total as f64 / secs } else { 0.0 },
+        by_code,
+        by_tx: counts.clone(),
+        p50_ms: percentile(latency, timed, 0.50),
+        p90_ms: percentile(latency, timed, 0.90),
+        p99_ms: percentile(latency, timed, 0.99),
+    }
+}
+
+impl Stats {
+    fn new() -> Stats {
+        Stats {
+            started: Instant::now(),
+            started_ms: crate::journal::now_ms(),
+            inner: Mutex::new(Inner {
+                ring: vec![Slot::default(); WINDOW_SECS as usize],
+                totals: Counts::new(),
+                latency: [0; BUCKETS],
+            }),
+        }
+    }
+
+    /// When the counters started (ms since the epoch).
+    pub fn started_ms(&self) -> i64 {
+        self.started_ms
+    }
+
+    fn second(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.started).as_secs()
+    }
+
+    fn record_at(&self, at: Instant, tx: &str, code: &str, elapsed: Duration) {
+        let second = self.second(at);
+        let b = bucket(elapsed);
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = &mut g.ring[(second % WINDOW_SECS) as usize];
+        if slot.second != second {
+            slot.second = second;
+            slot.counts.values_mut().for_each(|m| m.clear());
+            slot.latency = [0; BUCKETS];
+        }
+        bump(&mut slot.counts, tx, code);
+        slot.latency[b] += 1;
+        bump(&mut g.totals, tx, code);
+        g.latency[b] += 1;
+    }
+
+    /// The last minute (the current second included) and the totals since start.
+    pub fn snapshot(&self) -> (Period, Period) {
+        let now = Instant::now();
+        let second = self.second(now);
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts = Counts::new();
+        let mut latency = [0; BUCKETS];
+        for slot in &g.ring {
+            if slot.second + WINDOW_SECS <= second || slot.second > second {
+                continue;
+            }
+            for (tx, m) in &slot.counts {
+                for (code, n) in m.iter().filter(|(_, n)| **n > 0) {
+                    *counts
+                        .entry(tx.clone())
+                        .or_default()
+                        .entry(code.clone())
+                        .or_insert(0) += n;
+                }
+            }
+            for (acc, n) in latency.iter_mut().zip(slot.latency) {
+                *acc += n;
+            }
+        }
+        let up = now.saturating_duration_since(self.started).as_secs_f64();
+        let minute = period(&counts, &latency, up.clamp(1.0, WINDOW_SECS as f64));
+        let all = period(&g.totals, &g.latency, up.max(1.0));
+        (minute, all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_fall_out_of_the_window_and_stay_in_the_totals() {
+        let s = Stats::new();
+        let t0 = s.started;
+        s.record_at(t0, "TRF001", "0000", Duration::from_millis(3));
+        s.record_at(t0, "TRF001", "E901", Duration::from_millis(2500));
+        s.record_at(
+            t0 + Duration::from_secs(70),
+            "INQ001",
+            "0000",
+            Duration::ZERO,
+        );
+        let g = s.inner.lock().unwrap();
+        assert_eq!(g.totals["TRF001"]["0000"], 1);
+        assert_eq!(g.totals["TRF001"]["E901"], 1);
+        assert_eq!(g.totals["INQ001"]["0000"], 1);
+        // Second 70 took the slot of second 10, not of second 0: both live.
+        assert_eq!(g.ring[0].counts["TRF001"]["0000"], 1);
+        assert_eq!(g.ring[10].counts["INQ001"]["0000"], 1);
+    }
+
+    #[test]
+    fn a_reused_slot_forgets_its_old_lap() {
+        let s = Stats::new();
+        let t0 = s.started;
+        s.record_at(t0, "TRF001", "0000", Duration::ZERO);
+        s.record_at(
+            t0 + Duration::from_secs(60),
+            "TRF001",
+            "E904",
+            Duration::ZERO,
+        );
+        let g = s.inner.lock().unwrap();
+        assert_eq!(g.ring[0].counts["TRF001"].get("0000"), None);
+        assert_eq!(g.ring[0].counts["TRF001"]["E904"], 1);
+    }
+
+    #[test]
+    fn traces_keep_the_latest_guids_and_telegrams() {
+        let t = Traces::default();
+        for i in 0..TRACED_GUIDS + 1 {
+            t.note(&format!("G{i}"), "0000", TraceId(i as u128 + 1));
+        }
+        assert!(t.of("G0").is_empty(), "the oldest GUID is forgotten");
+        assert_eq!(t.of("G1").len(), 1);
+        for i in 0..TRACES_PER_GUID + 2 {
+            t.note("G1", "E901", TraceId(1000 + i as u128));
+        }
+        let g1 = t.of("G1");
+        assert_eq!(g1.len(), TRACES_PER_GUID);
+        assert_eq!(
+            g1.last().unwrap().trace_id,
+            TraceId(1000 + TRACES_PER_GUID as u128 + 1).to_string()
+        );
+    }
+
+    #[test]
+    fn percentiles_are_bucket_bounds() {
+        let mut lat = [0u64; BUCKETS];
+        lat[bucket(Duration::from_millis(3))] = 90; // < 5 ms
+        lat[bucket(Duration::from_millis(2600))] = 10; // < 3000 ms
+        assert_eq!(percentile(&lat, 100, 0.5), Some(5));
+        assert_eq!(percentile(&lat, 100, 0.9), Some(5));
+        assert_eq!(percentile(&lat, 100, 0.99), Some(3000));
+        assert_eq!(percentile(&lat, 0, 0.5), None);
+        lat[BUCKETS - 1] = 1000;
+        assert_eq!(percentile(&lat, 1100, 0.99), None, "past the last bound");
+    }
+}
