@@ -140,7 +140,8 @@ impl Daemon {
         let _ = hub_cell.set(hub.clone());
         background.push(tokio::spawn(housekeeping(
             hub.clone(),
-            config.journal.retention_hours,
+            config.journal.retention(),
+            Duration::from_millis(config.journal.prune_interval_ms),
         )));
 
         let listener = bind(&config.server.listen)?;
@@ -263,22 +264,31 @@ async fn serve_admin(
     }
 }
 
-/// Periodic work: the read gauges (also refreshed by each `/metrics` scrape),
-/// and pruning past the retention.
-async fn housekeeping(hub: Arc<Hub>, retention_hours: u64) {
-    let mut tick = tokio::time::interval(Duration::from_secs(5));
+/// Periodic work: the read gauges (also refreshed by each `/metrics` scrape,
+/// else every 5 s), and pruning past the retention every `prune_every`.
+async fn housekeeping(hub: Arc<Hub>, retention: Duration, prune_every: Duration) {
+    let gauges_every = Duration::from_secs(5);
+    let mut tick = tokio::time::interval(gauges_every.min(prune_every));
+    let mut last_gauges: Option<tokio::time::Instant> = None;
     let mut last_prune = tokio::time::Instant::now();
     loop {
         tick.tick().await;
-        crate::admin::refresh(&hub).await;
-        if last_prune.elapsed() >= Duration::from_secs(600) {
+        if last_gauges.is_none_or(|t| t.elapsed() >= gauges_every) {
+            last_gauges = Some(tokio::time::Instant::now());
+            crate::admin::refresh(&hub).await;
+        }
+        if last_prune.elapsed() >= prune_every {
             last_prune = tokio::time::Instant::now();
-            let before = now_ms() - (retention_hours as i64) * 3_600_000;
-            match hub.journal().prune(before).await {
+            let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+            match hub
+                .journal()
+                .prune(now_ms().saturating_sub(retention_ms))
+                .await
+            {
                 Ok(0) => {}
                 Ok(n) => info!(
                     pruned = n,
-                    retention_hours, "journal rows past the retention pruned"
+                    retention_ms, "journal rows past the retention pruned"
                 ),
                 Err(e) => warn!(%e, "journal prune failed"),
             }

@@ -27,6 +27,7 @@ fn full_config() -> Config {
     c.server.admin_listen = Some("127.0.0.1:9101".into());
     c.server.layouts_dir = Some("/etc/relayhub/layouts".into());
     c.server.codes_file = Some("/etc/relayhub/codes.json".into());
+    c.journal.retention_ms = Some(5_000);
     let mut t = TargetConfig::with_url("core", "http://127.0.0.1:8080");
     t.connect_timeout_ms = Some(500);
     t.auth = Some(AuthConfig {
@@ -178,6 +179,11 @@ fn config_reference_defaults_match_the_code() {
             "[journal]",
             "retention_hours",
             c.journal.retention_hours.to_string(),
+        ),
+        (
+            "[journal]",
+            "prune_interval_ms",
+            c.journal.prune_interval_ms.to_string(),
         ),
         ("[journal]", "max_batch", c.journal.max_batch.to_string()),
         ("[logging]", "filter", format!("\"{}\"", c.logging.filter)),
