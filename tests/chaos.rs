@@ -701,13 +701,16 @@ fn reconcile_once(cmd: &HubCommand) -> Result<(ExitStatus, String, String), Stri
     }
 }
 
-/// Whether a failed run's message says that a hub holds the journal.
+/// Whether a failed run's message says that a hub holds the journal (the
+/// program's own name, "relayhub", does not count as saying "hub").
 fn is_refusal(stderr: &str) -> bool {
-    let s = stderr.to_lowercase();
+    let s = stderr.to_lowercase().replace("relayhub", "");
     s.contains("hub")
-        && ["hold", "in use", "running", "live", "lease", "own", "lock"]
-            .iter()
-            .any(|w| s.contains(w))
+        && [
+            "holds", "held by", "in use", "running", "live", "lease", "owns", "owned by",
+        ]
+        .iter()
+        .any(|w| s.contains(w))
 }
 
 async fn reconciler(cmd: HubCommand, stop: Arc<AtomicBool>, seed: u64) -> Reconciles {
@@ -757,8 +760,9 @@ async fn reconciler(cmd: HubCommand, stop: Arc<AtomicBool>, seed: u64) -> Reconc
 /// What `relayhub journal show` says of `guid` (for a violation's report).
 fn journal_show(cmd: &HubCommand, guid: &str) -> String {
     let out = Command::new(relayhub_bin())
-        .args(["journal", "show", guid, "--journal"])
+        .args(["journal", "--journal"])
         .arg(&cmd.journal)
+        .args(["show", guid])
         .stdin(Stdio::null())
         .output();
     match out {
@@ -1191,4 +1195,21 @@ async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
         violations.is_empty() && ledger_problems.is_empty() && reconciles.broken.is_empty(),
         "{summary}\nviolations (first 20):\n{report}"
     );
+}
+
+#[test]
+fn a_refusal_is_told_from_another_failure() {
+    assert!(is_refusal(
+        "relayhub: a live hub holds the journal /tmp/j.db; pass --admin ADDR to ask it"
+    ));
+    assert!(is_refusal(
+        "Error: journal in use by a running hub (pid 42)"
+    ));
+    for other in [
+        "relayhub: cannot open the journal: database is locked",
+        "relayhub: unknown transfer(s): 3",
+        "relayhub: target core: connection refused",
+    ] {
+        assert!(!is_refusal(other), "{other}");
+    }
 }
