@@ -162,6 +162,11 @@ pub struct JournalConfig {
     /// Rows older than this are pruned. Keep it at least as long as the core's
     /// own idempotency window, and longer than any channel keeps resending.
     pub retention_hours: u64,
+    /// The retention in ms, overriding `retention_hours` when set: for soak
+    /// tests that need pruning within a run, never for production.
+    pub retention_ms: Option<u64>,
+    /// How often housekeeping prunes, in ms.
+    pub prune_interval_ms: u64,
     /// Most rows written in one commit; concurrent telegrams share a commit.
     pub max_batch: usize,
 }
@@ -173,7 +178,19 @@ impl Default for JournalConfig {
             max_resends: 3,
             resend_cooldown_ms: 1000,
             retention_hours: 72,
+            retention_ms: None,
+            prune_interval_ms: 600_000,
             max_batch: 256,
+        }
+    }
+}
+
+impl JournalConfig {
+    /// The retention in force: `retention_ms` when set, else `retention_hours`.
+    pub fn retention(&self) -> Duration {
+        match self.retention_ms {
+            Some(ms) => Duration::from_millis(ms),
+            None => Duration::from_secs(self.retention_hours.saturating_mul(3600)),
         }
     }
 }
@@ -648,6 +665,18 @@ impl Config {
                     .into(),
             ));
         }
+        if self.journal.retention_ms == Some(0) {
+            return Err(bad(
+                "journal.retention_ms",
+                "must be at least 1 (keep it longer than any channel keeps resending)".into(),
+            ));
+        }
+        if self.journal.prune_interval_ms == 0 {
+            return Err(bad(
+                "journal.prune_interval_ms",
+                "must be at least 1".into(),
+            ));
+        }
         Ok(())
     }
 }
@@ -824,6 +853,22 @@ mod tests {
         c.journal.retention_hours = 0;
         let err = c.validate("t").unwrap_err().to_string();
         assert!(err.contains("retention_hours"), "{err}");
+        let mut c = with_core();
+        c.journal.retention_ms = Some(0);
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("retention_ms"), "{err}");
+        let mut c = with_core();
+        c.journal.prune_interval_ms = 0;
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("prune_interval_ms"), "{err}");
+    }
+
+    #[test]
+    fn retention_ms_overrides_the_hours() {
+        let mut j = JournalConfig::default();
+        assert_eq!(j.retention(), Duration::from_secs(72 * 3600));
+        j.retention_ms = Some(4_000);
+        assert_eq!(j.retention(), Duration::from_millis(4_000));
     }
 
     #[test]

@@ -128,9 +128,10 @@ impl Traces {
             }
             None => {
                 if order.len() == TRACED_GUIDS
-                    && let Some(old) = order.pop_front() {
-                        map.remove(&old);
-                    }
+                    && let Some(old) = order.pop_front()
+                {
+                    map.remove(&old);
+                }
                 map.insert(guid.to_string(), vec![t]);
                 order.push_back(guid.to_string());
             }

@@ -166,9 +166,9 @@ impl Daemon {
         let _ = hub_cell.set(hub.clone());
         background.push(tokio::spawn(housekeeping(
             hub.clone(),
-            config.journal.retention_hours,
+            config.journal.retention(),
             GAUGES_EVERY,
-            PRUNE_EVERY,
+            Duration::from_millis(config.journal.prune_interval_ms),
         )));
 
         let listener = bind(&config.server.listen)?;
@@ -426,25 +426,28 @@ async fn serve_admin(
 
 /// How often the read gauges are refreshed.
 const GAUGES_EVERY: Duration = Duration::from_secs(5);
-/// How often the journal is pruned (the first time at start-up).
-const PRUNE_EVERY: Duration = Duration::from_secs(600);
 
 /// Periodic work: the read gauges (also refreshed by each `/metrics` scrape),
-/// and pruning past the retention, whatever the journal's store.
+/// and pruning past the retention (at start-up, then every `prune_every`),
+/// whatever the journal's store.
 async fn housekeeping(
     hub: Arc<Hub>,
-    retention_hours: u64,
+    retention: Duration,
     gauges_every: Duration,
     prune_every: Duration,
 ) {
-    let mut tick = tokio::time::interval(gauges_every);
+    let mut tick = tokio::time::interval(gauges_every.min(prune_every));
+    let mut last_gauges: Option<tokio::time::Instant> = None;
     let mut last_prune: Option<tokio::time::Instant> = None;
     loop {
         tick.tick().await;
-        crate::admin::refresh(&hub).await;
+        if last_gauges.is_none_or(|t| t.elapsed() >= gauges_every) {
+            last_gauges = Some(tokio::time::Instant::now());
+            crate::admin::refresh(&hub).await;
+        }
         if last_prune.is_none_or(|t| t.elapsed() >= prune_every) {
             last_prune = Some(tokio::time::Instant::now());
-            prune(hub.journal(), retention_hours).await;
+            prune(hub.journal(), retention).await;
         }
     }
 }
@@ -514,15 +517,19 @@ mod tests {
 
 /// Prunes settled rows past the retention and sets the gauge of unsettled
 /// rows kept past it.
-async fn prune(journal: &Journal, retention_hours: u64) {
-    let before = now_ms().saturating_sub((retention_hours as i64).saturating_mul(3_600_000));
+async fn prune(journal: &Journal, retention: Duration) {
+    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    let before = now_ms().saturating_sub(retention_ms);
     match journal.prune(before).await {
         Ok(0) => {}
         Ok(n) => info!(
             pruned = n,
-            retention_hours, "journal rows past the retention pruned"
+            retention_ms, "journal rows past the retention pruned"
         ),
-        Err(e) => warn!(%e, "journal prune failed"),
+        Err(e) => {
+            metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "prune").increment(1);
+            warn!(%e, "journal prune failed")
+        }
     }
     match journal.unsettled_before(before).await {
         Ok(kept) => {
@@ -530,12 +537,15 @@ async fn prune(journal: &Journal, retention_hours: u64) {
             if kept > 0 {
                 warn!(
                     kept,
-                    retention_hours,
+                    retention_ms,
                     "journal rows past the retention kept because they are not settled (sending or unknown); reconcile them"
                 );
             }
         }
-        Err(e) => warn!(%e, "cannot count unsettled journal rows past the retention"),
+        Err(e) => {
+            metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "prune").increment(1);
+            warn!(%e, "cannot count unsettled journal rows past the retention")
+        }
     }
 }
 
@@ -605,7 +615,7 @@ mod housekeeping_tests {
         settle(&mem, "fresh", State::Done, now);
         let task = tokio::spawn(housekeeping(
             hub_on(Journal::Memory(mem.clone())),
-            72,
+            Duration::from_secs(72 * 3600),
             Duration::from_millis(5),
             Duration::from_millis(50),
         ));

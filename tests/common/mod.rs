@@ -7,7 +7,8 @@
 //! - [`wire`]: raw-wire helpers (prefixes, byte-by-byte writes, closes);
 //! - [`process`]: the real binaries, their ready lines, signals and exits;
 //! - [`files`]: temp files and directories removed when dropped;
-//! - [`holding`]: a proxy before the core that can hold a POST's bytes.
+//! - [`holding`]: a proxy before the core that refuses, drops, or holds a
+//!   POST's bytes.
 //!
 //! Nothing here sleeps to order events: waits are on answers, the fixture's
 //! counters, or ready lines, each bounded by [`PATIENCE`] so a broken hub fails a

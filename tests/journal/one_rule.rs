@@ -207,7 +207,7 @@ async fn an_outcome_that_could_not_be_journaled_is_settled_by_inquiry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_received_while_the_post_is_on_the_wire_is_no_proof() {
     let core = start_core().await;
-    let proxy = HoldingProxy::start(core.addr()).await;
+    let proxy = Proxy::start(core.addr()).await;
     proxy.hold_posts(Some(Duration::from_millis(1500)));
     let dir = TempDir::new("wire");
     let db = dir.join("journal.db");

@@ -29,8 +29,10 @@ fn full_config() -> Config {
     c.server.admin_token_file = Some("/etc/relayhub/admin.token".into());
     c.server.layouts_dir = Some("/etc/relayhub/layouts".into());
     c.server.codes_file = Some("/etc/relayhub/codes.json".into());
+    c.journal.retention_ms = Some(5_000);
     let mut t = TargetConfig::with_url("core", "http://127.0.0.1:8080");
     t.connect_timeout_ms = Some(500);
+    t.wire_grace_ms = Some(35_000);
     t.auth = Some(AuthConfig {
         bearer: Some("t".into()),
         bearer_env: Some("CORE_TOKEN".into()),
@@ -180,6 +182,11 @@ fn config_reference_defaults_match_the_code() {
             "[journal]",
             "retention_hours",
             c.journal.retention_hours.to_string(),
+        ),
+        (
+            "[journal]",
+            "prune_interval_ms",
+            c.journal.prune_interval_ms.to_string(),
         ),
         ("[journal]", "max_batch", c.journal.max_batch.to_string()),
         ("[logging]", "filter", format!("\"{}\"", c.logging.filter)),
