@@ -2,7 +2,7 @@
 //! body, the journal state, and the words of the log line.
 
 use crate::header::HEADER_LEN;
-use crate::journal::{Row, State};
+use crate::journal::{Finish, Row, State};
 use crate::layout::{Layout, encode_fields};
 use crate::outcome::{Code, CodeTable, Outcome};
 
@@ -68,6 +68,17 @@ pub(super) fn state_for(code: Code) -> State {
         State::Unknown
     } else {
         State::NotSent
+    }
+}
+
+/// What the journal records for a reply: its state, code, body and error.
+pub(super) fn finish_of(reply: &Reply, outcome: &Outcome, note: String) -> Finish {
+    Finish {
+        state: state_for(reply.code),
+        code: reply.code.as_str().into(),
+        answer: (!reply.body.is_empty()).then(|| reply.body.clone()),
+        error: error_of(outcome),
+        note,
     }
 }
 

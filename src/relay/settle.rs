@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use super::bounded::{self, Bounded};
-use super::reply::{describe, error_of, reply_for, state_for};
+use super::reply::{describe, error_of, finish_of, reply_for};
 use super::{Deadline, Hub, Reply, inquiry};
 use crate::core_client::{LateAnswer, Target};
 use crate::journal::{Finish, Journal, JournalError, Row, State, now_ms};
@@ -152,13 +152,7 @@ pub(super) async fn after_unknown(
     let (reply, outcome) = reply_for(outcome, &route.layout, &rules.codes);
     let note = format!("inquiry after unknown: {}", describe(&outcome, 0));
     if reply.code != Code::UNKNOWN {
-        let finish = Finish {
-            state: state_for(reply.code),
-            code: reply.code.as_str().into(),
-            answer: (!reply.body.is_empty()).then(|| reply.body.clone()),
-            error: error_of(&outcome),
-            note: note.clone(),
-        };
+        let finish = finish_of(&reply, &outcome, note.clone());
         settle_write(&hub.journal, guid, from, finish, deadline).await;
     }
     (reply, note)

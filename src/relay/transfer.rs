@@ -12,7 +12,7 @@ use tracing::{debug, info, warn};
 use super::bounded::{self, Bounded};
 use super::flights::Joined;
 use super::inquiry::fits;
-use super::reply::{describe, error_of, replay, reply_for, state_for};
+use super::reply::{describe, finish_of, replay, reply_for};
 use super::{Deadline, Hub, Reply, settle};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target};
 use crate::header::Header;
@@ -152,29 +152,13 @@ impl Transfer<'_> {
                     );
                 }
                 State::Unknown => {
-                    return settle::after_unknown(
-                        self.hub,
-                        &row,
-                        self.route,
-                        self.rules,
-                        self.deadline,
-                        &[State::Unknown],
-                    )
-                    .await;
+                    return self.settle(&row, &[State::Unknown]).await;
                 }
                 // In a journal of one hub, a `sending` row nobody in this process
                 // works on was orphaned (an outcome write that failed): settle it
                 // as a restart would, by inquiry.
                 State::Sending if !self.hub.journal.is_shared() => {
-                    return settle::after_unknown(
-                        self.hub,
-                        &row,
-                        self.route,
-                        self.rules,
-                        self.deadline,
-                        &[State::Sending],
-                    )
-                    .await;
+                    return self.settle(&row, &[State::Sending]).await;
                 }
                 State::Sending => return self.await_other().await,
                 State::NotSent => match self.resend(&row, now).await {
@@ -188,6 +172,11 @@ impl Transfer<'_> {
             Reply::code(Code::UNKNOWN),
             "GUID is being resent elsewhere".into(),
         )
+    }
+
+    /// Asks the core about the row's transfer instead of posting (E901 before).
+    async fn settle(&self, row: &Row, from: &'static [State]) -> (Reply, String) {
+        settle::after_unknown(self.hub, row, self.route, self.rules, self.deadline, from).await
     }
 
     /// A resend of a GUID that was certainly not sent: allowed by the policy
@@ -282,15 +271,7 @@ impl Transfer<'_> {
                     );
                 }
                 State::Unknown => {
-                    return settle::after_unknown(
-                        self.hub,
-                        &row,
-                        self.route,
-                        self.rules,
-                        self.deadline,
-                        &[State::Unknown],
-                    )
-                    .await;
+                    return self.settle(&row, &[State::Unknown]).await;
                 }
                 State::NotSent => {
                     let code = row
@@ -383,14 +364,8 @@ impl Transfer<'_> {
         tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
         let (reply, outcome) = reply_for(outcome, &self.route.layout, &self.rules.codes);
         let note = describe(&outcome, attempt);
-        let finish = Finish {
-            state: state_for(reply.code),
-            code: reply.code.as_str().into(),
-            answer: (!reply.body.is_empty()).then(|| reply.body.clone()),
-            error: error_of(&outcome),
-            note: note.clone(),
-        };
-        self.journal_outcome(finish).await;
+        self.journal_outcome(finish_of(&reply, &outcome, note.clone()))
+            .await;
         (reply, note)
     }
 

@@ -1,4 +1,4 @@
-//! The core's API as each operation uses it (PROTOCOL.md section 5), as data:
+//! The core's API as each operation uses it (docs/protocol.md, section 5), as data:
 //! the keys a request must carry and the keys an answer carries.
 //!
 //! Every route's layout is checked against it when the rules are built (start,
