@@ -95,10 +95,13 @@ pub struct Traced {
 }
 
 /// The trace ids of the latest telegrams, by GUID, in memory only: a restart
-/// forgets them (the log lines keep them).
+/// forgets them (the log lines keep them). Also each GUID's request fields as
+/// its layout masks them for the log, so the console can show whose transfer
+/// an unknown one is without a full account number.
 #[derive(Default)]
 pub struct Traces {
     inner: Mutex<TraceMap>,
+    fields: Mutex<(HashMap<String, serde_json::Value>, VecDeque<String>)>,
 }
 
 /// Telegrams by GUID, and the GUIDs in the order they were first seen.
@@ -136,6 +139,27 @@ impl Traces {
                 order.push_back(guid.to_string());
             }
         }
+    }
+
+    /// Keeps the masked request fields of `guid` (the latest telegram's).
+    pub fn note_fields(&self, guid: &str, masked: serde_json::Value) {
+        let mut g = self.fields.lock().unwrap_or_else(|p| p.into_inner());
+        let (map, order) = &mut *g;
+        if map.insert(guid.to_string(), masked).is_none() {
+            order.push_back(guid.to_string());
+            if order.len() > TRACED_GUIDS
+                && let Some(old) = order.pop_front()
+            {
+                map.remove(&old);
+            }
+        }
+    }
+
+    /// The masked request fields of `guid`, if a telegram of this process
+    /// carried them.
+    pub fn fields_of(&self, guid: &str) -> Option<serde_json::Value> {
+        let g = self.fields.lock().unwrap_or_else(|p| p.into_inner());
+        g.0.get(guid).cloned()
     }
 
     /// The remembered telegrams of `guid`, oldest first.

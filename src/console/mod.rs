@@ -87,6 +87,9 @@ pub struct RowView {
     pub updated_ms: i64,
     pub last_error: Option<String>,
     pub url: Option<String>,
+    /// The request fields as the layout masks them for the log (accounts keep
+    /// their last four characters), when a telegram of this process carried them.
+    pub fields: Option<Value>,
 }
 
 impl RowView {
@@ -102,6 +105,7 @@ impl RowView {
             updated_ms: r.updated_ms,
             last_error: r.last_error.clone(),
             url: r.url.clone(),
+            fields: crate::console_stats::traces().fields_of(&r.guid),
         }
     }
 }

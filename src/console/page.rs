@@ -97,7 +97,7 @@ button { padding: 5px 12px; font: inherit; }
   </section>
   <section class="wide">
     <h2>Unknown transfers <span id="unknown-count" class="muted"></span></h2>
-    <table id="unknown"><thead><tr><th>GUID</th><th>tx code</th><th class="n">age (s)</th><th class="n">attempts</th><th>last error</th><th>URL</th></tr></thead><tbody></tbody></table>
+    <table id="unknown"><thead><tr><th>GUID</th><th>tx code</th><th class="n">age (s)</th><th class="n">attempts</th><th>last error</th><th>URL</th><th>request (masked)</th></tr></thead><tbody></tbody></table>
   </section>
   <section class="wide" id="search">
     <h2>Transfer by GUID</h2>
@@ -177,7 +177,8 @@ function drawUnknown(u) {
     const a = el("a", r.guid);
     a.href = "?guid=" + encodeURIComponent(r.guid) + (token ? "&token=" + encodeURIComponent(token) : "");
     const g = el("td"); g.appendChild(a);
-    const tr = row([g, r.tx_code, num(r.age_s), num(r.attempts), r.last_error || "", r.url || ""]);
+    const fields = r.fields ? Object.entries(r.fields).map(([k, v]) => k + "=" + v).join(" ") : "";
+    const tr = row([g, r.tx_code, num(r.age_s), num(r.attempts), r.last_error || "", r.url || "", fields]);
     tr.dataset.guid = r.guid;
     return tr;
   }));

@@ -229,9 +229,11 @@ impl Hub {
             );
         }
         // On the span, so the one summary line carries them (masked by the layout).
-        // A JSON object: the JSON log format embeds it as one.
-        let logged = serde_json::Value::Object(route.layout.masked_request(&fields)).to_string();
-        tracing::Span::current().record("fields", logged.as_str());
+        // A JSON object: the JSON log format embeds it as one. The console
+        // shows the same masked view of an unknown transfer.
+        let masked = serde_json::Value::Object(route.layout.masked_request(&fields));
+        tracing::Span::current().record("fields", masked.to_string().as_str());
+        crate::console_stats::traces().note_fields(&header.guid, masked);
         match route.operation {
             Operation::Transfer => {
                 transfer::run(self, &header, route, rules, fields, body, deadline).await

@@ -240,6 +240,12 @@ async fn console_shows_codes_unknown_transfers_and_a_guid_behind_a_token() {
     assert_eq!(rows.len(), 1, "{u}");
     assert_eq!(rows[0]["guid"], unknown.as_str());
     assert_eq!(rows[0]["attempts"], 1);
+    // Whose transfer it is, masked as the layout declares.
+    assert_eq!(
+        rows[0]["fields"]["from_account"],
+        format!("*********{}", &common::ACC1[9..]),
+        "{u}"
+    );
     let t = get_json(&hub, &format!("/api/transfer/{lost}"));
     assert_eq!(t["row"]["state"], "not_sent", "{t}");
     assert_eq!(t["row"]["code"], "E904", "{t}");
@@ -328,6 +334,11 @@ async fn console_shows_codes_unknown_transfers_and_a_guid_behind_a_token() {
     assert!(
         dom.contains(&format!("data-guid=\"{unknown}\"")),
         "unknown transfer not listed:\n{dom}"
+    );
+    let masked = format!("from_account=*********{}", &common::ACC1[9..]);
+    assert!(
+        dom.contains(&masked),
+        "the unknown transfer's masked account ({masked}) is not on the page:\n{dom}"
     );
     for acc in [common::ACC1, ACC2, ACC3] {
         assert!(!dom.contains(acc), "account {acc} on the page");
