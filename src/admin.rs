@@ -101,7 +101,7 @@ pub async fn refresh(hub: &Hub) {
     }
     match hub.journal().count(RowState::Unknown).await {
         Ok(n) => metrics::gauge!(JOURNAL_UNKNOWN).set(n as f64),
-        Err(e) => tracing::warn!(%e, "cannot count unknown transfers in the journal"),
+        Err(e) => tracing::error!(%e, "cannot count unknown transfers in the journal"),
     }
 }
 
@@ -241,7 +241,7 @@ async fn journal_reconcile(State(s): State<AdminState>) -> Response {
             Json(serde_json::Value::Object(codes)).into_response()
         }
         Err(e) => {
-            tracing::warn!(%e, "reconcile through the admin endpoint failed");
+            tracing::error!(%e, "reconcile through the admin endpoint failed");
             (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
         }
     }

@@ -420,7 +420,7 @@ async fn serve_admin(
 ) {
     let serving = crate::admin::serve(listener, ready, hub, token, std::future::pending());
     if let Err(e) = serving.await {
-        warn!(%e, "admin listener failed");
+        tracing::error!(%e, "admin listener failed");
     }
 }
 

@@ -145,7 +145,7 @@ pub async fn run(
                     Ok(x) => x,
                     Err(e) => {
                         // Out of file descriptors and the like: back off, keep serving.
-                        warn!(%e, "accept failed");
+                        tracing::error!(%e, "accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
@@ -271,7 +271,7 @@ async fn serve_connection<H: Answerer>(
                 Err(_) if started.is_none() && link.pending.load(Ordering::SeqCst) > 0 => {}
                 Err(_) => {
                     if started.is_some() {
-                        warn!(buffered = buf.len(), "telegram not completed within the read timeout; closing without an answer");
+                        info!(buffered = buf.len(), "telegram not completed within the read timeout; closing without an answer");
                     } else {
                         debug!("idle timeout; closing");
                     }
@@ -355,7 +355,7 @@ async fn write_answers(
             }
         };
         if let Err(e) = codec.encode(&telegram, &mut framed) {
-            warn!(%e, "answer cannot be framed");
+            tracing::error!(%e, "answer cannot be framed");
             break;
         }
         // A channel that does not read its answers must not keep its slot, nor
