@@ -7,6 +7,7 @@
 //! - [`wire`]: raw-wire helpers (prefixes, byte-by-byte writes, closes);
 //! - [`process`]: the real binaries, their ready lines, signals and exits;
 //! - [`files`]: temp files and directories removed when dropped;
+//! - [`certs`]: a test CA and the certificates it signs (rcgen), as PEM files;
 //! - [`holding`]: a proxy before the core that refuses, drops, or holds a
 //!   POST's bytes.
 //!
@@ -16,6 +17,7 @@
 
 #![allow(dead_code)] // each suite uses a different part of it
 
+pub mod certs;
 mod files;
 mod fixture;
 mod holding;
