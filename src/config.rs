@@ -261,6 +261,13 @@ pub struct TargetConfig {
     pub auth: Option<AuthConfig>,
 }
 
+/// The longest budget a channel may be given: ten minutes. Larger values are
+/// refused at start (they are mistakes, and would overflow the deadline arithmetic).
+pub const MAX_BUDGET_MS: u64 = 600_000;
+
+/// The longest late-answer window and wire grace: one day.
+pub const MAX_WINDOW_MS: u64 = 86_400_000;
+
 fn default_late_answer_window_ms() -> u64 {
     30_000
 }
@@ -492,8 +499,14 @@ impl Config {
             reason,
         };
         let s = &self.server;
-        if s.budget_ms == 0 {
-            return Err(bad("server.budget_ms", "must be above 0".into()));
+        if s.budget_ms == 0 || s.budget_ms > MAX_BUDGET_MS {
+            return Err(bad(
+                "server.budget_ms",
+                format!(
+                    "{} is out of range: 1..={MAX_BUDGET_MS} (a channel waits this long for an answer)",
+                    s.budget_ms
+                ),
+            ));
         }
         if s.max_telegram_len < crate::header::HEADER_LEN {
             return Err(bad(
@@ -566,6 +579,23 @@ impl Config {
                         ),
                     ));
                 }
+            }
+            if t.late_answer_window_ms > MAX_WINDOW_MS {
+                return Err(bad(
+                    &format!("{key}.late_answer_window_ms"),
+                    format!(
+                        "{} is out of range: at most {MAX_WINDOW_MS} (one day)",
+                        t.late_answer_window_ms
+                    ),
+                ));
+            }
+            if let Some(grace) = t.wire_grace_ms
+                && grace > MAX_WINDOW_MS
+            {
+                return Err(bad(
+                    &format!("{key}.wire_grace_ms"),
+                    format!("{grace} is out of range: at most {MAX_WINDOW_MS} (one day)"),
+                ));
             }
             if let Some(grace) = t.wire_grace_ms
                 && grace < t.late_answer_window_ms
@@ -797,6 +827,28 @@ mod tests {
         c.validate("test").unwrap();
         assert_eq!(c.routes.len(), 2);
         assert_eq!(c.targets[0].urls, vec!["http://127.0.0.1:8080"]);
+    }
+
+    #[test]
+    fn absurd_budgets_and_windows_are_refused_with_their_key() {
+        let mut c = with_core();
+        c.server.budget_ms = u64::MAX;
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(
+            err.contains("server.budget_ms") && err.contains("out of range"),
+            "{err}"
+        );
+        let mut c = with_core();
+        c.server.budget_ms = MAX_BUDGET_MS;
+        c.validate("t").unwrap();
+        let mut c = with_core();
+        c.targets[0].late_answer_window_ms = u64::MAX;
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("late_answer_window_ms"), "{err}");
+        let mut c = with_core();
+        c.targets[0].wire_grace_ms = Some(u64::MAX);
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("wire_grace_ms"), "{err}");
     }
 
     #[test]
