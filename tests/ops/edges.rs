@@ -17,17 +17,12 @@
 use crate::common;
 use crate::ops_support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStderr, Command, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
 use corebank::{FaultMethod, FaultRule, Phase};
-use ops_support::{Metrics, http_get};
-use relayhub::client::Channel;
-use relayhub::frame::PrefixMode;
+use ops_support::{Hub, Stderr};
 use relayhub::metric_names;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
@@ -35,178 +30,14 @@ use tokio::io::AsyncWriteExt;
 /// Upper bound for the waits of this suite; never used to order events.
 const WAIT: Duration = Duration::from_secs(15);
 
-/// What the test does with the hub's stderr.
-enum Stderr {
-    /// A thread reads it into a buffer and a channel of lines.
-    Read,
-    /// A pipe that is kept open and never read: a stalled log reader.
-    Stalled,
-}
-
-/// A `relayhub serve` process with its admin endpoints, killed on drop.
-struct Served {
-    child: Option<Child>,
-    addr: String,
-    admin: String,
-    log: Arc<Mutex<String>>,
-    lines: Option<mpsc::Receiver<String>>,
-    _stalled: Option<ChildStderr>,
-}
-
-impl Served {
-    /// Starts `relayhub serve ARGS --admin-listen 127.0.0.1:0` from `cmd`
-    /// (environment already set) and waits for its two ready lines.
-    fn start(mut cmd: Command, args: &[&str], stderr: Stderr) -> Served {
-        let mut child = cmd
-            .arg("serve")
-            .args(args)
-            .args(["--admin-listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn relayhub serve");
-        let log = Arc::new(Mutex::new(String::new()));
-        let pipe = child.stderr.take().expect("piped stderr");
-        let (lines, stalled) = match stderr {
-            Stderr::Read => {
-                let (tx, rx) = mpsc::channel();
-                let all = log.clone();
-                std::thread::spawn(move || {
-                    for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                        let mut all = all.lock().unwrap();
-                        all.push_str(&line);
-                        all.push('\n');
-                        let _ = tx.send(line);
-                    }
-                });
-                (Some(rx), None)
-            }
-            Stderr::Stalled => (None, Some(pipe)),
-        };
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            // Keep stdout drained so the child never blocks on it.
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let mut served = Served {
-            child: Some(child),
-            addr: String::new(),
-            admin: String::new(),
-            log,
-            lines,
-            _stalled: stalled,
-        };
-        let next = || {
-            rx.recv_timeout(WAIT)
-                .unwrap_or_else(|e| panic!("no ready line ({e}); stderr:\n{}", served.log()))
-        };
-        let (first, second) = (next(), next());
-        served.addr = after(&first, "relayhub listening on ")
-            .unwrap_or_else(|| panic!("first stdout line is not the hub's: {first:?}"));
-        served.admin = after(&second, "admin endpoints on ")
-            .unwrap_or_else(|| panic!("second stdout line is not the admin's: {second:?}"));
-        served
-    }
-
-    /// The hub as `relayhub serve ARGS`, stderr read.
-    fn spawn(args: &[&str]) -> Served {
-        Served::start(Command::new(relayhub_bin()), args, Stderr::Read)
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
-    }
-
-    /// The next stderr line containing `needle` (bounded wait).
-    fn line_with(&self, needle: &str) -> String {
-        let lines = self.lines.as_ref().expect("stderr is read");
-        let until = Instant::now() + WAIT;
-        loop {
-            match lines.recv_timeout(until.saturating_duration_since(Instant::now())) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
-                Err(e) => panic!(
-                    "no stderr line with {needle:?} ({e}); stderr:\n{}",
-                    self.log()
-                ),
-            }
-        }
-    }
-
-    /// SIGTERM; the exit status within [`WAIT`], and then everything the hub
-    /// wrote to stderr (read to its end when it is read at all).
-    fn terminate(&mut self) -> (std::process::ExitStatus, String) {
-        send_signal(self.pid(), "TERM");
-        let pid = self.pid();
-        let child = self.child.take().expect("running");
-        let status = wait_exit_within(child, WAIT).unwrap_or_else(|e| {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-            panic!(
-                "relayhub did not exit within {WAIT:?} of SIGTERM: {e}; stderr:\n{}",
-                self.log()
-            )
-        });
-        if let Some(lines) = &self.lines {
-            // The pipe closes with the process: read up to its end.
-            while lines.recv_timeout(WAIT).is_ok() {}
-        }
-        (status, self.log())
-    }
-
-    fn scrape(&self) -> Metrics {
-        let (status, text) = http_get(&format!("http://{}/metrics", self.admin));
-        assert_eq!(status, 200, "/metrics status; body:\n{text}");
-        Metrics::parse(&text)
-    }
-
-    /// Scrapes until `pred` holds for a scrape (bounded); returns that scrape.
-    async fn scrape_until(&self, what: &str, pred: impl Fn(&Metrics) -> bool) -> Metrics {
-        let until = Instant::now() + WAIT;
-        loop {
-            let admin = self.admin.clone();
-            let m = tokio::task::spawn_blocking(move || {
-                let (status, text) = http_get(&format!("http://{admin}/metrics"));
-                assert_eq!(status, 200, "/metrics status; body:\n{text}");
-                Metrics::parse(&text)
-            })
-            .await
-            .unwrap();
-            if pred(&m) {
-                return m;
-            }
-            assert!(
-                Instant::now() < until,
-                "{what} not seen within {WAIT:?}; last scrape:\n{}",
-                m.text
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn channel(&self) -> Channel {
-        within(Channel::connect(&self.addr, PrefixMode::Ascii))
-            .await
-            .expect("connect to the hub")
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+/// SIGTERM off the runtime; the exit status and everything the hub wrote to stderr.
+async fn stop(mut hub: Hub) -> (std::process::ExitStatus, String) {
+    tokio::task::spawn_blocking(move || {
+        let status = hub.terminate();
+        (status, hub.stderr())
+    })
+    .await
+    .unwrap()
 }
 
 /// A telegram with a well-formed header whose tx code has no route: E101, the
@@ -266,7 +97,7 @@ async fn an_inquiry_told_to_retry_after_the_end_of_time_answers_with_its_own_hea
 async fn proxy_variables_in_the_environment_are_ignored() {
     let core = start_core().await;
     let url = core.url();
-    let mut hub = tokio::task::spawn_blocking(move || {
+    let hub = tokio::task::spawn_blocking(move || {
         let mut cmd = Command::new(relayhub_bin());
         // Port 9 (discard) has no listener here: through a proxy, nothing
         // would reach the core.
@@ -275,7 +106,7 @@ async fn proxy_variables_in_the_environment_are_ignored() {
             .env("https_proxy", "http://127.0.0.1:9")
             .env_remove("NO_PROXY")
             .env_remove("no_proxy");
-        Served::start(
+        Hub::spawn_with(
             cmd,
             &[
                 "--listen",
@@ -293,13 +124,11 @@ async fn proxy_variables_in_the_environment_are_ignored() {
     let g = guid("EDGPX");
     let mut ch = hub.channel().await;
     let a = exchange(&mut ch, &transfer(&g, 1_000)).await;
-    assert_eq!(a.code, "0000", "{a:?}; stderr:\n{}", hub.log());
+    assert_eq!(a.code, "0000", "{a:?}; stderr:\n{}", hub.stderr());
     assert_eq!(posts(&core, &g), 1);
     assert_eq!(core.stats().post, 1, "{:?}", core.stats());
     drop(ch);
-    let (status, log) = tokio::task::spawn_blocking(move || hub.terminate())
-        .await
-        .unwrap();
+    let (status, log) = stop(hub).await;
     assert!(status.success(), "exit {status:?}");
     let notes: Vec<&str> = log
         .lines()
@@ -316,10 +145,10 @@ async fn a_stalled_stderr_reader_never_holds_up_a_telegram() {
     let core = start_core().await;
     let url = core.url();
     let budget = Duration::from_millis(1_000);
-    let mut hub = tokio::task::spawn_blocking(move || {
+    let hub = tokio::task::spawn_blocking(move || {
         let mut cmd = Command::new(relayhub_bin());
         cmd.env_remove("RUST_LOG");
-        Served::start(
+        Hub::spawn_with(
             cmd,
             &[
                 "--listen",
@@ -373,9 +202,7 @@ async fn a_stalled_stderr_reader_never_holds_up_a_telegram() {
             .map(String::as_str),
         Some("counter")
     );
-    let (status, _) = tokio::task::spawn_blocking(move || hub.terminate())
-        .await
-        .unwrap();
+    let (status, _) = stop(hub).await;
     assert!(status.success(), "exit {status:?}");
 }
 
@@ -397,13 +224,13 @@ async fn one_transfer_logged(extra: &[&str]) -> (String, String) {
     .map(|s| s.to_string())
     .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
-    let mut hub = tokio::task::spawn_blocking(move || {
+    let hub = tokio::task::spawn_blocking(move || {
         let mut cmd = Command::new(relayhub_bin());
         cmd.env_remove("NO_COLOR")
             .env_remove("RUST_LOG")
             .env("TERM", "xterm-256color");
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Served::start(cmd, &args, Stderr::Read)
+        Hub::spawn_with(cmd, &args, Stderr::Read)
     })
     .await
     .unwrap();
@@ -412,9 +239,7 @@ async fn one_transfer_logged(extra: &[&str]) -> (String, String) {
     let a = exchange(&mut ch, &transfer(&g, 50_000)).await;
     assert_eq!(a.code, "0000", "{a:?}");
     drop(ch);
-    let (status, log) = tokio::task::spawn_blocking(move || hub.terminate())
-        .await
-        .unwrap();
+    let (status, log) = stop(hub).await;
     assert!(status.success(), "exit {status:?}");
     (g, log)
 }
@@ -475,7 +300,7 @@ async fn a_refused_reload_is_one_log_line() {
     let hub = tokio::task::spawn_blocking(move || {
         let mut cmd = Command::new(relayhub_bin());
         cmd.env_remove("RUST_LOG");
-        Served::start(
+        Hub::spawn_with(
             cmd,
             &[
                 "--config",
@@ -495,14 +320,11 @@ async fn a_refused_reload_is_one_log_line() {
     // A TOML error is several lines of text (position, excerpt, caret).
     std::fs::write(&config.0, "[server\nbudget_ms = 2000\n").unwrap();
     send_signal(hub.pid(), "HUP");
-    let refused = hub.line_with("reload refused");
+    let refused = hub.stderr_line_with("reload refused");
     assert!(refused.contains("TOML parse error"), "{refused}");
     // The excerpt of the file, on a line of its own in the error's text.
     assert!(refused.contains("| [server"), "{refused}");
-    let mut hub = hub;
-    let (status, log) = tokio::task::spawn_blocking(move || hub.terminate())
-        .await
-        .unwrap();
+    let (status, log) = stop(hub).await;
     assert!(status.success(), "exit {status:?}");
     // Every line is an event: it starts with the event's timestamp.
     for line in log.lines() {
@@ -528,7 +350,7 @@ async fn a_channel_that_never_reads_loses_its_connection_not_the_hub() {
         let mut cmd = Command::new(relayhub_bin());
         // Tens of thousands of E101 summaries are not what this is about.
         cmd.env("RUST_LOG", "warn");
-        Served::start(
+        Hub::spawn_with(
             cmd,
             &[
                 "--config",
@@ -561,7 +383,7 @@ async fn a_channel_that_never_reads_loses_its_connection_not_the_hub() {
         stalled
     });
 
-    let line = tokio::task::block_in_place(|| hub.line_with("answer not written"));
+    let line = tokio::task::block_in_place(|| hub.stderr_line_with("answer not written"));
     assert!(line.contains("WARN"), "{line}");
     hub.scrape_until("the stalled connection closed", |m| {
         m.value(metric_names::OPEN_CONNECTIONS, &[]) == Some(0.0)
@@ -580,10 +402,7 @@ async fn a_channel_that_never_reads_loses_its_connection_not_the_hub() {
     drop(ch);
     writer.abort();
 
-    let mut hub = hub;
-    let (status, log) = tokio::task::spawn_blocking(move || hub.terminate())
-        .await
-        .unwrap();
+    let (status, log) = stop(hub).await;
     assert!(status.success(), "exit {status:?}; stderr:\n{log}");
 }
 
@@ -618,7 +437,7 @@ async fn unframeable_input_is_counted_like_any_answer() {
     let core = start_core().await;
     let url = core.url();
     let hub = tokio::task::spawn_blocking(move || {
-        Served::spawn(&[
+        Hub::spawn(&[
             "--listen",
             "127.0.0.1:0",
             "--core-url",

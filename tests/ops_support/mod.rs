@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,6 +28,14 @@ pub fn repo(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
+/// What a test does with the hub's stderr.
+pub enum Stderr {
+    /// A thread reads it into a buffer and a channel of lines.
+    Read,
+    /// A pipe kept open and never read: a stalled log reader.
+    Stalled,
+}
+
 /// A `relayhub serve` process, killed if the test ends without stopping it.
 pub struct Hub {
     child: Option<Child>,
@@ -35,7 +43,9 @@ pub struct Hub {
     pub admin: String,
     /// Everything written to stderr so far (read by a thread).
     stderr: Arc<Mutex<String>>,
-    stderr_lines: mpsc::Receiver<String>,
+    /// Stderr line by line; `None` when stderr is left unread.
+    stderr_lines: Option<mpsc::Receiver<String>>,
+    _stalled: Option<ChildStderr>,
 }
 
 impl Hub {
@@ -49,7 +59,20 @@ impl Hub {
 
     /// Starts the process without waiting for anything.
     pub fn start(args: &[&str]) -> Hub {
-        let mut child = Command::new(relayhub_bin())
+        Hub::start_with(Command::new(relayhub_bin()), args, Stderr::Read)
+    }
+
+    /// Starts `relayhub serve ARGS --admin-listen 127.0.0.1:0` from `cmd` (its
+    /// environment already set), doing `stderr` with its stderr, and waits for
+    /// its two ready lines.
+    pub fn spawn_with(cmd: Command, args: &[&str], stderr: Stderr) -> Hub {
+        let mut hub = Hub::start_with(cmd, args, stderr);
+        hub.wait_ready();
+        hub
+    }
+
+    fn start_with(mut cmd: Command, args: &[&str], stderr: Stderr) -> Hub {
+        let mut child = cmd
             .arg("serve")
             .args(args)
             .args(["--admin-listen", "127.0.0.1:0"])
@@ -58,26 +81,31 @@ impl Hub {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn relayhub serve");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        {
-            let pipe = child.stderr.take().unwrap();
-            let all = stderr.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                    let mut all = all.lock().unwrap();
-                    all.push_str(&line);
-                    all.push('\n');
-                    let _ = tx.send(line);
-                }
-            });
-        }
+        let log = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stderr.take().expect("piped stderr");
+        let (stderr_lines, stalled) = match stderr {
+            Stderr::Read => {
+                let (tx, rx) = mpsc::channel();
+                let all = log.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                        let mut all = all.lock().unwrap();
+                        all.push_str(&line);
+                        all.push('\n');
+                        let _ = tx.send(line);
+                    }
+                });
+                (Some(rx), None)
+            }
+            Stderr::Stalled => (None, Some(pipe)),
+        };
         Hub {
             child: Some(child),
             addr: String::new(),
             admin: String::new(),
-            stderr,
-            stderr_lines: rx,
+            stderr: log,
+            stderr_lines,
+            _stalled: stalled,
         }
     }
 
@@ -113,7 +141,8 @@ impl Hub {
         let until = Instant::now() + PATIENCE;
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            match self.stderr_lines.recv_timeout(left) {
+            let lines = self.stderr_lines.as_ref().expect("stderr is read");
+            match lines.recv_timeout(left) {
                 Ok(line) if line.contains(needle) => return line,
                 Ok(_) => {}
                 Err(_) => panic!("no stderr line with {needle:?}; stderr:\n{}", self.stderr()),
@@ -149,17 +178,21 @@ impl Hub {
                 let _ = Command::new("kill")
                     .args(["-KILL", &pid.to_string()])
                     .status();
-                panic!("relayhub did not exit within {PATIENCE:?} of SIGTERM: {e}");
+                panic!(
+                    "relayhub did not exit within {PATIENCE:?} of SIGTERM: {e}; stderr:\n{}",
+                    self.stderr()
+                );
             }
         }
     }
 
     /// Drains stderr lines until the pipe closes (the reader thread ends).
     fn stderr_line_with_eof(&self) -> Option<()> {
+        let lines = self.stderr_lines.as_ref()?;
         let until = Instant::now() + PATIENCE;
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            match self.stderr_lines.recv_timeout(left) {
+            match lines.recv_timeout(left) {
                 Ok(_) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => return Some(()),
                 Err(mpsc::RecvTimeoutError::Timeout) => return None,
@@ -177,6 +210,41 @@ impl Hub {
         let (status, text) = self.get("/metrics");
         assert_eq!(status, 200, "/metrics status; body:\n{text}");
         Metrics::parse(&text)
+    }
+
+    /// Scrapes until `pred` holds for a scrape (bounded by [`PATIENCE`]);
+    /// returns that scrape. For async tests: the GETs run off the runtime.
+    pub async fn scrape_until(&self, what: &str, pred: impl Fn(&Metrics) -> bool) -> Metrics {
+        let until = Instant::now() + PATIENCE;
+        loop {
+            let admin = self.admin.clone();
+            let m = tokio::task::spawn_blocking(move || {
+                let (status, text) = http_get(&format!("http://{admin}/metrics"));
+                assert_eq!(status, 200, "/metrics status; body:\n{text}");
+                Metrics::parse(&text)
+            })
+            .await
+            .unwrap();
+            if pred(&m) {
+                return m;
+            }
+            assert!(
+                Instant::now() < until,
+                "{what} not seen within {PATIENCE:?}; last scrape:\n{}",
+                m.text
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A channel connection to the hub (ascii prefixes), bounded.
+    pub async fn channel(&self) -> relayhub::client::Channel {
+        crate::common::within(relayhub::client::Channel::connect(
+            &self.addr,
+            relayhub::frame::PrefixMode::Ascii,
+        ))
+        .await
+        .expect("connect to the hub")
     }
 }
 
