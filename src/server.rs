@@ -512,7 +512,6 @@ async fn write_answers<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::channel_tls::{self, Acceptor};
     use crate::config::ServerConfig;
 
     /// Answers 0000 with the request's header, except that a telegram whose
