@@ -978,6 +978,50 @@ mod tests {
     }
 
     #[test]
+    fn tls_keys_and_cert_names_must_fit_together() {
+        let err = |c: &Config| c.validate("t").unwrap_err().to_string();
+        let mut c = with_core();
+        c.server.tls_listen = Some("127.0.0.1:0".into());
+        assert!(err(&c).contains("server.tls_cert_file"), "{}", err(&c));
+        c.server.tls_cert_file = Some("/c.pem".into());
+        c.server.tls_key_file = Some("/c.key".into());
+        c.validate("t").unwrap();
+        c.server.tls_handshake_timeout_ms = 0;
+        assert!(err(&c).contains("server.tls_handshake_timeout_ms"));
+        c.server.tls_handshake_timeout_ms = 5_000;
+        // A CA with no channel to map certificates to.
+        c.server.tls_client_ca_file = Some("/ca.pem".into());
+        assert!(
+            err(&c).contains("no [[channel]] has cert_names"),
+            "{}",
+            err(&c)
+        );
+        let channel = |id: &str, names: &[&str]| ChannelConfig {
+            id: id.into(),
+            allow_from: vec![],
+            tx_codes: vec![],
+            cert_names: names.iter().map(|n| n.to_string()).collect(),
+        };
+        c.channels = vec![channel("IBANK", &["ibank.example"])];
+        c.validate("t").unwrap();
+        // One name, two channels (names compare without case).
+        c.channels.push(channel("CORP", &["IBANK.example"]));
+        assert!(err(&c).contains("channel.CORP.cert_names"), "{}", err(&c));
+        c.channels.pop();
+        // cert_names without a CA: nobody could call as that channel.
+        c.server.tls_client_ca_file = None;
+        assert!(
+            err(&c).contains("needs server.tls_client_ca_file"),
+            "{}",
+            err(&c)
+        );
+        // TLS files without a TLS listener.
+        let mut c = with_core();
+        c.server.tls_key_file = Some("/c.key".into());
+        assert!(err(&c).contains("server.tls_key_file"), "{}", err(&c));
+    }
+
+    #[test]
     fn zero_write_timeout_is_refused() {
         let mut c = with_core();
         c.server.write_timeout_ms = 0;

@@ -172,6 +172,11 @@ fn config_reference_defaults_match_the_code() {
             c.server.max_in_flight_per_connection.to_string(),
         ),
         ("[server]", "listen", format!("\"{}\"", c.server.listen)),
+        (
+            "[server]",
+            "tls_handshake_timeout_ms",
+            c.server.tls_handshake_timeout_ms.to_string(),
+        ),
         ("[journal]", "path", format!("\"{}\"", c.journal.path)),
         (
             "[journal]",
