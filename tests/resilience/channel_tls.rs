@@ -475,3 +475,47 @@ async fn relayhub_send_speaks_tls_with_a_client_certificate() {
     assert!(!out.status.success(), "{out:?}");
     assert_eq!(posts(&core, &g), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relayhub_bench_speaks_tls_idle_connections_included() {
+    let core = start_core().await;
+    let pki = pki();
+    let hub = start(&pki, &core.url(), 5_000).await;
+    let out = tokio::task::spawn_blocking({
+        let (tls, ca, cert, key) = (
+            hub.tls.clone(),
+            pki.ca.cert.clone(),
+            pki.ibank.cert.clone(),
+            pki.ibank.key.clone(),
+        );
+        move || {
+            Command::new(relayhub_bin())
+                .args(["bench", "--to", &tls, "--tls", "--channel", "IBANK"])
+                .args(["-n", "20", "-c", "2", "--idle-connections", "3"])
+                .args(["--idle-hold", "10ms", "--json"])
+                .arg("--ca")
+                .arg(ca)
+                .arg("--client-cert")
+                .arg(cert)
+                .arg("--client-key")
+                .arg(key)
+                .output()
+                .expect("run relayhub bench")
+        }
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
+    assert_eq!(report["codes"]["0000"], 20, "{report}");
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(core.stats().post, 20);
+    // The idle connections finished their handshakes: none timed out or failed.
+    assert_eq!(hub.log_count(|l| l.contains("TLS handshake failed")), 0);
+}
