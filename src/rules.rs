@@ -284,3 +284,71 @@ impl Rules {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ChannelConfig, Overrides};
+
+    fn rules(channels: Vec<ChannelConfig>) -> Rules {
+        let mut cfg = Config::default();
+        cfg.apply(&Overrides {
+            core_url: Some("http://127.0.0.1:9".into()),
+            ..Overrides::default()
+        });
+        cfg.channels = channels;
+        Rules::build(&cfg, &["core".to_string()]).expect("rules")
+    }
+
+    fn channel(id: &str, cert_names: &[&str]) -> ChannelConfig {
+        ChannelConfig {
+            id: id.into(),
+            allow_from: vec![],
+            tx_codes: vec![],
+            cert_names: cert_names.iter().map(|n| n.to_string()).collect(),
+        }
+    }
+
+    fn cert(names: &[&str]) -> ClientCert {
+        ClientCert {
+            names: names.iter().map(|n| n.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_certificate_is_its_channel_and_no_other() {
+        let r = rules(vec![
+            channel("IBANK", &["IBank.Channels.Test"]),
+            channel("CORP", &["corp-cn"]),
+            channel("PLAIN", &[]),
+        ]);
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        let check = |id: &str, c: Option<&ClientCert>| r.check_channel(id, peer, c, "TRF001");
+        let ibank = cert(&["ibank.channels.test", "some-cn"]);
+        assert_eq!(check("IBANK", Some(&ibank)), Ok(()));
+        // Any of its names maps it: here the CN.
+        assert_eq!(
+            check("CORP", Some(&cert(&["x.example", "corp-cn"]))),
+            Ok(())
+        );
+        assert!(matches!(
+            check("CORP", Some(&ibank)),
+            Err(ChannelRefusal::CertificateOfAnother { ref channel, .. }) if channel == "IBANK"
+        ));
+        assert!(matches!(
+            check("PLAIN", Some(&ibank)),
+            Err(ChannelRefusal::CertificateOfAnother { .. })
+        ));
+        assert!(matches!(
+            check("PLAIN", Some(&cert(&["stranger"]))),
+            Err(ChannelRefusal::CertificateUnmapped(_))
+        ));
+        // Without a certificate: only channels that need none.
+        assert_eq!(check("PLAIN", None), Ok(()));
+        assert_eq!(
+            check("IBANK", None),
+            Err(ChannelRefusal::CertificateMissing)
+        );
+        assert_eq!(check("NOBODY", None), Err(ChannelRefusal::UnknownChannel));
+    }
+}

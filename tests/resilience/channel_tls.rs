@@ -307,6 +307,32 @@ async fn without_a_client_certificate_the_handshake_is_refused() {
         .wait_log(0, |l| l.contains("bad_client_certificate"))
         .await;
     assert!(line.contains("TLS handshake failed"), "{line}");
+
+    // An expired certificate from the right CA, for IBANK's name: refused too.
+    let expired = pki.ca.client(
+        "old",
+        "ibank.channels.test",
+        &["ibank.channels.test"],
+        Validity::Expired,
+    );
+    let c = connector(&pki.ca.cert, Some(&expired));
+    if let Ok(mut ch) = hub.tls_channel(&c).await {
+        assert!(
+            within(ch.exchange(&transfer_as("TRF001", &guid("EXPRD"), "IBANK", 1)))
+                .await
+                .is_err()
+        );
+    }
+    let line = hub
+        .wait_log(1, |l| l.contains("bad_client_certificate"))
+        .await;
+    assert!(line.contains("Expired"), "{line}");
+    assert_eq!(
+        hub.metric("relayhub_tls_handshake_failures_total{reason=\"bad_client_certificate\"}")
+            .await,
+        2.0
+    );
+    assert_eq!(core.stats().post, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
