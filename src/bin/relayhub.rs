@@ -574,6 +574,10 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
     let rules = Rules::build(&config, &names).map_err(|e| e.to_string())?;
     build_targets(&config).map_err(|e| e.to_string())?;
     let s = &config.server;
+    if s.tls_listen.is_some() {
+        // The TLS files are read as `serve` would read them.
+        relayhub::channel_tls::server_config(s).map_err(|e| e.to_string())?;
+    }
     println!(
         "config OK: listen {}, prefix {}, budget {} ms, journal {}",
         s.listen,
@@ -585,8 +589,6 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
         println!("admin endpoints on {admin}");
     }
     if let Some(tls) = &s.tls_listen {
-        // The files are read as `serve` would read them.
-        relayhub::channel_tls::server_config(s).map_err(|e| e.to_string())?;
         println!(
             "tls on {tls}: certificate {}, client certificates {}",
             s.tls_cert_file

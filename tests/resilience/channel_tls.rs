@@ -340,8 +340,9 @@ async fn a_silent_client_is_closed_at_the_handshake_deadline() {
     let core = start_core().await;
     let pki = pki();
     let hub = start(&pki, &core.url(), 300).await;
-    let mut silent = within(TcpStream::connect(&hub.tls)).await.unwrap();
+    // Taken before the connect: the hub's clock starts at its accept, later.
     let opened = Instant::now();
+    let mut silent = within(TcpStream::connect(&hub.tls)).await.unwrap();
     let mut buf = [0u8; 64];
     let n = within(silent.read(&mut buf))
         .await
@@ -544,4 +545,52 @@ async fn relayhub_bench_speaks_tls_idle_connections_included() {
     assert_eq!(core.stats().post, 20);
     // The idle connections finished their handshakes: none timed out or failed.
     assert_eq!(hub.log_count(|l| l.contains("TLS handshake failed")), 0);
+}
+
+/// `tls_client_auth = "optional"` (in-process hub): a client without a
+/// certificate finishes the handshake and calls as a channel without
+/// `cert_names`, never as one with them; a certificate still maps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optional_client_certificates_let_plain_channels_in_over_tls() {
+    let core = start_core().await;
+    let pki = pki();
+    let toml = format!(
+        "[server]\ntls_listen = \"127.0.0.1:0\"\ntls_cert_file = {:?}\ntls_key_file = {:?}\n\
+         tls_client_ca_file = {:?}\ntls_client_auth = \"optional\"\n{}{}\
+         [[channel]]\nid = \"IBANK\"\ncert_names = [\"ibank.channels.test\"]\n\
+         [[channel]]\nid = \"PLAIN\"\n",
+        pki.hub.cert,
+        pki.hub.key,
+        pki.ca.cert,
+        target_toml("core", &[&core.url()], ""),
+        default_routes_toml("core"),
+    );
+    let hub = start_file_hub(&toml).await;
+    let tls = hub.daemon.tls_addr.expect("a TLS listener").to_string();
+    let anonymous = connector(&pki.ca.cert, None);
+    let mut ch = within(Channel::connect_tls(&tls, PrefixMode::Ascii, &anonymous))
+        .await
+        .expect("handshake without a certificate");
+    assert_eq!(
+        code_on(&mut ch, &transfer_as("TRF001", &guid("OPT1"), "PLAIN", 1)).await,
+        "0000"
+    );
+    let g = guid("OPT2");
+    assert_eq!(
+        code_on(&mut ch, &transfer_as("TRF001", &g, "IBANK", 1)).await,
+        "E103"
+    );
+    assert_eq!(posts(&core, &g), 0);
+    let ibank = connector(&pki.ca.cert, Some(&pki.ibank));
+    let mut ch = within(Channel::connect_tls(&tls, PrefixMode::Ascii, &ibank))
+        .await
+        .expect("handshake with a certificate");
+    assert_eq!(
+        code_on(&mut ch, &transfer_as("TRF001", &g, "IBANK", 1)).await,
+        "0000"
+    );
+    assert_eq!(
+        code_on(&mut ch, &transfer_as("TRF001", &guid("OPT3"), "PLAIN", 1)).await,
+        "E103"
+    );
 }
