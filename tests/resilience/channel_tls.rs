@@ -372,6 +372,28 @@ async fn a_silent_client_is_closed_at_the_handshake_deadline() {
         l.contains("TLS handshake failed") && l.contains("timeout")
     })
     .await;
+
+    // A plain channel on the TLS port: its telegram is no handshake; closed,
+    // nothing forwarded.
+    let g = guid("PLNTL");
+    let mut plain = within(TcpStream::connect(&hub.tls)).await.unwrap();
+    let telegram = transfer_as("TRF001", &g, "PLAIN", 1);
+    let mut framed = format!("{:04}", telegram.len()).into_bytes();
+    framed.extend_from_slice(&telegram);
+    plain.write_all(&framed).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = within(plain.read_to_end(&mut answer)).await;
+    assert!(
+        !answer.starts_with(b"0"),
+        "a telegram answer on the TLS port: {answer:?}"
+    );
+    let line = hub
+        .wait_log(0, |l| {
+            l.contains("TLS handshake failed") && l.contains("protocol")
+        })
+        .await;
+    assert!(line.contains("TLS error"), "{line}");
+    assert_eq!(posts(&core, &g), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
