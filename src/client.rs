@@ -7,9 +7,14 @@
 //! read ([`prefix_hint`]: the hub speaks the other prefix) and what a code means
 //! for the operation that got it ([`explain`]).
 
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
 use bytes::BytesMut;
 use serde_json::{Map, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::config::Operation;
@@ -74,9 +79,149 @@ impl Answer {
     }
 }
 
+/// How a channel speaks TLS to the hub's `tls_listen`: the CA that signed
+/// the hub's certificate, the channel's own certificate and key when the hub
+/// asks for one, and the name to verify (the host of the address when absent).
+#[derive(Debug, Clone)]
+pub struct TlsClient {
+    pub ca_file: PathBuf,
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    pub server_name: Option<String>,
+}
+
+impl TlsClient {
+    /// Reads the files; the error names the flag and the file.
+    pub fn connector(&self) -> Result<TlsConnector, String> {
+        use crate::channel_tls::{provider, read_certs, read_key};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in read_certs("--ca", &self.ca_file).map_err(|e| e.to_string())? {
+            roots
+                .add(cert)
+                .map_err(|e| format!("--ca ({}): {e}", self.ca_file.display()))?;
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots);
+        let config = match &self.client_cert {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
+                let certs = read_certs("--client-cert", cert).map_err(|e| e.to_string())?;
+                let key_der = read_key("--client-key", key).map_err(|e| e.to_string())?;
+                builder.with_client_auth_cert(certs, key_der).map_err(|e| {
+                    format!(
+                        "--client-key ({}) does not fit --client-cert ({}): {e}",
+                        key.display(),
+                        cert.display()
+                    )
+                })?
+            }
+        };
+        Ok(TlsConnector {
+            config: Arc::new(config),
+            server_name: self.server_name.clone(),
+        })
+    }
+}
+
+/// A TLS client configuration, read once, for any number of connections.
+#[derive(Clone)]
+pub struct TlsConnector {
+    config: Arc<rustls::ClientConfig>,
+    server_name: Option<String>,
+}
+
+impl std::fmt::Debug for TlsConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConnector")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsConnector {
+    /// The name the hub's certificate must bear for `addr` (HOST:PORT).
+    fn name_for(&self, addr: &str) -> std::io::Result<rustls::pki_types::ServerName<'static>> {
+        let host = match &self.server_name {
+            Some(n) => n.as_str(),
+            None => addr
+                .rsplit_once(':')
+                .map(|(h, _)| h)
+                .unwrap_or(addr)
+                .trim_start_matches('[')
+                .trim_end_matches(']'),
+        };
+        rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{host:?} is not a server name: {e}"),
+            )
+        })
+    }
+
+    /// The rustls configuration (for blocking clients such as `bench`).
+    pub fn config(&self) -> Arc<rustls::ClientConfig> {
+        self.config.clone()
+    }
+
+    /// The server name to verify for `addr`.
+    pub fn server_name(
+        &self,
+        addr: &str,
+    ) -> std::io::Result<rustls::pki_types::ServerName<'static>> {
+        self.name_for(addr)
+    }
+}
+
+/// A channel's connection: plain TCP or TLS.
+pub enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
 /// One channel connection to a hub.
 pub struct Channel {
-    stream: TcpStream,
+    stream: Stream,
     codec: FrameCodec,
     buf: BytesMut,
 }
@@ -85,11 +230,31 @@ impl Channel {
     pub async fn connect(addr: &str, prefix: PrefixMode) -> std::io::Result<Channel> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        Ok(Channel {
+        Ok(Channel::over(Stream::Plain(stream), prefix))
+    }
+
+    /// Connects to a hub's TLS listener and completes the handshake (the
+    /// hub's certificate verified against the connector's CA and name).
+    pub async fn connect_tls(
+        addr: &str,
+        prefix: PrefixMode,
+        tls: &TlsConnector,
+    ) -> std::io::Result<Channel> {
+        let name = tls.name_for(addr)?;
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let stream = tokio_rustls::TlsConnector::from(tls.config.clone())
+            .connect(name, stream)
+            .await?;
+        Ok(Channel::over(Stream::Tls(Box::new(stream)), prefix))
+    }
+
+    fn over(stream: Stream, prefix: PrefixMode) -> Channel {
+        Channel {
             stream,
             codec: FrameCodec::new(prefix, 9999),
             buf: BytesMut::with_capacity(256),
-        })
+        }
     }
 
     /// Sends one telegram.
@@ -145,7 +310,7 @@ impl Channel {
     }
 
     /// The raw stream, for tests that write odd bytes.
-    pub fn stream_mut(&mut self) -> &mut TcpStream {
+    pub fn stream_mut(&mut self) -> &mut Stream {
         &mut self.stream
     }
 }

@@ -93,6 +93,32 @@ pub struct ServerConfig {
     pub layouts_dir: Option<PathBuf>,
     /// The business-result -> standard-code table; the shipped one when absent.
     pub codes_file: Option<PathBuf>,
+    /// Address of the TLS telegram listener (beside `listen`); off when absent.
+    pub tls_listen: Option<String>,
+    /// The hub's certificate chain for `tls_listen`, PEM (leaf first).
+    /// Re-read on SIGHUP.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key of `tls_cert_file`, PEM (PKCS#8, PKCS#1 or SEC1).
+    /// Re-read on SIGHUP.
+    pub tls_key_file: Option<PathBuf>,
+    /// CA certificates (PEM) that sign the channels' client certificates; with
+    /// it, channels on `tls_listen` are asked for a certificate. Re-read on SIGHUP.
+    pub tls_client_ca_file: Option<PathBuf>,
+    /// With `tls_client_ca_file`: `required` (a client without a certificate
+    /// is refused at the handshake) or `optional` (it may connect, but only as
+    /// a channel without `cert_names`).
+    pub tls_client_auth: ClientAuth,
+    /// A TLS handshake not finished within this many ms is closed (counted).
+    pub tls_handshake_timeout_ms: u64,
+}
+
+/// Whether a client certificate is required on the TLS listener.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    #[default]
+    Required,
+    Optional,
 }
 
 impl Default for ServerConfig {
@@ -112,6 +138,12 @@ impl Default for ServerConfig {
             write_timeout_ms: 5_000,
             layouts_dir: None,
             codes_file: None,
+            tls_listen: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_client_ca_file: None,
+            tls_client_auth: ClientAuth::Required,
+            tls_handshake_timeout_ms: 5_000,
         }
     }
 }
@@ -426,6 +458,11 @@ pub struct ChannelConfig {
     /// Tx codes it may send; any routed code when empty.
     #[serde(default)]
     pub tx_codes: Vec<String>,
+    /// Client-certificate names (a SAN DNS name or the subject CN) that are
+    /// this channel: with any, the channel must call over `tls_listen` with a
+    /// certificate bearing one of them. Each name belongs to one channel.
+    #[serde(default)]
+    pub cert_names: Vec<String>,
 }
 
 /// Values given on the command line; each overrides the file.
@@ -490,6 +527,73 @@ impl Config {
         }
     }
 
+    /// The TLS listener's keys and the channels' certificate names fit
+    /// together (the files themselves are read when the listener is built).
+    fn validate_tls(&self, bad: &dyn Fn(&str, String) -> ConfigError) -> Result<(), ConfigError> {
+        let s = &self.server;
+        if s.tls_listen.is_some() {
+            for (key, file) in [
+                ("server.tls_cert_file", &s.tls_cert_file),
+                ("server.tls_key_file", &s.tls_key_file),
+            ] {
+                if file.is_none() {
+                    return Err(bad(key, "server.tls_listen needs it (a PEM file)".into()));
+                }
+            }
+            if s.tls_handshake_timeout_ms == 0 {
+                return Err(bad(
+                    "server.tls_handshake_timeout_ms",
+                    "must be above 0".into(),
+                ));
+            }
+        } else if let Some((key, _)) = [
+            ("server.tls_cert_file", s.tls_cert_file.is_some()),
+            ("server.tls_key_file", s.tls_key_file.is_some()),
+            ("server.tls_client_ca_file", s.tls_client_ca_file.is_some()),
+        ]
+        .into_iter()
+        .find(|(_, set)| *set)
+        {
+            return Err(bad(
+                key,
+                "set without server.tls_listen: there is no TLS listener to use it".into(),
+            ));
+        }
+        let mut owner: std::collections::HashMap<String, &str> = Default::default();
+        for c in &self.channels {
+            let key = format!("channel.{}.cert_names", c.id);
+            if !c.cert_names.is_empty() && s.tls_client_ca_file.is_none() {
+                return Err(bad(
+                    &key,
+                    "needs server.tls_client_ca_file: without it no client certificate is asked for, \
+                     so this channel could never call"
+                        .into(),
+                ));
+            }
+            for name in &c.cert_names {
+                if name.trim().is_empty() || name.chars().any(char::is_control) {
+                    return Err(bad(&key, format!("{name:?} is not a certificate name")));
+                }
+                if let Some(other) = owner.insert(name.to_ascii_lowercase(), &c.id)
+                    && other != c.id
+                {
+                    return Err(bad(
+                        &key,
+                        format!("{name:?} is channel {other}'s too: a certificate is one channel"),
+                    ));
+                }
+            }
+        }
+        if s.tls_client_ca_file.is_some() && owner.is_empty() {
+            return Err(bad(
+                "server.tls_client_ca_file",
+                "no [[channel]] has cert_names: every client certificate would be refused (E103)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Cross-checks: budgets and timeouts fit, routes name real targets, addresses
     /// parse. `file` names the source in messages.
     pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
@@ -535,6 +639,7 @@ impl Config {
         for (key, addr) in [
             ("server.listen", Some(&s.listen)),
             ("server.admin_listen", s.admin_listen.as_ref()),
+            ("server.tls_listen", s.tls_listen.as_ref()),
         ] {
             if let Some(addr) = addr
                 && addr.parse::<SocketAddr>().is_err()
@@ -545,6 +650,7 @@ impl Config {
                 ));
             }
         }
+        self.validate_tls(&bad)?;
         let budget = Duration::from_millis(s.budget_ms);
         if self.targets.is_empty() {
             return Err(bad(
@@ -921,6 +1027,50 @@ mod tests {
         assert_eq!(j.retention(), Duration::from_secs(72 * 3600));
         j.retention_ms = Some(4_000);
         assert_eq!(j.retention(), Duration::from_millis(4_000));
+    }
+
+    #[test]
+    fn tls_keys_and_cert_names_must_fit_together() {
+        let err = |c: &Config| c.validate("t").unwrap_err().to_string();
+        let mut c = with_core();
+        c.server.tls_listen = Some("127.0.0.1:0".into());
+        assert!(err(&c).contains("server.tls_cert_file"), "{}", err(&c));
+        c.server.tls_cert_file = Some("/c.pem".into());
+        c.server.tls_key_file = Some("/c.key".into());
+        c.validate("t").unwrap();
+        c.server.tls_handshake_timeout_ms = 0;
+        assert!(err(&c).contains("server.tls_handshake_timeout_ms"));
+        c.server.tls_handshake_timeout_ms = 5_000;
+        // A CA with no channel to map certificates to.
+        c.server.tls_client_ca_file = Some("/ca.pem".into());
+        assert!(
+            err(&c).contains("no [[channel]] has cert_names"),
+            "{}",
+            err(&c)
+        );
+        let channel = |id: &str, names: &[&str]| ChannelConfig {
+            id: id.into(),
+            allow_from: vec![],
+            tx_codes: vec![],
+            cert_names: names.iter().map(|n| n.to_string()).collect(),
+        };
+        c.channels = vec![channel("IBANK", &["ibank.example"])];
+        c.validate("t").unwrap();
+        // One name, two channels (names compare without case).
+        c.channels.push(channel("CORP", &["IBANK.example"]));
+        assert!(err(&c).contains("channel.CORP.cert_names"), "{}", err(&c));
+        c.channels.pop();
+        // cert_names without a CA: nobody could call as that channel.
+        c.server.tls_client_ca_file = None;
+        assert!(
+            err(&c).contains("needs server.tls_client_ca_file"),
+            "{}",
+            err(&c)
+        );
+        // TLS files without a TLS listener.
+        let mut c = with_core();
+        c.server.tls_key_file = Some("/c.key".into());
+        assert!(err(&c).contains("server.tls_key_file"), "{}", err(&c));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::channel_tls::{self, Acceptor, TlsFileError};
 use crate::config::{Config, ConfigError, Overrides};
 use crate::core_client::Target;
 use crate::journal::{Journal, JournalError, Ownership, now_ms};
@@ -40,6 +41,8 @@ pub enum StartError {
         name: String,
         source: crate::config::AuthError,
     },
+    #[error(transparent)]
+    Tls(#[from] TlsFileError),
 }
 
 /// Why a reload was refused (the previous configuration stays).
@@ -49,6 +52,9 @@ pub enum ReloadError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Rules(#[from] RulesError),
+    /// A TLS file of the listener (certificate, key, client CA).
+    #[error(transparent)]
+    Tls(#[from] TlsFileError),
 }
 
 /// Where the config comes from, kept for reloads.
@@ -98,7 +104,11 @@ pub fn build_targets(config: &Config) -> Result<Vec<Arc<Target>>, StartError> {
 /// A running hub.
 pub struct Daemon {
     pub addr: SocketAddr,
+    /// The TLS telegram listener's address, when `tls_listen` is set.
+    pub tls_addr: Option<SocketAddr>,
     pub admin_addr: Option<SocketAddr>,
+    /// The TLS configuration new connections get (replaced on reload).
+    tls: Option<Arc<Acceptor>>,
     hub: Arc<Hub>,
     source: Source,
     /// The config the hub started with: what restart-only keys are set to.
@@ -176,9 +186,27 @@ impl Daemon {
             addr: config.server.listen.clone(),
             source,
         })?;
+        let (tls, tls_side) = match &config.server.tls_listen {
+            None => (None, None),
+            Some(tls_listen) => {
+                let acceptor = Arc::new(Acceptor::new(channel_tls::server_config(&config.server)?));
+                let listener = bind(tls_listen)?;
+                let bound = listener.local_addr().map_err(|source| StartError::Bind {
+                    addr: tls_listen.clone(),
+                    source,
+                })?;
+                let side = server::TlsListener {
+                    listener,
+                    acceptor: acceptor.clone(),
+                };
+                (Some((acceptor, bound)), Some(side))
+            }
+        };
+        let tls_addr = tls.as_ref().map(|(_, a)| *a);
         let (tx, rx) = oneshot::channel::<()>();
         let server = tokio::spawn(server::run(
             listener,
+            tls_side,
             hub.clone(),
             Limits::from(&config.server),
             async {
@@ -186,10 +214,23 @@ impl Daemon {
             },
         ));
         ready.store(true, Ordering::SeqCst);
-        info!(%addr, journal = hub.journal().kind(), budget_ms = config.server.budget_ms, "relayhub ready");
+        match tls_addr {
+            Some(tls_addr) => info!(
+                %addr, %tls_addr,
+                client_certificates = client_auth_name(&config.server),
+                journal = hub.journal().kind(),
+                budget_ms = config.server.budget_ms,
+                "relayhub ready"
+            ),
+            None => {
+                info!(%addr, journal = hub.journal().kind(), budget_ms = config.server.budget_ms, "relayhub ready")
+            }
+        }
         Ok(Daemon {
             addr,
+            tls_addr,
             admin_addr,
+            tls: tls.map(|(a, _)| a),
             hub,
             source,
             started: config,
@@ -205,8 +246,11 @@ impl Daemon {
         &self.hub
     }
 
-    /// Re-reads routes, layouts, channels and the code table and swaps them in
-    /// as one unit; an invalid new version is refused and the old one stays.
+    /// Re-reads routes, layouts, channels and the code table, and the TLS
+    /// listener's certificate, key and client CA, and swaps them in as one
+    /// unit; an invalid new version (a bad TLS file included) is refused and
+    /// the old one stays. Open TLS connections keep their session; the next
+    /// handshake uses the new certificate.
     /// Everything else (listeners, prefix, budget, targets, journal, logging) is
     /// fixed at start-up: the changed keys of that kind are returned, and
     /// logged, with their running and new values.
@@ -217,11 +261,23 @@ impl Daemon {
             .map_err(ReloadError::from)
             .and_then(|config| {
                 let rules = Rules::build(&config, &self.target_names)?;
-                Ok((rules, restart_only_changes(&self.started, &config)))
+                // The running listener takes the new files; a TLS listener
+                // added or removed waits for a restart (`tls_listen`).
+                let tls = match (&self.tls, &config.server.tls_listen) {
+                    (Some(_), Some(_)) => Some(channel_tls::server_config(&config.server)?),
+                    _ => None,
+                };
+                Ok((rules, tls, restart_only_changes(&self.started, &config)))
             });
         match result {
-            Ok((rules, restart_pending)) => {
+            Ok((rules, tls, restart_pending)) => {
                 self.hub.set_rules(rules);
+                if let (Some(acceptor), Some(tls)) = (&self.tls, tls) {
+                    acceptor.replace(tls);
+                    info!(
+                        "reload: TLS certificate, key and client CA re-read; new connections use them"
+                    );
+                }
                 metrics::counter!(crate::metric_names::CONFIG_RELOADS, "result" => "ok")
                     .increment(1);
                 let reloaded = Reloaded { restart_pending };
@@ -312,12 +368,25 @@ impl std::fmt::Display for PendingKey {
 }
 
 /// The keys a reload applies; every other key waits for a restart.
-const RELOADABLE: [&str; 4] = [
+const RELOADABLE: [&str; 8] = [
     "route",
     "channel",
     "server.layouts_dir",
     "server.codes_file",
+    "server.tls_cert_file",
+    "server.tls_key_file",
+    "server.tls_client_ca_file",
+    "server.tls_client_auth",
 ];
+
+/// How the TLS listener treats client certificates, for the ready log.
+fn client_auth_name(s: &crate::config::ServerConfig) -> &'static str {
+    match (&s.tls_client_ca_file, s.tls_client_auth) {
+        (None, _) => "not asked",
+        (Some(_), crate::config::ClientAuth::Required) => "required",
+        (Some(_), crate::config::ClientAuth::Optional) => "optional",
+    }
+}
 
 /// Restart-only keys that differ between the running config and a new one.
 /// Credentials are named, never shown.

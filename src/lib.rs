@@ -23,7 +23,8 @@
 //! | [`outcome`] | the core's answer -> standard code, from a table |
 //! | [`journal`] | the GUID journal: one interface, memory and SQLite stores |
 //! | [`relay`] | one telegram end to end: checks, journal, call, answer |
-//! | [`server`] | accept loop, connections, pipelining, timeouts, draining |
+//! | [`channel_tls`] | the TLS listener's files (reloaded), handshake failures, client-certificate names |
+//! | [`server`] | accept loop, connections (plain or TLS), pipelining, timeouts, draining |
 //! | [`admin`] | the admin HTTP endpoints: metrics, health, readiness |
 //! | [`metric_names`] | every metric's name and meaning (a leaf: imports nothing of the crate) |
 //! | [`daemon`] | start-up, reload and shutdown |
@@ -33,6 +34,7 @@
 
 pub mod admin;
 pub mod bench;
+pub mod channel_tls;
 pub mod client;
 pub mod config;
 pub mod console;

@@ -39,6 +39,17 @@ pub const JOURNAL_ERRORS: &str = "relayhub_journal_errors_total";
 pub const ANSWER_WRITE_TIMEOUTS: &str = "relayhub_answer_write_timeouts_total";
 /// Log lines dropped because stderr was not read fast enough.
 pub const LOG_LINES_DROPPED: &str = "relayhub_log_lines_dropped_total";
+/// Channel TLS handshakes that did not finish, by `reason`: `timeout`,
+/// `no_client_certificate`, `bad_client_certificate`, `protocol` or `closed`.
+pub const TLS_HANDSHAKE_FAILURES: &str = "relayhub_tls_handshake_failures_total";
+/// The `reason` labels of [`TLS_HANDSHAKE_FAILURES`].
+pub const TLS_HANDSHAKE_REASONS: [&str; 5] = [
+    "timeout",
+    "no_client_certificate",
+    "bad_client_certificate",
+    "protocol",
+    "closed",
+];
 
 /// The `tx_code` label of a telegram whose tx code has no route (or whose
 /// header is unreadable, or of input that cannot be framed): a channel cannot
@@ -119,6 +130,14 @@ pub fn describe_all() {
         Unit::Count,
         "Log lines dropped because stderr was not read fast enough (logging never holds up a telegram)."
     );
+    describe_counter!(
+        TLS_HANDSHAKE_FAILURES,
+        Unit::Count,
+        "Channel TLS handshakes that did not finish, by reason: timeout (tls_handshake_timeout_ms), no_client_certificate, bad_client_certificate (unknown CA, expired...), protocol, closed (the client went away)."
+    );
+    for reason in TLS_HANDSHAKE_REASONS {
+        metrics::counter!(TLS_HANDSHAKE_FAILURES, "reason" => reason).increment(0);
+    }
     metrics::gauge!(OPEN_CONNECTIONS).increment(0.0);
     metrics::counter!(LOG_LINES_DROPPED).increment(0);
     metrics::counter!(ANSWER_WRITE_TIMEOUTS).increment(0);

@@ -29,12 +29,37 @@ pub struct Route {
     pub layout: Arc<Layout>,
 }
 
+/// The names a connection's verified client certificate bears (SAN DNS
+/// names, then the subject CN), lowercased: what `cert_names` match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    pub names: Vec<String>,
+}
+
+impl std::fmt::Display for ClientCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.names.is_empty() {
+            return f.write_str("a certificate without a DNS name or CN");
+        }
+        write!(f, "certificate {}", self.names.join(", "))
+    }
+}
+
 /// Why a channel may not send a telegram (E103).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChannelRefusal {
     UnknownChannel,
     PeerNotAllowed(IpAddr),
     TxNotAllowed,
+    /// The connection's certificate is another channel's.
+    CertificateOfAnother {
+        cert: ClientCert,
+        channel: String,
+    },
+    /// The connection's certificate is no channel's.
+    CertificateUnmapped(ClientCert),
+    /// The channel has `cert_names` and the connection shows no certificate.
+    CertificateMissing,
 }
 
 impl std::fmt::Display for ChannelRefusal {
@@ -43,6 +68,18 @@ impl std::fmt::Display for ChannelRefusal {
             ChannelRefusal::UnknownChannel => f.write_str("channel_id is not in the channel table"),
             ChannelRefusal::PeerNotAllowed(ip) => write!(f, "channel not allowed from {ip}"),
             ChannelRefusal::TxNotAllowed => f.write_str("channel may not use this tx code"),
+            ChannelRefusal::CertificateOfAnother { cert, channel } => {
+                write!(
+                    f,
+                    "the connection's {cert} is channel {channel}'s, not this channel_id's"
+                )
+            }
+            ChannelRefusal::CertificateUnmapped(cert) => {
+                write!(f, "the connection's {cert} is in no channel's cert_names")
+            }
+            ChannelRefusal::CertificateMissing => {
+                f.write_str("channel has cert_names and the connection shows no client certificate")
+            }
         }
     }
 }
@@ -51,6 +88,8 @@ impl std::fmt::Display for ChannelRefusal {
 struct ChannelRule {
     allow_from: Vec<Cidr>,
     tx_codes: HashSet<String>,
+    /// Lowercased; empty: the channel calls without a certificate.
+    cert_names: Vec<String>,
 }
 
 /// Why the rules cannot be built; each names the file or key at fault.
@@ -87,6 +126,8 @@ pub struct Rules {
     routes: HashMap<String, Route>,
     /// None: no channel table, every channel may call.
     channels: Option<HashMap<String, ChannelRule>>,
+    /// Certificate name (lowercased) -> channel id.
+    cert_channels: HashMap<String, String>,
     pub codes: CodeTable,
     pub layouts: BTreeMap<String, Arc<Layout>>,
 }
@@ -137,6 +178,12 @@ impl Rules {
                 },
             );
         }
+        let mut cert_channels = HashMap::new();
+        for c in &cfg.channels {
+            for name in &c.cert_names {
+                cert_channels.insert(name.to_ascii_lowercase(), c.id.clone());
+            }
+        }
         let channels = if cfg.channels.is_empty() {
             None
         } else {
@@ -164,6 +211,11 @@ impl Rules {
                     ChannelRule {
                         allow_from,
                         tx_codes: c.tx_codes.iter().cloned().collect(),
+                        cert_names: c
+                            .cert_names
+                            .iter()
+                            .map(|n| n.to_ascii_lowercase())
+                            .collect(),
                     },
                 );
             }
@@ -172,6 +224,7 @@ impl Rules {
         Ok(Rules {
             routes,
             channels,
+            cert_channels,
             codes,
             layouts,
         })
@@ -188,19 +241,40 @@ impl Rules {
         v
     }
 
-    /// Check 3 of the header checks: may this channel, from this peer, use this route?
+    /// Check 3 of the header checks: may this channel, from this peer, over
+    /// this connection (its client certificate, if any), use this route?
+    ///
+    /// A connection with a certificate is the channel its certificate names
+    /// and no other; a channel with `cert_names` calls only with one of them.
     pub fn check_channel(
         &self,
         channel_id: &str,
         peer: IpAddr,
+        cert: Option<&ClientCert>,
         tx_code: &str,
     ) -> Result<(), ChannelRefusal> {
+        if let Some(cert) = cert {
+            let owner = cert
+                .names
+                .iter()
+                .find_map(|n| self.cert_channels.get(n))
+                .ok_or_else(|| ChannelRefusal::CertificateUnmapped(cert.clone()))?;
+            if owner != channel_id {
+                return Err(ChannelRefusal::CertificateOfAnother {
+                    cert: cert.clone(),
+                    channel: owner.clone(),
+                });
+            }
+        }
         let Some(channels) = &self.channels else {
             return Ok(());
         };
         let rule = channels
             .get(channel_id)
             .ok_or(ChannelRefusal::UnknownChannel)?;
+        if cert.is_none() && !rule.cert_names.is_empty() {
+            return Err(ChannelRefusal::CertificateMissing);
+        }
         if !rule.allow_from.is_empty() && !rule.allow_from.iter().any(|c| c.contains(peer)) {
             return Err(ChannelRefusal::PeerNotAllowed(peer));
         }
@@ -208,5 +282,73 @@ impl Rules {
             return Err(ChannelRefusal::TxNotAllowed);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ChannelConfig, Overrides};
+
+    fn rules(channels: Vec<ChannelConfig>) -> Rules {
+        let mut cfg = Config::default();
+        cfg.apply(&Overrides {
+            core_url: Some("http://127.0.0.1:9".into()),
+            ..Overrides::default()
+        });
+        cfg.channels = channels;
+        Rules::build(&cfg, &["core".to_string()]).expect("rules")
+    }
+
+    fn channel(id: &str, cert_names: &[&str]) -> ChannelConfig {
+        ChannelConfig {
+            id: id.into(),
+            allow_from: vec![],
+            tx_codes: vec![],
+            cert_names: cert_names.iter().map(|n| n.to_string()).collect(),
+        }
+    }
+
+    fn cert(names: &[&str]) -> ClientCert {
+        ClientCert {
+            names: names.iter().map(|n| n.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_certificate_is_its_channel_and_no_other() {
+        let r = rules(vec![
+            channel("IBANK", &["IBank.Channels.Test"]),
+            channel("CORP", &["corp-cn"]),
+            channel("PLAIN", &[]),
+        ]);
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        let check = |id: &str, c: Option<&ClientCert>| r.check_channel(id, peer, c, "TRF001");
+        let ibank = cert(&["ibank.channels.test", "some-cn"]);
+        assert_eq!(check("IBANK", Some(&ibank)), Ok(()));
+        // Any of its names maps it: here the CN.
+        assert_eq!(
+            check("CORP", Some(&cert(&["x.example", "corp-cn"]))),
+            Ok(())
+        );
+        assert!(matches!(
+            check("CORP", Some(&ibank)),
+            Err(ChannelRefusal::CertificateOfAnother { ref channel, .. }) if channel == "IBANK"
+        ));
+        assert!(matches!(
+            check("PLAIN", Some(&ibank)),
+            Err(ChannelRefusal::CertificateOfAnother { .. })
+        ));
+        assert!(matches!(
+            check("PLAIN", Some(&cert(&["stranger"]))),
+            Err(ChannelRefusal::CertificateUnmapped(_))
+        ));
+        // Without a certificate: only channels that need none.
+        assert_eq!(check("PLAIN", None), Ok(()));
+        assert_eq!(
+            check("IBANK", None),
+            Err(ChannelRefusal::CertificateMissing)
+        );
+        assert_eq!(check("NOBODY", None), Err(ChannelRefusal::UnknownChannel));
     }
 }

@@ -1,5 +1,10 @@
-//! The telegram listener: accept loop, one task per connection, pipelined
+//! The telegram listeners: accept loop, one task per connection, pipelined
 //! telegrams answered in order, channel-side timeouts, and draining.
+//!
+//! A plain and a TLS listener may run side by side; they share the connection
+//! limit and the drain. A TLS connection first completes its handshake within
+//! the handshake timeout, then is served by the same code as a plain one,
+//! which is generic over the stream ([`ChannelStream`]).
 //!
 //! Each connection has a reader (framing, timeouts) and a writer. The reader
 //! spawns one task per complete telegram and queues its handle to the writer,
@@ -13,19 +18,20 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::channel_tls::{self, Acceptor};
 use crate::config::ServerConfig;
 use crate::frame::{FrameCodec, PrefixMode};
 use crate::header::{Echo, local_timestamp, write_response};
 use crate::outcome::Code;
 use crate::relay::{Hub, Reply};
+use crate::rules::ClientCert;
 
 /// Channel-side limits, from `[server]`.
 #[derive(Debug, Clone, Copy)]
@@ -37,6 +43,7 @@ pub struct Limits {
     pub max_connections: usize,
     pub max_in_flight_per_connection: usize,
     pub write_timeout: Duration,
+    pub tls_handshake_timeout: Duration,
 }
 
 impl From<&ServerConfig> for Limits {
@@ -49,6 +56,7 @@ impl From<&ServerConfig> for Limits {
             max_connections: s.max_connections,
             max_in_flight_per_connection: s.max_in_flight_per_connection,
             write_timeout: Duration::from_millis(s.write_timeout_ms),
+            tls_handshake_timeout: Duration::from_millis(s.tls_handshake_timeout_ms),
         }
     }
 }
@@ -61,14 +69,54 @@ trait Answerer: Send + Sync + 'static {
         &self,
         telegram: Bytes,
         peer: IpAddr,
+        cert: Option<Arc<ClientCert>>,
         read_at: Instant,
     ) -> impl Future<Output = (Echo, Reply)> + Send;
 }
 
 impl Answerer for Hub {
-    async fn answer(&self, telegram: Bytes, peer: IpAddr, read_at: Instant) -> (Echo, Reply) {
-        self.handle(&telegram, peer, read_at).await
+    async fn answer(
+        &self,
+        telegram: Bytes,
+        peer: IpAddr,
+        cert: Option<Arc<ClientCert>>,
+        read_at: Instant,
+    ) -> (Echo, Reply) {
+        self.handle(&telegram, peer, cert.as_deref(), read_at).await
     }
+}
+
+/// A connection's byte stream, split into a reader and a writer that run in
+/// tasks of their own: a plain TCP stream splits into its owned halves (no
+/// lock between them), a TLS stream through tokio's split.
+pub trait ChannelStream: Send + 'static {
+    type Reader: AsyncRead + Unpin + Send + 'static;
+    type Writer: AsyncWrite + Unpin + Send + 'static;
+    fn split(self) -> (Self::Reader, Self::Writer);
+}
+
+impl ChannelStream for TcpStream {
+    type Reader = tokio::net::tcp::OwnedReadHalf;
+    type Writer = tokio::net::tcp::OwnedWriteHalf;
+    fn split(self) -> (Self::Reader, Self::Writer) {
+        self.into_split()
+    }
+}
+
+type TlsStream = tokio_rustls::server::TlsStream<TcpStream>;
+
+impl ChannelStream for TlsStream {
+    type Reader = tokio::io::ReadHalf<TlsStream>;
+    type Writer = tokio::io::WriteHalf<TlsStream>;
+    fn split(self) -> (Self::Reader, Self::Writer) {
+        tokio::io::split(self)
+    }
+}
+
+/// The TLS listener and the configuration its next handshake uses.
+pub struct TlsListener {
+    pub listener: TcpListener,
+    pub acceptor: Arc<Acceptor>,
 }
 
 /// Binds a listener with a backlog deep enough for a burst of channel connects
@@ -125,10 +173,12 @@ impl Drop for InFlightGuard {
     }
 }
 
-/// Serves telegrams on `listener` until `shutdown` resolves, then drains: stops
-/// accepting, answers E903 to new telegrams, lets in-flight ones finish, returns.
+/// Serves telegrams on `listener` (and on `tls`, when given) until `shutdown`
+/// resolves, then drains: stops accepting, answers E903 to new telegrams,
+/// lets in-flight ones finish, returns.
 pub async fn run(
     listener: TcpListener,
+    tls: Option<TlsListener>,
     hub: Arc<Hub>,
     limits: Limits,
     shutdown: impl Future<Output = ()>,
@@ -138,43 +188,115 @@ pub async fn run(
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off, keep serving.
-                        tracing::error!(%e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let Ok(permit) = slots.clone().try_acquire_owned() else {
-                    warn!(%peer, max = limits.max_connections, "connection refused: too many open connections");
-                    metrics::counter!(crate::metric_names::CONNECTIONS_REFUSED).increment(1);
-                    drop(stream);
-                    continue;
-                };
-                let hub = hub.clone();
-                let in_flight = in_flight.clone();
-                let span = info_span!("conn", %peer);
-                connections.spawn(async move {
-                    let _permit = permit;
-                    metrics::gauge!(crate::metric_names::OPEN_CONNECTIONS).increment(1.0);
-                    serve_connection(stream, peer, hub, limits, in_flight).await;
-                    metrics::gauge!(crate::metric_names::OPEN_CONNECTIONS).decrement(1.0);
-                }.instrument(span));
+        let accept_tls = async {
+            match &tls {
+                Some(t) => t.listener.accept().await,
+                None => std::future::pending().await,
             }
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        };
+        let (accepted, is_tls) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => (accepted, false),
+            accepted = accept_tls => (accepted, true),
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                // Out of file descriptors and the like: back off, keep serving.
+                tracing::error!(%e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            warn!(%peer, max = limits.max_connections, "connection refused: too many open connections");
+            metrics::counter!(crate::metric_names::CONNECTIONS_REFUSED).increment(1);
+            drop(stream);
+            continue;
+        };
+        if let Err(e) = stream.set_nodelay(true) {
+            debug!(%e, "could not set TCP_NODELAY");
         }
+        let hub = hub.clone();
+        let in_flight = in_flight.clone();
+        // The configuration in force now: a reload changes the next one only.
+        let acceptor = match (&tls, is_tls) {
+            (Some(t), true) => Some(t.acceptor.current()),
+            _ => None,
+        };
+        let span = if is_tls {
+            info_span!("conn", %peer, tls = true)
+        } else {
+            info_span!("conn", %peer)
+        };
+        connections.spawn(
+            async move {
+                let _permit = permit;
+                metrics::gauge!(crate::metric_names::OPEN_CONNECTIONS).increment(1.0);
+                match acceptor {
+                    None => serve_connection(stream, peer, None, hub, limits, in_flight).await,
+                    Some(acceptor) => {
+                        if let Some((tls, cert)) =
+                            handshake(acceptor, stream, limits.tls_handshake_timeout).await
+                        {
+                            serve_connection(tls, peer, cert, hub, limits, in_flight).await;
+                        }
+                    }
+                }
+                metrics::gauge!(crate::metric_names::OPEN_CONNECTIONS).decrement(1.0);
+            }
+            .instrument(span),
+        );
     }
     hub.start_draining();
     drop(listener);
-    info!("draining: listener closed, waiting for telegrams in flight");
+    drop(tls);
+    info!("draining: listeners closed, waiting for telegrams in flight");
     in_flight.wait_idle().await;
     connections.shutdown().await;
     info!("drained");
+}
+
+/// The server side of a TLS handshake, bounded like a slow sender's
+/// telegram; a failure is counted by reason, logged, and closes the
+/// connection. Returns the stream and the client certificate's names.
+async fn handshake(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: TcpStream,
+    timeout: Duration,
+) -> Option<(TlsStream, Option<Arc<ClientCert>>)> {
+    let failed = |reason: &'static str, why: &str| {
+        metrics::counter!(crate::metric_names::TLS_HANDSHAKE_FAILURES, "reason" => reason)
+            .increment(1);
+        // A channel's doing, counted: INFO.
+        info!(reason, "TLS handshake failed: {why}; connection closed");
+    };
+    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Err(_) => {
+            failed(
+                "timeout",
+                &format!(
+                    "not finished within tls_handshake_timeout_ms ({} ms)",
+                    timeout.as_millis()
+                ),
+            );
+            None
+        }
+        Ok(Err(e)) => {
+            let (reason, why) = channel_tls::failure(&e);
+            failed(reason, &why);
+            None
+        }
+        Ok(Ok(tls)) => {
+            let cert = channel_tls::client_cert(tls.get_ref().1.peer_certificates()).map(Arc::new);
+            match &cert {
+                Some(c) => debug!(%c, "TLS handshake done with a client certificate"),
+                None => debug!("TLS handshake done"),
+            }
+            Some((tls, cert))
+        }
+    }
 }
 
 /// What a connection's reader and writer share.
@@ -197,17 +319,15 @@ enum Answer {
     Unframeable,
 }
 
-async fn serve_connection<H: Answerer>(
-    stream: TcpStream,
+async fn serve_connection<S: ChannelStream, H: Answerer>(
+    stream: S,
     peer: SocketAddr,
+    cert: Option<Arc<ClientCert>>,
     hub: Arc<H>,
     limits: Limits,
     in_flight: Arc<InFlight>,
 ) {
-    if let Err(e) = stream.set_nodelay(true) {
-        debug!(%e, "could not set TCP_NODELAY");
-    }
-    let (mut reader, writer) = stream.into_split();
+    let (mut reader, writer) = stream.split();
     let (tx, rx) = mpsc::channel(limits.max_in_flight_per_connection);
     let link = Arc::new(Link::default());
     let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
@@ -231,8 +351,9 @@ async fn serve_connection<H: Answerer>(
                     link.pending.fetch_add(1, Ordering::SeqCst);
                     let echo = Echo::from_telegram(&telegram);
                     let hub = hub.clone();
+                    let cert = cert.clone();
                     let task = tokio::spawn(
-                        async move { hub.answer(telegram, peer.ip(), read_at).await }
+                        async move { hub.answer(telegram, peer.ip(), cert, read_at).await }
                             .in_current_span(),
                     );
                     if tx.send(Answer::Telegram(task, echo, guard)).await.is_err() {
@@ -309,8 +430,8 @@ fn failed_task(echo: Echo, e: &tokio::task::JoinError) -> (Echo, Reply) {
     )
 }
 
-async fn write_answers(
-    mut writer: OwnedWriteHalf,
+async fn write_answers<W: AsyncWrite + Unpin>(
+    mut writer: W,
     mut rx: mpsc::Receiver<Answer>,
     codec: FrameCodec,
     write_timeout: Duration,
@@ -398,7 +519,13 @@ mod tests {
     struct PanicsOnPanic1;
 
     impl Answerer for PanicsOnPanic1 {
-        async fn answer(&self, telegram: Bytes, _peer: IpAddr, _read_at: Instant) -> (Echo, Reply) {
+        async fn answer(
+            &self,
+            telegram: Bytes,
+            _peer: IpAddr,
+            _cert: Option<Arc<ClientCert>>,
+            _read_at: Instant,
+        ) -> (Echo, Reply) {
             if telegram.starts_with(b"PANIC1") {
                 panic!("a bug in a telegram's task");
             }
@@ -447,7 +574,15 @@ mod tests {
             let in_flight = in_flight.clone();
             async move {
                 let (stream, peer) = listener.accept().await.unwrap();
-                serve_connection(stream, peer, Arc::new(PanicsOnPanic1), limits, in_flight).await;
+                serve_connection(
+                    stream,
+                    peer,
+                    None,
+                    Arc::new(PanicsOnPanic1),
+                    limits,
+                    in_flight,
+                )
+                .await;
             }
         });
         let mut channel = TcpStream::connect(addr).await.unwrap();

@@ -304,9 +304,70 @@ fn worker(shared: &Shared, phase: &Phase) -> Recorder {
 
 // ---- through a hub ------------------------------------------------------
 
+/// A blocking connection to the hub: plain TCP, or TLS over it.
+enum WireStream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl WireStream {
+    /// Connects (within `timeout`) and, with `tls`, completes the handshake.
+    fn connect(
+        addr: &str,
+        tls: Option<&crate::client::TlsConnector>,
+        timeout: Duration,
+    ) -> std::io::Result<WireStream> {
+        let stream = TcpStream::connect_timeout(&resolve(addr)?, timeout)?;
+        let Some(tls) = tls else {
+            return Ok(WireStream::Plain(stream));
+        };
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(timeout))?;
+        let conn = rustls::ClientConnection::new(tls.config(), tls.server_name(addr)?)
+            .map_err(std::io::Error::other)?;
+        let mut tls = rustls::StreamOwned::new(conn, stream);
+        while tls.conn.is_handshaking() {
+            tls.conn.complete_io(&mut tls.sock)?;
+        }
+        Ok(WireStream::Tls(Box::new(tls)))
+    }
+
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            WireStream::Plain(s) => s,
+            WireStream::Tls(s) => &s.sock,
+        }
+    }
+}
+
+impl Read for WireStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            WireStream::Plain(s) => s.read(buf),
+            WireStream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for WireStream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            WireStream::Plain(s) => s.write(buf),
+            WireStream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            WireStream::Plain(s) => s.flush(),
+            WireStream::Tls(s) => s.flush(),
+        }
+    }
+}
+
 /// A blocking channel connection.
 struct Wire {
-    stream: TcpStream,
+    stream: WireStream,
     codec: FrameCodec,
     buf: BytesMut,
     out: BytesMut,
@@ -314,9 +375,9 @@ struct Wire {
 
 impl Wire {
     fn connect(addr: &str, spec: &LoadSpec) -> std::io::Result<Wire> {
-        let stream = TcpStream::connect_timeout(&resolve(addr)?, spec.answer_timeout)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(spec.answer_timeout))?;
+        let stream = WireStream::connect(addr, spec.tls.as_ref(), spec.answer_timeout)?;
+        stream.tcp().set_nodelay(true)?;
+        stream.tcp().set_read_timeout(Some(spec.answer_timeout))?;
         Ok(Wire {
             stream,
             codec: FrameCodec::new(spec.prefix, crate::frame::ASCII_PREFIX_MAX),
@@ -335,6 +396,7 @@ impl Wire {
             .encode(telegram, &mut self.out)
             .map_err(invalid)?;
         self.stream.write_all(&self.out)?;
+        self.stream.flush()?;
         let mut chunk = [0u8; 1024];
         loop {
             if let Some(t) = self.codec.decode(&mut self.buf).map_err(invalid)? {
@@ -565,14 +627,15 @@ fn check_http(shared: &Shared, tx: Tx, status: u16, body: &[u8]) -> Result<Strin
 
 /// Opens the idle connections, one after another (a burst of 10,000 connects
 /// would only overflow the accept queue and add SYN retries).
-fn open_idle(spec: &LoadSpec) -> Result<Vec<TcpStream>, String> {
+/// With TLS, each one completes its handshake first.
+fn open_idle(spec: &LoadSpec) -> Result<Vec<WireStream>, String> {
     let Target::Hub { addr } = &spec.target else {
         return Ok(Vec::new());
     };
-    let sa = resolve(addr).map_err(|e| format!("{addr}: {e}"))?;
+    resolve(addr).map_err(|e| format!("{addr}: {e}"))?;
     let mut held = Vec::with_capacity(spec.idle_connections);
     for n in 0..spec.idle_connections {
-        match TcpStream::connect_timeout(&sa, spec.answer_timeout) {
+        match WireStream::connect(addr, spec.tls.as_ref(), spec.answer_timeout) {
             Ok(s) => held.push(s),
             Err(e) => {
                 return Err(format!(

@@ -92,6 +92,21 @@ pub struct BenchArgs {
     /// Print the report as JSON (for scripts) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Speak TLS to the hub (--to is then its tls_listen).
+    #[arg(long, requires = "ca")]
+    pub tls: bool,
+    /// The CA certificate (PEM) that signed the hub's certificate.
+    #[arg(long, value_name = "FILE", requires = "tls")]
+    pub ca: Option<std::path::PathBuf>,
+    /// The channel's certificate (PEM), when the hub asks for one.
+    #[arg(long, value_name = "FILE", requires_all = ["tls", "client_key"])]
+    pub client_cert: Option<std::path::PathBuf>,
+    /// The key (PEM) of --client-cert.
+    #[arg(long, value_name = "FILE", requires = "client_cert")]
+    pub client_key: Option<std::path::PathBuf>,
+    /// The name the hub's certificate must bear [default: the host of --to].
+    #[arg(long, value_name = "NAME", requires = "tls")]
+    pub server_name: Option<String>,
 }
 
 impl BenchArgs {
@@ -130,6 +145,14 @@ impl BenchArgs {
             "binary" => crate::frame::PrefixMode::Binary,
             other => return Err(format!("--prefix {other:?}: use ascii or binary")),
         };
+        if let (true, Some(ca)) = (self.tls, &self.ca) {
+            let client = crate::client::TlsClient {
+                ca_file: ca.clone(),
+                client_cert: self.client_cert.clone().zip(self.client_key.clone()),
+                server_name: self.server_name.clone(),
+            };
+            spec.tls = Some(client.connector()?);
+        }
         // A progress line is for a person watching; scripts read the result.
         spec.progress = !self.json && std::io::stdout().is_terminal();
         spec.validate()?;

@@ -205,6 +205,8 @@ pub struct LoadSpec {
     pub prefix: crate::frame::PrefixMode,
     /// A progress line on stderr while running.
     pub progress: bool,
+    /// Speak TLS to the hub (its `tls_listen`); plain TCP when `None`.
+    pub tls: Option<crate::client::TlsConnector>,
 }
 
 impl LoadSpec {
@@ -225,6 +227,7 @@ impl LoadSpec {
             answer_timeout: Duration::from_secs(10),
             prefix: crate::frame::PrefixMode::Ascii,
             progress: false,
+            tls: None,
         }
     }
 
@@ -243,6 +246,9 @@ impl LoadSpec {
         }
         if self.idle_connections > 0 && matches!(self.target, Target::Direct { .. }) {
             return Err("--idle-connections needs a hub (not --direct)".into());
+        }
+        if self.tls.is_some() && matches!(self.target, Target::Direct { .. }) {
+            return Err("--tls is for a hub's tls_listen (not --direct)".into());
         }
         Ok(())
     }

@@ -43,7 +43,8 @@ enum Command {
     /// Run the hub in the foreground until SIGTERM/SIGINT (SIGHUP reloads).
     ///
     /// Prints `relayhub listening on HOST:PORT` on stdout once it takes telegrams
-    /// (then `admin endpoints on HOST:PORT` when --admin-listen is given) and logs
+    /// (`relayhub listening on HOST:PORT and with tls on HOST:PORT` with a TLS
+    /// listener; then `admin endpoints on HOST:PORT` when --admin-listen is given) and logs
     /// to stderr. SIGHUP re-reads routes, layouts, channels and codes from the
     /// config file. SIGTERM drains: new telegrams get E903, those in flight get
     /// their answers, then the hub exits 0.
@@ -200,6 +201,39 @@ struct SendArgs {
     /// config's layouts_dir).
     #[arg(long, value_name = "DIR")]
     layouts_dir: Option<PathBuf>,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// How `send` speaks TLS to a hub's `tls_listen`.
+#[derive(Args, Clone)]
+struct TlsArgs {
+    /// Connect with TLS (to the config's tls_listen when --to is absent).
+    #[arg(long, requires = "ca")]
+    tls: bool,
+    /// The CA certificate (PEM) that signed the hub's certificate.
+    #[arg(long, value_name = "FILE", requires = "tls")]
+    ca: Option<PathBuf>,
+    /// This channel's certificate (PEM), when the hub asks for one.
+    #[arg(long, value_name = "FILE", requires_all = ["tls", "client_key"])]
+    client_cert: Option<PathBuf>,
+    /// The key (PEM) of --client-cert.
+    #[arg(long, value_name = "FILE", requires = "client_cert")]
+    client_key: Option<PathBuf>,
+    /// The name the hub's certificate must bear [default: the host of --to].
+    #[arg(long, value_name = "NAME", requires = "tls")]
+    server_name: Option<String>,
+}
+
+impl TlsArgs {
+    /// The TLS client to connect with; `None` without --tls.
+    fn client(&self) -> Option<relayhub::client::TlsClient> {
+        Some(relayhub::client::TlsClient {
+            ca_file: self.ca.clone().filter(|_| self.tls)?,
+            client_cert: self.client_cert.clone().zip(self.client_key.clone()),
+            server_name: self.server_name.clone(),
+        })
+    }
 }
 
 fn main() -> ExitCode {
@@ -255,7 +289,15 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     // The recorder is installed now: the dropped-lines counter can follow.
     let counting = tokio::spawn(logging.count_dropped());
     // The hub's line first: graders read the first line containing `listening on`.
-    println!("relayhub listening on {}", daemon.addr);
+    match daemon.tls_addr {
+        // One line names both; `listening on` and `tls on` each take the
+        // next word.
+        Some(tls) => println!(
+            "relayhub listening on {} and with tls on {tls}",
+            daemon.addr
+        ),
+        None => println!("relayhub listening on {}", daemon.addr),
+    }
     if let Some(admin) = daemon.admin_addr {
         println!("admin endpoints on {admin}");
     }
@@ -322,6 +364,7 @@ impl Signals {
 struct SendRules {
     rules: Rules,
     listen: String,
+    tls_listen: Option<String>,
     prefix: PrefixMode,
 }
 
@@ -344,6 +387,7 @@ fn send_rules(args: &SendArgs) -> Result<SendRules, String> {
     Ok(SendRules {
         rules,
         listen: config.server.listen,
+        tls_listen: config.server.tls_listen,
         prefix: config.server.prefix,
     })
 }
@@ -361,7 +405,21 @@ struct Item {
 async fn send(args: SendArgs) -> Result<ExitCode, String> {
     let setup = send_rules(&args)?;
     let prefix = args.prefix.map(PrefixMode::from).unwrap_or(setup.prefix);
-    let to = args.to.clone().unwrap_or_else(|| setup.listen.clone());
+    let tls = match args.tls.client() {
+        Some(client) => Some(client.connector()?),
+        None => None,
+    };
+    let to = match (&args.to, &setup.tls_listen, &tls) {
+        (Some(to), _, _) => to.clone(),
+        (None, Some(tls_listen), Some(_)) => tls_listen.clone(),
+        (None, _, _) => setup.listen.clone(),
+    };
+    let connect = || async {
+        match &tls {
+            Some(tls) => Channel::connect_tls(&to, prefix, tls).await,
+            None => Channel::connect(&to, prefix).await,
+        }
+    };
     let rules = &setup.rules;
     let mut items: Vec<Item> = Vec::new();
     let parse_obj = |text: &str, what: &str| -> Result<Map<String, Value>, String> {
@@ -441,7 +499,7 @@ async fn send(args: SendArgs) -> Result<ExitCode, String> {
             .map_err(refused)?;
         telegrams.push((telegram, layout, operation));
     }
-    let mut channel = Channel::connect(&to, prefix)
+    let mut channel = connect()
         .await
         .map_err(|e| format!("cannot connect to {to}: {e}"))?;
     let mut all_ok = true;
@@ -454,7 +512,7 @@ async fn send(args: SendArgs) -> Result<ExitCode, String> {
                     // The hub closed the connection (e.g. after E102 on framing):
                     // reconnect for the next telegram.
                     eprintln!("relayhub: {e}");
-                    channel = Channel::connect(&to, prefix)
+                    channel = connect()
                         .await
                         .map_err(|e| format!("cannot reconnect to {to}: {e}"))?;
                     all_ok = false;
@@ -516,6 +574,10 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
     let rules = Rules::build(&config, &names).map_err(|e| e.to_string())?;
     build_targets(&config).map_err(|e| e.to_string())?;
     let s = &config.server;
+    if s.tls_listen.is_some() {
+        // The TLS files are read as `serve` would read them.
+        relayhub::channel_tls::server_config(s).map_err(|e| e.to_string())?;
+    }
     println!(
         "config OK: listen {}, prefix {}, budget {} ms, journal {}",
         s.listen,
@@ -525,6 +587,27 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
     );
     if let Some(admin) = &s.admin_listen {
         println!("admin endpoints on {admin}");
+    }
+    if let Some(tls) = &s.tls_listen {
+        println!(
+            "tls on {tls}: certificate {}, client certificates {}",
+            s.tls_cert_file
+                .as_deref()
+                .unwrap_or(std::path::Path::new("?"))
+                .display(),
+            match &s.tls_client_ca_file {
+                None => "not asked".to_string(),
+                Some(ca) => format!(
+                    "{} (CA {})",
+                    if s.tls_client_auth == relayhub::config::ClientAuth::Required {
+                        "required"
+                    } else {
+                        "optional"
+                    },
+                    ca.display()
+                ),
+            }
+        );
     }
     println!(
         "{:<8} {:<10} {:<10} {:>8} {:>9}  LAYOUT",
@@ -568,10 +651,11 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
             }
         };
         println!(
-            "channel {}: from {}; tx codes {}",
+            "channel {}: from {}; tx codes {}; certificate {}",
             c.id,
             list(&c.allow_from, "any address"),
-            list(&c.tx_codes, "any routed")
+            list(&c.tx_codes, "any routed"),
+            list(&c.cert_names, "none needed")
         );
     }
     for t in &config.targets {

@@ -48,7 +48,7 @@ use crate::header::{Echo, HEADER_LEN, parse_header};
 use crate::journal::Journal;
 use crate::metric_names;
 use crate::outcome::Code;
-use crate::rules::{Route, Rules};
+use crate::rules::{ClientCert, Route, Rules};
 
 /// When a resend of a "not sent" GUID is allowed.
 #[derive(Debug, Clone, Copy)]
@@ -163,7 +163,14 @@ impl Hub {
 
     /// Answers one telegram (without its length prefix) read whole at `read_at`.
     /// Returns the echo for the response header and the reply.
-    pub async fn handle(&self, telegram: &[u8], peer: IpAddr, read_at: Instant) -> (Echo, Reply) {
+    /// `cert` is the connection's verified client certificate, if any.
+    pub async fn handle(
+        &self,
+        telegram: &[u8],
+        peer: IpAddr,
+        cert: Option<&ClientCert>,
+        read_at: Instant,
+    ) -> (Echo, Reply) {
         let deadline = Deadline::new(read_at, self.budget);
         let echo = Echo::from_telegram(telegram);
         let trace = crate::core_client::TraceId::new();
@@ -172,7 +179,7 @@ impl Hub {
         let rules = self.rules();
         let (reply, note) = trace
             .scope(
-                self.dispatch(telegram, peer, &rules, deadline)
+                self.dispatch(telegram, peer, cert, &rules, deadline)
                     .instrument(span.clone()),
             )
             .await;
@@ -196,6 +203,7 @@ impl Hub {
         &self,
         telegram: &[u8],
         peer: IpAddr,
+        cert: Option<&ClientCert>,
         rules: &Rules,
         deadline: Deadline,
     ) -> (Reply, String) {
@@ -210,7 +218,7 @@ impl Hub {
                 format!("tx code {} has no route", header.tx_code),
             );
         };
-        if let Err(refusal) = rules.check_channel(&header.channel_id, peer, &header.tx_code) {
+        if let Err(refusal) = rules.check_channel(&header.channel_id, peer, cert, &header.tx_code) {
             return (Reply::code(Code::CHANNEL), refusal.to_string());
         }
         let body = &telegram[HEADER_LEN..];

@@ -29,6 +29,10 @@ fn full_config() -> Config {
     c.server.admin_token_file = Some("/etc/relayhub/admin.token".into());
     c.server.layouts_dir = Some("/etc/relayhub/layouts".into());
     c.server.codes_file = Some("/etc/relayhub/codes.json".into());
+    c.server.tls_listen = Some("0.0.0.0:9443".into());
+    c.server.tls_cert_file = Some("/etc/relayhub/tls/hub.pem".into());
+    c.server.tls_key_file = Some("/etc/relayhub/tls/hub.key".into());
+    c.server.tls_client_ca_file = Some("/etc/relayhub/tls/channels-ca.pem".into());
     c.journal.retention_ms = Some(5_000);
     let mut t = TargetConfig::with_url("core", "http://127.0.0.1:8080");
     t.connect_timeout_ms = Some(500);
@@ -49,6 +53,7 @@ fn full_config() -> Config {
         id: "IBANK".into(),
         allow_from: vec!["10.0.0.0/8".into()],
         tx_codes: vec!["TRF001".into()],
+        cert_names: vec!["ibank.channels.example".into()],
     });
     c
 }
@@ -167,6 +172,11 @@ fn config_reference_defaults_match_the_code() {
             c.server.max_in_flight_per_connection.to_string(),
         ),
         ("[server]", "listen", format!("\"{}\"", c.server.listen)),
+        (
+            "[server]",
+            "tls_handshake_timeout_ms",
+            c.server.tls_handshake_timeout_ms.to_string(),
+        ),
         ("[journal]", "path", format!("\"{}\"", c.journal.path)),
         (
             "[journal]",

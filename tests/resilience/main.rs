@@ -12,6 +12,7 @@ mod common;
 #[path = "../resilience_support/mod.rs"]
 mod resilience_support;
 
+mod channel_tls;
 mod lifecycle_reload;
 mod lifecycle_signals;
 mod resilience_bulkheads;
