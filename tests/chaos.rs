@@ -1060,6 +1060,13 @@ struct Figures {
     kill_to_outcome: Vec<Duration>,
     /// Those with no outcome after the kill (given up, or a violation).
     no_outcome: u64,
+    /// Of the GUIDs in flight, those whose first TRF001 was lost in the kill:
+    /// the killed hub had claimed the row, which it left `sending`.
+    first_send: u64,
+    /// Their answers after the kill that were E901 (TRF001 and INQ001).
+    first_send_e901: u64,
+    /// Their time from the kill to the outcome.
+    first_send_to_outcome: Vec<Duration>,
 }
 
 /// `posted(guid)`: whether the core got a whole POST of the GUID.
@@ -1093,6 +1100,8 @@ fn figures(records: &[Record], kills: &[Kill], posted: &dyn Fn(&str) -> bool) ->
             };
             f.in_flight += 1;
             f.in_flight_posted += u64::from(posted(&r.guid));
+            let first = r.seen[i].tx == Tx::Trf && r.seen[..i].iter().all(|s| s.hub.is_none());
+            f.first_send += u64::from(first);
             let mut outcome = false;
             for s in &r.seen[i + 1..] {
                 let Some(c) = s.code() else { continue };
@@ -1100,10 +1109,14 @@ fn figures(records: &[Record], kills: &[Kill], posted: &dyn Fn(&str) -> bool) ->
                     Tx::Trf => f.after_kill_resends.add(c),
                     Tx::Inq => f.after_kill_inquiries.add(c),
                 }
+                f.first_send_e901 += u64::from(first && c == "E901");
                 if is_final(c) {
                     let ms = s.at_ms.saturating_sub(k.at_ms);
-                    f.kill_to_outcome
-                        .push(Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX)));
+                    let took = Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX));
+                    f.kill_to_outcome.push(took);
+                    if first {
+                        f.first_send_to_outcome.push(took);
+                    }
                     outcome = true;
                     break;
                 }
@@ -1112,6 +1125,7 @@ fn figures(records: &[Record], kills: &[Kill], posted: &dyn Fn(&str) -> bool) ->
         }
     }
     f.kill_to_outcome.sort();
+    f.first_send_to_outcome.sort();
     f
 }
 
@@ -1598,6 +1612,16 @@ async fn chaos(transfers: u64, channels: usize, seed: u64, pg: Option<String>) {
         pct(&f.kill_to_outcome, 100),
         f.no_outcome,
     );
+    let _ = writeln!(
+        summary,
+        "  of them lost on their first send (the killed hub's row left `sending`): {}; answered E901 {} times after the kill; kill -> outcome ms p50 {} p90 {} p99 {} max {}",
+        f.first_send,
+        f.first_send_e901,
+        pct(&f.first_send_to_outcome, 50),
+        pct(&f.first_send_to_outcome, 90),
+        pct(&f.first_send_to_outcome, 99),
+        pct(&f.first_send_to_outcome, 100),
+    );
     if pg.is_some() {
         let _ = writeln!(
             summary,
@@ -1624,7 +1648,9 @@ async fn chaos(transfers: u64, channels: usize, seed: u64, pg: Option<String>) {
          budget_ms={BUDGET_MS} lease_ms={} sigkill={} {} sigterm={} violations={} ledger_problems={} \
          reconcile_broken={} {} {} in_flight_at_kill={} in_flight_posted={} {} {} \
          kill_to_outcome_ms_p50={} kill_to_outcome_ms_p90={} kill_to_outcome_ms_p99={} \
-         kill_to_outcome_ms_max={} no_outcome_after_kill={} takeovers={} posts={} \
+         kill_to_outcome_ms_max={} no_outcome_after_kill={} first_send_lost={} \
+         first_send_lost_e901={} first_send_kill_to_outcome_ms_p50={} \
+         first_send_kill_to_outcome_ms_max={} takeovers={} posts={} \
          answer_ms_p99={} answer_ms_max={} settle_ms_max={}",
         run.hub_count,
         if pg.is_some() { "postgres" } else { "sqlite" },
@@ -1656,6 +1682,10 @@ async fn chaos(transfers: u64, channels: usize, seed: u64, pg: Option<String>) {
         pct(&f.kill_to_outcome, 99),
         pct(&f.kill_to_outcome, 100),
         f.no_outcome,
+        f.first_send,
+        f.first_send_e901,
+        pct(&f.first_send_to_outcome, 50),
+        pct(&f.first_send_to_outcome, 100),
         if pg.is_some() {
             takeovers.len().to_string()
         } else {
@@ -1761,6 +1791,8 @@ fn the_figures_follow_a_guid_from_a_kill_to_its_outcome() {
     let f = figures(&records, &[kill], &|g| g == "G1");
     assert_eq!((f.in_flight, f.in_flight_posted, f.no_outcome), (1, 1, 0));
     assert_eq!(f.kill_to_outcome, vec![Duration::from_millis(2_500)]);
+    assert_eq!((f.first_send, f.first_send_e901), (1, 2));
+    assert_eq!(f.first_send_to_outcome, f.kill_to_outcome);
     let (r, i) = (f.after_kill_resends, f.after_kill_inquiries);
     assert_eq!((r.real, r.e901, r.other, i.e901), (1, 1, 0, 1));
     // Resends: G1's second and third TRF001 (both on hub-b after hub-a), and
