@@ -54,7 +54,7 @@
 //! ```sh
 //! cargo test --test chaos -- --nocapture                                  # CI: 3,000 transfers
 //! CHAOS_TRANSFERS=20000 cargo test --release --test chaos -- --nocapture  # the long run
-//! ./scripts/with-postgres.sh cargo test --test chaos two_hubs -- --nocapture   # CI: 800, two hubs
+//! ./scripts/with-postgres.sh cargo test --test chaos two_hubs -- --nocapture   # CI: 1,000, two hubs
 //! CHAOS_PG_TRANSFERS=6000 ./scripts/with-postgres.sh \
 //!     cargo test --release --test chaos two_hubs -- --nocapture           # the long two-hub run
 //! ```
@@ -695,6 +695,7 @@ async fn driver(
     hub_tx: HubAddrsTx,
     proxy: Arc<Proxy>,
     stop: Arc<AtomicBool>,
+    tools: Arc<std::sync::Mutex<()>>,
     seed: u64,
     started: Instant,
 ) -> (Vec<Proc>, Events) {
@@ -730,6 +731,7 @@ async fn driver(
                 let held = proxy.holding();
                 let (h, moved, log, killed_at) = tokio::task::spawn_blocking({
                     let cmd = cmds[slot].clone();
+                    let tools = tools.clone();
                     move || {
                         let mut hub = hub;
                         let killed_at = started.elapsed().as_millis();
@@ -741,7 +743,22 @@ async fn driver(
                         }
                         let log = hub.stderr();
                         drop(hub);
-                        match cmd.start(&format!("127.0.0.1:{port}")) {
+                        let listen = format!("127.0.0.1:{port}");
+                        let mut restarted = cmd.start(&listen);
+                        // A SQLite journal serves one process at a time: a
+                        // reconcile that took it while the hub was down makes
+                        // the start fail. Wait for that run to end (the
+                        // reconciler holds `tools` while one runs), start again
+                        // before the next one can begin.
+                        let _no_tool = match &restarted {
+                            Err(e) if e.contains("held by another") => {
+                                let g = tools.lock().unwrap_or_else(|p| p.into_inner());
+                                restarted = cmd.start(&listen);
+                                Some(g)
+                            }
+                            _ => None,
+                        };
+                        match restarted {
                             Ok(h) => (h, false, log, killed_at),
                             Err(_) => (
                                 cmd.start("127.0.0.1:0").expect("hub restarts"),
@@ -886,7 +903,13 @@ fn is_refusal(stderr: &str) -> bool {
         .any(|w| s.contains(w))
 }
 
-async fn reconciler(cmd: HubCommand, stop: Arc<AtomicBool>, seed: u64) -> Reconciles {
+/// `tools` is held while a reconcile process runs.
+async fn reconciler(
+    cmd: HubCommand,
+    stop: Arc<AtomicBool>,
+    tools: Arc<std::sync::Mutex<()>>,
+    seed: u64,
+) -> Reconciles {
     let mut rng = Rng::new(seed ^ 0x8CB9_2BA7_2F3D_8DD7);
     let mut out = Reconciles::default();
     while !stop.load(Ordering::SeqCst) {
@@ -897,7 +920,11 @@ async fn reconciler(cmd: HubCommand, stop: Arc<AtomicBool>, seed: u64) -> Reconc
         }
         let run = tokio::task::spawn_blocking({
             let cmd = cmd.clone();
-            move || reconcile_once(&cmd)
+            let tools = tools.clone();
+            move || {
+                let _running = tools.lock().unwrap_or_else(|p| p.into_inner());
+                reconcile_once(&cmd)
+            }
         })
         .await
         .expect("reconcile task");
@@ -1173,7 +1200,7 @@ async fn chaos_two_hubs_on_one_postgres_journal() {
     let url = pg_common::fresh_schema(&base, "chaos").await;
     let (channels, seed) = channels_and_seed();
     chaos(
-        env_u64("CHAOS_PG_TRANSFERS", 800),
+        env_u64("CHAOS_PG_TRANSFERS", 1_000),
         channels,
         seed,
         Some(url),
@@ -1244,16 +1271,19 @@ async fn chaos(transfers: u64, channels: usize, seed: u64, pg: Option<String>) {
     });
 
     let stop = Arc::new(AtomicBool::new(false));
+    // Held while a journal tool runs, so a hub's restart can wait for it.
+    let tools = Arc::new(std::sync::Mutex::new(()));
     let chaos = tokio::spawn(driver(
         cmds.clone(),
         hubs,
         hub_tx,
         proxy.clone(),
         stop.clone(),
+        tools.clone(),
         seed,
         run.started,
     ));
-    let reconciling = tokio::spawn(reconciler(cmd.clone(), stop.clone(), seed));
+    let reconciling = tokio::spawn(reconciler(cmd.clone(), stop.clone(), tools, seed));
     let workers: Vec<_> = (0..channels)
         .map(|i| tokio::spawn(channel_loop(run.clone(), i, seed)))
         .collect();
