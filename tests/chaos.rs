@@ -1837,3 +1837,35 @@ fn the_figures_follow_a_guid_from_a_kill_to_its_outcome() {
         "lease of hub expired while in flight"
     );
 }
+
+#[test]
+fn a_hub_that_dies_on_its_own_fails_the_run_with_its_log() {
+    let dir = TempDir::new("dies");
+    let cmd = HubCommand::new(&dir, "http://127.0.0.1:9", "");
+    let mut hub = cmd.start("127.0.0.1:0").expect("hub starts");
+    assert_alive(&mut hub, "hub-a#1");
+    // Killed behind the handle's back, as a crash would be.
+    send_signal(hub.pid, "KILL");
+    let deadline = Instant::now() + PATIENCE;
+    let status = loop {
+        if let Some(s) = hub.exited() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the hub outlived SIGKILL");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(!status.success());
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // The status was taken above: the handle still owns the child, so
+        // `exited` reads it again.
+        assert_alive(&mut hub, "hub-a#1")
+    }));
+    let message = *failed
+        .expect_err("a dead hub fails the run")
+        .downcast::<String>()
+        .expect("a formatted panic message");
+    assert!(
+        message.contains("hub-a#1 died on its own") && message.contains("the end of its log"),
+        "{message}"
+    );
+}
