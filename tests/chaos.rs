@@ -38,19 +38,39 @@
 //! the reconcile tool prints is counted, never checked against: a refusal
 //! beside a live hub is fine; a panic or a hang is a violation.
 //!
+//! Two hubs on one PostgreSQL journal (`chaos_two_hubs_on_one_postgres_journal`,
+//! with `RELAYHUB_TEST_PG`; skipped without it, failed under `CI=true`): the same
+//! run, faults and checks, with two `relayhub serve` processes (`hub_id` hub-a
+//! and hub-b, a lease of budget + late window + 1 s) on one fresh schema. A
+//! channel connects to either hub at random and, as behind a balancer, three
+//! sends in ten go out on a new connection to either, so resends land on the
+//! other hub; the hub stopped is either one, always by SIGKILL. On top of the
+//! checks, the summary counts TRF001 resends by answer (outcome, E901, other,
+//! and those that reached the other hub), the GUIDs in flight on a hub when it
+//! was killed and the time from the kill to their outcome, and the takeovers in
+//! the journal's history (notes of leases that ran out, fences, takeovers). A
+//! hub that exits on its own fails the run with the end of its log.
+//!
 //! ```sh
 //! cargo test --test chaos -- --nocapture                                  # CI: 3,000 transfers
 //! CHAOS_TRANSFERS=20000 cargo test --release --test chaos -- --nocapture  # the long run
+//! ./scripts/with-postgres.sh cargo test --test chaos two_hubs -- --nocapture   # CI: 1,000, two hubs
+//! CHAOS_PG_TRANSFERS=6000 ./scripts/with-postgres.sh \
+//!     cargo test --release --test chaos two_hubs -- --nocapture           # the long two-hub run
 //! ```
 //! `CHAOS_CHANNELS` (16) and `CHAOS_SEED` change the run; the summary prints the
-//! seed. Timing makes no two runs alike; the seed only fixes the dice.
+//! seed and ends with one `chaos summary:` line of every figure. Timing makes no
+//! two runs alike; the seed only fixes the dice. The runs of one binary go one
+//! at a time.
 
 mod chaos_support;
 mod common;
+mod pg_common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -101,6 +121,13 @@ const RESEND_HORIZON: Duration = Duration::from_millis(RESEND_HORIZON_MS);
 /// core may have applied; an INQ001 about it is answered "never received".
 const RETENTION_MS: u64 = RESEND_HORIZON_MS + 5_000;
 const PRUNE_INTERVAL_MS: u64 = 200;
+/// Two hubs: the share of sends that go out on a new connection to a hub
+/// picked at random (behind a balancer, a resend may reach the other hub).
+const SWITCH_PERCENT: u64 = 30;
+/// Two hubs: each claim's lease on the shared journal, the least a hub accepts
+/// (budget + late-answer window + 1 s). Until it ends, a resend of a dead
+/// hub's GUID to the other hub finds the row `sending`.
+const LEASE_MS: u64 = BUDGET_MS + LATE_WINDOW_MS + 1_000;
 /// A reconcile run that takes longer than this hangs.
 const RECONCILE_PATIENCE: Duration = Duration::from_secs(120);
 
@@ -280,6 +307,39 @@ enum End {
     Unexpected(String),
 }
 
+/// One send of a GUID and what came of it.
+#[derive(Debug, Clone)]
+struct Step {
+    /// What was sent.
+    tx: Tx,
+    /// When it was sent and when it ended, in ms since the run started.
+    sent_ms: u128,
+    at_ms: u128,
+    /// The hub it went to: (slot, generation); `None` when none was reached.
+    hub: Option<(usize, u64)>,
+    seen: Seen,
+}
+
+impl Step {
+    /// The answer's code, if there was one.
+    fn code(&self) -> Option<&str> {
+        match &self.seen {
+            Seen::Code(_, c, _) => Some(c.as_str()),
+            _ => None,
+        }
+    }
+}
+
+/// A hub's name in reports: its slot as a letter and its generation.
+fn hub_name(slot: usize, generation: u64) -> String {
+    format!("hub-{}#{generation}", char::from(b'a' + slot as u8))
+}
+
+/// 0000, B2xx or E500: the transfer's outcome, not "don't know" or "not sent".
+fn is_final(code: &str) -> bool {
+    matches!(code, "0000" | "E500") || code.starts_with('B')
+}
+
 #[derive(Debug, Clone)]
 struct Record {
     guid: String,
@@ -289,8 +349,8 @@ struct Record {
     fault: Option<Fault>,
     /// The channel sends INQ001 after E901 (else it resends the TRF001).
     inquires: bool,
-    /// (ms since the run started, hub generation, what was seen).
-    seen: Vec<(u128, u64, Seen)>,
+    /// Every send, in order.
+    seen: Vec<Step>,
     txn_ids: Vec<String>,
     end: End,
     /// From the first send to the last answer.
@@ -299,22 +359,33 @@ struct Record {
 
 impl Record {
     fn codes(&self) -> impl Iterator<Item = (Tx, &str)> {
-        self.seen.iter().filter_map(|(_, _, s)| match s {
+        self.seen.iter().filter_map(|s| match &s.seen {
             Seen::Code(tx, c, _) => Some((*tx, c.as_str())),
             _ => None,
         })
     }
 
+    fn saw(&self, what: fn(&Seen) -> bool) -> bool {
+        self.seen.iter().any(|s| what(&s.seen))
+    }
+
     fn history(&self) -> String {
         let mut out = String::new();
-        for (ms, generation, s) in &self.seen {
-            let what = match s {
+        for s in &self.seen {
+            let what = match &s.seen {
                 Seen::Code(tx, c, d) => format!("{} {c} in {} ms", tx.code(), d.as_millis()),
-                Seen::Lost => "connection lost".into(),
-                Seen::Timeout => "no answer within the channel timeout".into(),
+                Seen::Lost => format!("{} sent, connection lost", s.tx.code()),
+                Seen::Timeout => {
+                    format!("{} sent, no answer within the channel timeout", s.tx.code())
+                }
                 Seen::NoHub => "hub unreachable".into(),
             };
-            let _ = write!(out, "\n      t={ms}ms hub#{generation}: {what}");
+            let hub = s.hub.map_or("no hub".into(), |(slot, g)| hub_name(slot, g));
+            let _ = write!(
+                out,
+                "\n      t={}ms (sent t={}ms) {hub}: {what}",
+                s.at_ms, s.sent_ms
+            );
         }
         out
     }
@@ -322,12 +393,16 @@ impl Record {
 
 // ---- the run --------------------------------------------------------------------
 
-/// Where the hub listens now (`None` while it restarts), and its generation.
-type HubAddr = watch::Receiver<(Option<SocketAddr>, u64)>;
+/// Where each hub listens now (`None` while it restarts), and its generation,
+/// by slot.
+type HubAddrs = watch::Receiver<Vec<(Option<SocketAddr>, u64)>>;
+type HubAddrsTx = watch::Sender<Vec<(Option<SocketAddr>, u64)>>;
 
 struct Run {
     core: CoreBank,
-    hub: HubAddr,
+    hubs: HubAddrs,
+    /// How many hubs take traffic (1: SQLite; 2: the shared PostgreSQL journal).
+    hub_count: usize,
     issued: AtomicU64,
     transfers: u64,
     started: Instant,
@@ -358,22 +433,41 @@ fn chaos_guid(run_id: u64, kind: char, channel: usize, n: u64) -> String {
     g
 }
 
-/// Connects to the hub, following it across restarts (bounded).
-async fn connect_hub(run: &Run) -> Option<(Channel, u64)> {
-    let mut rx = run.hub.clone();
+/// A channel's connection and the hub it reaches (slot, generation).
+struct Conn {
+    ch: Channel,
+    slot: usize,
+    generation: u64,
+}
+
+/// Connects to a hub that is up, picked at random as a balancer would, and
+/// follows the hubs across restarts (bounded).
+async fn connect_hub(run: &Run, rng: &mut Rng) -> Option<Conn> {
+    let mut rx = run.hubs.clone();
     let deadline = Instant::now() + PATIENCE;
     while Instant::now() < deadline {
-        let (addr, generation) = *rx.borrow_and_update();
-        if let Some(addr) = addr
-            && let Ok(Ok(ch)) = tokio::time::timeout(
+        let up: Vec<(usize, SocketAddr, u64)> = rx
+            .borrow_and_update()
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, (addr, generation))| addr.map(|a| (slot, a, *generation)))
+            .collect();
+        if !up.is_empty() {
+            let (slot, addr, generation) = if up.len() == 1 { up[0] } else { *rng.pick(&up) };
+            if let Ok(Ok(ch)) = tokio::time::timeout(
                 Duration::from_secs(2),
                 Channel::connect(&addr.to_string(), PrefixMode::Ascii),
             )
             .await
-        {
-            return Some((ch, generation));
+            {
+                return Some(Conn {
+                    ch,
+                    slot,
+                    generation,
+                });
+            }
         }
-        // Restarting: wait for the new address (no event when a connect fails
+        // Restarting: wait for a new address (no event when a connect fails
         // just before the driver says "down", hence the bound).
         let _ = tokio::time::timeout(Duration::from_millis(100), rx.changed()).await;
     }
@@ -386,7 +480,7 @@ async fn channel_loop(run: Arc<Run>, index: usize, seed: u64) -> Vec<Record> {
     let inquires = index % 2 == 1;
     let mut inquiries = 0u64;
     let mut records = Vec::new();
-    let mut conn: Option<(Channel, u64)> = None;
+    let mut conn: Option<Conn> = None;
     while let Some(n) = run.take() {
         let from = *rng.pick(&ACCOUNTS);
         let mut to = *rng.pick(&ACCOUNTS);
@@ -423,15 +517,31 @@ async fn channel_loop(run: Arc<Run>, index: usize, seed: u64) -> Vec<Record> {
         let mut ask = Tx::Trf;
         // Nothing of this GUID is sent past the horizon (the retention outlasts it).
         while first.elapsed() < RESEND_HORIZON {
+            // Behind a balancer: now and then a send goes out on a new
+            // connection, to either hub.
+            if run.hub_count > 1 && conn.is_some() && rng.percent(SWITCH_PERCENT) {
+                conn = None;
+            }
             if conn.is_none() {
-                conn = connect_hub(&run).await;
+                conn = connect_hub(&run, &mut rng).await;
                 if conn.is_none() {
-                    rec.seen.push((run.now_ms(), 0, Seen::NoHub));
+                    let now = run.now_ms();
+                    rec.seen.push(Step {
+                        tx: ask,
+                        sent_ms: now,
+                        at_ms: now,
+                        hub: None,
+                        seen: Seen::NoHub,
+                    });
                     continue;
                 }
             }
-            let (ch, generation) = conn.as_mut().expect("connected");
-            let generation = *generation;
+            let Conn {
+                ch,
+                slot,
+                generation,
+            } = conn.as_mut().expect("connected");
+            let hub = Some((*slot, *generation));
             let (telegram, echo) = match ask {
                 Tx::Trf => (trf(&guid, &fields), guid.clone()),
                 Tx::Inq => {
@@ -441,14 +551,22 @@ async fn channel_loop(run: Arc<Run>, index: usize, seed: u64) -> Vec<Record> {
                 }
             };
             let sent = Instant::now();
+            let sent_ms = run.now_ms();
+            let step = |seen| Step {
+                tx: ask,
+                sent_ms,
+                at_ms: run.now_ms(),
+                hub,
+                seen,
+            };
             let answer = match tokio::time::timeout(CHANNEL_TIMEOUT, ch.exchange(&telegram)).await {
                 Err(_) => {
-                    rec.seen.push((run.now_ms(), generation, Seen::Timeout));
+                    rec.seen.push(step(Seen::Timeout));
                     conn = None;
                     continue;
                 }
                 Ok(Err(_)) => {
-                    rec.seen.push((run.now_ms(), generation, Seen::Lost));
+                    rec.seen.push(step(Seen::Lost));
                     conn = None;
                     continue;
                 }
@@ -456,11 +574,8 @@ async fn channel_loop(run: Arc<Run>, index: usize, seed: u64) -> Vec<Record> {
             };
             let took = sent.elapsed();
             rec.took = first.elapsed();
-            rec.seen.push((
-                run.now_ms(),
-                generation,
-                Seen::Code(ask, answer.code.clone(), took),
-            ));
+            rec.seen
+                .push(step(Seen::Code(ask, answer.code.clone(), took)));
             if answer.guid != echo || answer.tx_code != ask.code() {
                 rec.end = End::Unexpected(format!("echo {answer:?}"));
                 break;
@@ -527,12 +642,23 @@ async fn channel_loop(run: Arc<Run>, index: usize, seed: u64) -> Vec<Record> {
 
 // ---- chaos driver: the proxy and the hub process -----------------------------
 
+/// A SIGKILL of one hub.
+#[derive(Debug, Clone, Copy)]
+struct Kill {
+    slot: usize,
+    generation: u64,
+    /// Just before the signal, in ms since the run started.
+    at_ms: u128,
+}
+
 #[derive(Debug, Default)]
 struct Events {
     /// (ms since the run started, what happened), for reading a violation.
     log: Vec<(u128, String)>,
     sigkill: u64,
     sigterm: u64,
+    /// Every SIGKILL, in order.
+    kills: Vec<Kill>,
     /// Stops (SIGKILL or SIGTERM) while the network held at least one POST.
     stops_while_held: u64,
     refuse_windows: u64,
@@ -542,35 +668,73 @@ struct Events {
     logs: Vec<String>,
 }
 
+/// The last `n` lines of a log.
+fn tail(log: &str, n: usize) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Fails the test when a hub has exited without being told to, with the end of
+/// its log.
+fn assert_alive(hub: &mut Proc, name: &str) {
+    if let Some(status) = hub.exited() {
+        panic!(
+            "{name} died on its own ({status}); the end of its log:\n{}",
+            tail(&hub.stderr(), 40)
+        );
+    }
+}
+
+/// Stops one hub (SIGKILL; with one hub, one time in five SIGTERM) and starts
+/// it again, at random, and opens windows of refusals and dropped connections
+/// at the proxy; checks on every tick that no hub died on its own.
+#[allow(clippy::too_many_arguments)]
 async fn driver(
-    cmd: HubCommand,
-    mut hub: Proc,
-    hub_tx: watch::Sender<(Option<SocketAddr>, u64)>,
+    cmds: Vec<HubCommand>,
+    hubs: Vec<Proc>,
+    hub_tx: HubAddrsTx,
     proxy: Arc<Proxy>,
     stop: Arc<AtomicBool>,
+    tools: Arc<std::sync::Mutex<()>>,
     seed: u64,
     started: Instant,
-) -> (Proc, Events) {
+) -> (Vec<Proc>, Events) {
     let mut rng = Rng::new(seed ^ 0xD1B5_4A32_D192_ED03);
     let mut events = Events::default();
-    let mut generation = hub_tx.borrow().1;
+    let mut generations: Vec<u64> = hub_tx.borrow().iter().map(|h| h.1).collect();
+    let mut hubs: Vec<Option<Proc>> = hubs.into_iter().map(Some).collect();
+    let two = hubs.len() > 1;
     while !stop.load(Ordering::SeqCst) {
         // The schedule of faults is the subject here: pauses are the point.
         tokio::time::sleep(Duration::from_millis(rng.range(200, 800))).await;
+        for (slot, hub) in hubs.iter_mut().enumerate() {
+            assert_alive(
+                hub.as_mut().expect("hub"),
+                &hub_name(slot, generations[slot]),
+            );
+        }
         if stop.load(Ordering::SeqCst) {
             break;
         }
         match rng.range(0, 9) {
             0..=2 => {
-                let term = rng.percent(20);
+                let slot = if two {
+                    rng.range(0, hubs.len() as u64 - 1) as usize
+                } else {
+                    0
+                };
+                let term = !two && rng.percent(20);
+                let hub = hubs[slot].take().expect("hub");
+                let generation = generations[slot];
                 let port = hub.addr.port();
-                hub_tx.send_replace((None, generation));
-                let killed_at = started.elapsed().as_millis();
+                hub_tx.send_modify(|h| h[slot].0 = None);
                 let held = proxy.holding();
-                let (h, moved, log) = tokio::task::spawn_blocking({
-                    let cmd = cmd.clone();
+                let (h, moved, log, killed_at) = tokio::task::spawn_blocking({
+                    let cmd = cmds[slot].clone();
+                    let tools = tools.clone();
                     move || {
                         let mut hub = hub;
+                        let killed_at = started.elapsed().as_millis();
                         if term {
                             let status = hub.terminate();
                             assert!(status.success(), "drain exit: {status:?}\n{}", hub.stderr());
@@ -579,30 +743,57 @@ async fn driver(
                         }
                         let log = hub.stderr();
                         drop(hub);
-                        match cmd.start(&format!("127.0.0.1:{port}")) {
-                            Ok(h) => (h, false, log),
-                            Err(_) => (cmd.start("127.0.0.1:0").expect("hub restarts"), true, log),
+                        let listen = format!("127.0.0.1:{port}");
+                        let mut restarted = cmd.start(&listen);
+                        // A SQLite journal serves one process at a time: a
+                        // reconcile that took it while the hub was down makes
+                        // the start fail. Wait for that run to end (the
+                        // reconciler holds `tools` while one runs), start again
+                        // before the next one can begin.
+                        let _no_tool = match &restarted {
+                            Err(e) if e.contains("held by another") => {
+                                let g = tools.lock().unwrap_or_else(|p| p.into_inner());
+                                restarted = cmd.start(&listen);
+                                Some(g)
+                            }
+                            _ => None,
+                        };
+                        match restarted {
+                            Ok(h) => (h, false, log, killed_at),
+                            Err(_) => (
+                                cmd.start("127.0.0.1:0").expect("hub restarts"),
+                                true,
+                                log,
+                                killed_at,
+                            ),
                         }
                     }
                 })
                 .await
                 .expect("restart task");
-                hub = h;
+                let addr = h.addr;
+                hubs[slot] = Some(h);
                 events.logs.push(log);
-                generation += 1;
-                hub_tx.send_replace((Some(hub.addr), generation));
+                generations[slot] += 1;
+                hub_tx.send_modify(|h| h[slot] = (Some(addr), generations[slot]));
                 events.log.push((
                     started.elapsed().as_millis(),
                     format!(
-                        "hub#{} {} (killed at t={killed_at}ms, {held} POSTs held), hub#{generation} up",
-                        generation - 1,
-                        if term { "SIGTERM" } else { "SIGKILL" }
+                        "{} {} (killed at t={killed_at}ms, {held} POSTs held), {} up",
+                        hub_name(slot, generation),
+                        if term { "SIGTERM" } else { "SIGKILL" },
+                        hub_name(slot, generations[slot]),
                     ),
                 ));
                 if term {
                     events.sigterm += 1;
                 } else {
                     events.sigkill += 1;
+                    events.kills.push(Kill {
+                        slot,
+                        generation,
+                        at_ms: killed_at,
+                    });
                 }
                 events.stops_while_held += u64::from(held > 0);
                 events.restarts_on_new_port += u64::from(moved);
@@ -632,7 +823,7 @@ async fn driver(
         }
     }
     proxy.set_mode(ProxyMode::Forward);
-    (hub, events)
+    (hubs.into_iter().map(|h| h.expect("hub")).collect(), events)
 }
 
 /// Prune passes that deleted rows, and the rows they deleted, from a hub's
@@ -712,7 +903,13 @@ fn is_refusal(stderr: &str) -> bool {
         .any(|w| s.contains(w))
 }
 
-async fn reconciler(cmd: HubCommand, stop: Arc<AtomicBool>, seed: u64) -> Reconciles {
+/// `tools` is held while a reconcile process runs.
+async fn reconciler(
+    cmd: HubCommand,
+    stop: Arc<AtomicBool>,
+    tools: Arc<std::sync::Mutex<()>>,
+    seed: u64,
+) -> Reconciles {
     let mut rng = Rng::new(seed ^ 0x8CB9_2BA7_2F3D_8DD7);
     let mut out = Reconciles::default();
     while !stop.load(Ordering::SeqCst) {
@@ -723,7 +920,11 @@ async fn reconciler(cmd: HubCommand, stop: Arc<AtomicBool>, seed: u64) -> Reconc
         }
         let run = tokio::task::spawn_blocking({
             let cmd = cmd.clone();
-            move || reconcile_once(&cmd)
+            let tools = tools.clone();
+            move || {
+                let _running = tools.lock().unwrap_or_else(|p| p.into_inner());
+                reconcile_once(&cmd)
+            }
         })
         .await
         .expect("reconcile task");
@@ -774,8 +975,17 @@ fn journal_show(cmd: &HubCommand, guid: &str) -> String {
     }
 }
 
-/// Rows in the journal file now (the hub may be writing).
-fn journal_rows(cmd: &HubCommand) -> Option<u64> {
+/// Rows in the journal now (the hubs may be writing): the SQLite file, or the
+/// shared PostgreSQL table when `pg` is its URL.
+async fn journal_rows(cmd: &HubCommand, pg: Option<&str>) -> Option<u64> {
+    if let Some(url) = pg {
+        let c = pg_common::raw_client(url).await;
+        return c
+            .query_one("SELECT COUNT(*) FROM relayhub_journal", &[])
+            .await
+            .ok()
+            .map(|r| r.get::<_, i64>(0) as u64);
+    }
     let c = rusqlite::Connection::open_with_flags(
         &cmd.journal,
         rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
@@ -787,6 +997,165 @@ fn journal_rows(cmd: &HubCommand) -> Option<u64> {
         .map(|n| n as u64)
 }
 
+// ---- takeovers in the shared journal ------------------------------------------
+
+/// One history entry of the shared journal: (GUID, at_ms, note).
+type Note = (String, i64, String);
+
+/// The history notes of the shared journal that tell of one hub settling or
+/// taking over another's row (a lease that ran out, a fence, a takeover),
+/// sampled all through the run: a pruned row takes its history with it.
+async fn watch_takeovers(url: String, stop: Arc<AtomicBool>) -> BTreeSet<Note> {
+    const TAKEOVER_NOTES: &str = "SELECT guid, at_ms, note FROM relayhub_journal_events \
+         WHERE note ILIKE '%lease%' OR note ILIKE '%fenc%' OR note ILIKE '%take%over%' \
+            OR note ILIKE '%took over%'";
+    let client = pg_common::raw_client(&url).await;
+    let mut seen = BTreeSet::new();
+    loop {
+        let last = stop.load(Ordering::SeqCst);
+        if let Ok(rows) = client.query(TAKEOVER_NOTES, &[]).await {
+            seen.extend(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))));
+        }
+        if last {
+            return seen;
+        }
+        // A sampling interval, far below the retention (25 s): nothing waits on it.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A note's kind: its words without hub names (`hub-a#3fa2c1`).
+fn note_kind(note: &str) -> String {
+    note.split_whitespace()
+        .filter(|w| !w.contains('#'))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+// ---- what several hubs add to the summary --------------------------------------
+
+/// Answers by class: the transfer's outcome (0000, B2xx, E500), "don't know"
+/// (E901), or not sent / refused (E902-E905).
+#[derive(Debug, Default, Clone, Copy)]
+struct Classes {
+    real: u64,
+    e901: u64,
+    other: u64,
+}
+
+impl Classes {
+    fn add(&mut self, code: &str) {
+        if is_final(code) {
+            self.real += 1;
+        } else if code == "E901" {
+            self.e901 += 1;
+        } else {
+            self.other += 1;
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.real + self.e901 + self.other
+    }
+
+    /// `key=N key_real=N key_e901=N key_other=N`.
+    fn kv(&self, key: &str) -> String {
+        format!(
+            "{key}={} {key}_real={} {key}_e901={} {key}_other={}",
+            self.total(),
+            self.real,
+            self.e901,
+            self.other
+        )
+    }
+}
+
+#[derive(Debug, Default)]
+struct Figures {
+    /// Answers to TRF001 resends (every TRF001 of a GUID after its first).
+    resends: Classes,
+    /// Of them, the resends that went to another hub than the GUID's send before.
+    cross_resends: Classes,
+    /// GUIDs in flight on a hub when it was SIGKILLed (sent, no answer yet).
+    in_flight: u64,
+    /// Of them, those the core got a whole POST of.
+    in_flight_posted: u64,
+    /// Their TRF001 resends and INQ001s after the kill, until the outcome.
+    after_kill_resends: Classes,
+    after_kill_inquiries: Classes,
+    /// From the kill to the first answer with the outcome, per such GUID.
+    kill_to_outcome: Vec<Duration>,
+    /// Those with no outcome after the kill (given up, or a violation).
+    no_outcome: u64,
+    /// Of the GUIDs in flight, those whose first TRF001 was lost in the kill:
+    /// the killed hub had claimed the row, which it left `sending`.
+    first_send: u64,
+    /// Their answers after the kill that were E901 (TRF001 and INQ001).
+    first_send_e901: u64,
+    /// Their time from the kill to the outcome.
+    first_send_to_outcome: Vec<Duration>,
+}
+
+/// `posted(guid)`: whether the core got a whole POST of the GUID.
+fn figures(records: &[Record], kills: &[Kill], posted: &dyn Fn(&str) -> bool) -> Figures {
+    let mut f = Figures::default();
+    for r in records {
+        let mut trf_sends = 0;
+        let mut previous: Option<usize> = None;
+        for s in &r.seen {
+            let Some((slot, _)) = s.hub else { continue };
+            if s.tx == Tx::Trf {
+                trf_sends += 1;
+                if trf_sends > 1
+                    && let Some(c) = s.code()
+                {
+                    f.resends.add(c);
+                    if previous.is_some_and(|p| p != slot) {
+                        f.cross_resends.add(c);
+                    }
+                }
+            }
+            previous = Some(slot);
+        }
+        for k in kills {
+            let Some(i) = r.seen.iter().position(|s| {
+                s.hub == Some((k.slot, k.generation))
+                    && s.sent_ms <= k.at_ms
+                    && matches!(s.seen, Seen::Lost | Seen::Timeout)
+            }) else {
+                continue;
+            };
+            f.in_flight += 1;
+            f.in_flight_posted += u64::from(posted(&r.guid));
+            let first = r.seen[i].tx == Tx::Trf && r.seen[..i].iter().all(|s| s.hub.is_none());
+            f.first_send += u64::from(first);
+            let mut outcome = false;
+            for s in &r.seen[i + 1..] {
+                let Some(c) = s.code() else { continue };
+                match s.tx {
+                    Tx::Trf => f.after_kill_resends.add(c),
+                    Tx::Inq => f.after_kill_inquiries.add(c),
+                }
+                f.first_send_e901 += u64::from(first && c == "E901");
+                if is_final(c) {
+                    let ms = s.at_ms.saturating_sub(k.at_ms);
+                    let took = Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX));
+                    f.kill_to_outcome.push(took);
+                    if first {
+                        f.first_send_to_outcome.push(took);
+                    }
+                    outcome = true;
+                    break;
+                }
+            }
+            f.no_outcome += u64::from(!outcome);
+        }
+    }
+    f.kill_to_outcome.sort();
+    f.first_send_to_outcome.sort();
+    f
+}
+
 // ---- the test -----------------------------------------------------------------
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -796,9 +1165,8 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
-    let transfers = env_u64("CHAOS_TRANSFERS", 3_000);
+/// `CHAOS_CHANNELS` and `CHAOS_SEED`, else 16 channels and a seed from the clock.
+fn channels_and_seed() -> (usize, u64) {
     let channels = env_u64("CHAOS_CHANNELS", 16) as usize;
     let seed = env_u64(
         "CHAOS_SEED",
@@ -807,7 +1175,42 @@ async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1),
     );
+    (channels, seed)
+}
 
+/// One run at a time: each loads both cores of a small machine, and the
+/// answer times it checks assume that.
+static ONE_RUN_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
+    let _turn = ONE_RUN_AT_A_TIME.lock().await;
+    let (channels, seed) = channels_and_seed();
+    chaos(env_u64("CHAOS_TRANSFERS", 3_000), channels, seed, None).await;
+}
+
+/// The same run through two hubs on one PostgreSQL journal: channels reach
+/// either (a resend may land on the other), and either is SIGKILLed at random.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_two_hubs_on_one_postgres_journal() {
+    let Some(base) = pg_common::test_db() else {
+        return;
+    };
+    let _turn = ONE_RUN_AT_A_TIME.lock().await;
+    let url = pg_common::fresh_schema(&base, "chaos").await;
+    let (channels, seed) = channels_and_seed();
+    chaos(
+        env_u64("CHAOS_PG_TRANSFERS", 1_000),
+        channels,
+        seed,
+        Some(url),
+    )
+    .await;
+}
+
+/// The run: one hub on a SQLite journal, or (with `pg`, a PostgreSQL URL whose
+/// schema is the run's own) two hubs sharing it.
+async fn chaos(transfers: u64, channels: usize, seed: u64, pg: Option<String>) {
     let core = start_core().await;
     let before = Ledger::of(&core);
     let proxy = Arc::new(Proxy::start(core.addr()).await);
@@ -819,7 +1222,7 @@ async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
     }));
     let dir = TempDir::new("chaos");
     // JSON logs at info for the daemon only: its prune lines are counted.
-    let cmd = HubCommand::new(
+    let base = HubCommand::new(
         &dir,
         &proxy.url(),
         &format!(
@@ -833,11 +1236,34 @@ async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
     )
     // The admin endpoints, for a reconcile that asks the live hub.
     .args(&["--admin-listen", "127.0.0.1:0"]);
-    let hub = cmd.start("127.0.0.1:0").expect("hub starts");
-    let (hub_tx, hub_rx) = watch::channel((Some(hub.addr), 1u64));
+    // The hubs' commands, and the one the journal tools run with.
+    let (cmds, cmd) = match &pg {
+        None => (vec![base.clone()], base.clone()),
+        Some(url) => {
+            let named = |id: &str| {
+                let mut c = base.clone();
+                c.journal = PathBuf::from(pg_common::with_params(
+                    url,
+                    &format!("hub_id={id}&lease_ms={LEASE_MS}"),
+                ));
+                c
+            };
+            (vec![named("hub-a"), named("hub-b")], named("tools"))
+        }
+    };
+    let hubs: Vec<Proc> = cmds
+        .iter()
+        .map(|c| c.start("127.0.0.1:0").expect("hub starts"))
+        .collect();
+    let (hub_tx, hub_rx) = watch::channel(
+        hubs.iter()
+            .map(|h| (Some(h.addr), 1u64))
+            .collect::<Vec<_>>(),
+    );
     let run = Arc::new(Run {
         core,
-        hub: hub_rx,
+        hubs: hub_rx,
+        hub_count: hubs.len(),
         issued: AtomicU64::new(0),
         transfers,
         started: Instant::now(),
@@ -845,32 +1271,33 @@ async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
     });
 
     let stop = Arc::new(AtomicBool::new(false));
+    // Held while a journal tool runs, so a hub's restart can wait for it.
+    let tools = Arc::new(std::sync::Mutex::new(()));
     let chaos = tokio::spawn(driver(
-        cmd.clone(),
-        hub,
+        cmds.clone(),
+        hubs,
         hub_tx,
         proxy.clone(),
         stop.clone(),
+        tools.clone(),
         seed,
         run.started,
     ));
-    let reconciling = tokio::spawn(reconciler(cmd.clone(), stop.clone(), seed));
+    let reconciling = tokio::spawn(reconciler(cmd.clone(), stop.clone(), tools, seed));
     let workers: Vec<_> = (0..channels)
         .map(|i| tokio::spawn(channel_loop(run.clone(), i, seed)))
         .collect();
-    // Chaos lasts while transfers are handed out; the last GUIDs settle in calm.
-    let handed_out = {
-        let run = run.clone();
-        async move {
-            while run.issued.load(Ordering::SeqCst) < run.transfers {
-                // No event for "the counter passed N": poll with a coarse tick.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
-    handed_out.await;
+    let takeovers = pg
+        .clone()
+        .map(|url| tokio::spawn(watch_takeovers(url, stop.clone())));
+    // Chaos lasts while transfers are handed out; the last GUIDs settle in
+    // calm. A driver that ended early found a hub dead: its panic fails the run.
+    while run.issued.load(Ordering::SeqCst) < run.transfers && !chaos.is_finished() {
+        // No event for "the counter passed N": poll with a coarse tick.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     stop.store(true, Ordering::SeqCst);
-    let (hub, mut events) = chaos.await.expect("driver");
+    let (mut hubs, mut events) = chaos.await.expect("driver");
     let reconciles = reconciling.await.expect("reconciler");
     let mut records = Vec::new();
     for w in workers {
@@ -895,8 +1322,16 @@ async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
         }
     }
     let stats = core.stats();
-    let rows_left = journal_rows(&cmd);
-    events.logs.push(hub.stderr());
+    let rows_left = journal_rows(&cmd, pg.as_deref()).await;
+    let takeovers = match takeovers {
+        Some(t) => t.await.expect("takeover watch"),
+        None => BTreeSet::new(),
+    };
+    for (slot, hub) in hubs.iter_mut().enumerate() {
+        // Still up at the end: a hub that died on its own fails the run.
+        assert_alive(hub, &hub_name(slot, run.hubs.borrow()[slot].1));
+        events.logs.push(hub.stderr());
+    }
     let (prune_passes, pruned_rows) = events
         .logs
         .iter()
@@ -984,7 +1419,7 @@ async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
             End::Unexpected(what) => violate(r, format!("unexpected answer: {what}")),
             _ => {}
         }
-        if r.seen.iter().any(|(_, _, s)| matches!(s, Seen::Timeout)) {
+        if r.saw(|s| matches!(s, Seen::Timeout)) {
             violate(
                 r,
                 "the hub did not answer within the channel's timeout".into(),
@@ -1033,8 +1468,8 @@ async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
         *faults
             .entry(r.fault.map_or("none", |f| f.kind()))
             .or_default() += 1;
-        for (_, _, s) in &r.seen {
-            match s {
+        for step in &r.seen {
+            match &step.seen {
                 Seen::Code(tx, c, d) => {
                     let counts = match tx {
                         Tx::Trf => &mut answers,
@@ -1068,7 +1503,7 @@ async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
                 .entry(format!("E901 -> {end} {how}"))
                 .or_default() += 1;
         }
-        if r.seen.iter().any(|(_, _, s)| matches!(s, Seen::Lost)) {
+        if r.saw(|s| matches!(s, Seen::Lost)) {
             *resolutions
                 .entry(format!("lost connection -> {end}"))
                 .or_default() += 1;
@@ -1084,9 +1519,14 @@ async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
     let mut summary = String::new();
     let _ = writeln!(
         summary,
-        "chaos: {} transfers on {channels} channels in {:.1} s (seed {seed}, budget {BUDGET_MS} ms)",
+        "chaos: {} transfers on {channels} channels in {:.1} s through {} (seed {seed}, budget {BUDGET_MS} ms)",
         records.len(),
-        elapsed.as_secs_f64()
+        elapsed.as_secs_f64(),
+        if pg.is_some() {
+            format!("2 hubs on one PostgreSQL journal (lease {LEASE_MS} ms)")
+        } else {
+            "1 hub on a SQLite journal".to_string()
+        }
     );
     let _ = writeln!(
         summary,
@@ -1161,6 +1601,69 @@ async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
         before.total,
         after.total
     );
+    let f = figures(&records, &events.kills, &|g| proxy.whole_posts(g) > 0);
+    let mut takeover_kinds: BTreeMap<String, u64> = BTreeMap::new();
+    for (_, _, note) in &takeovers {
+        *takeover_kinds.entry(note_kind(note)).or_default() += 1;
+    }
+    let kills_per_hub: Vec<String> = (0..run.hub_count)
+        .map(|slot| {
+            let n = events.kills.iter().filter(|k| k.slot == slot).count();
+            format!("{}={n}", hub_name(slot, 0).trim_end_matches("#0"))
+        })
+        .collect();
+    let _ = writeln!(
+        summary,
+        "  SIGKILLs per hub: {}; TRF001 resends: {} ({} real outcome, {} E901, {} other), of them to the other hub: {} ({} real outcome, {} E901, {} other)",
+        kills_per_hub.join(" "),
+        f.resends.total(),
+        f.resends.real,
+        f.resends.e901,
+        f.resends.other,
+        f.cross_resends.total(),
+        f.cross_resends.real,
+        f.cross_resends.e901,
+        f.cross_resends.other,
+    );
+    let _ = writeln!(
+        summary,
+        "  in flight on a killed hub: {} GUIDs ({} posted); after the kill their TRF001 resends got {} real outcome, {} E901, {} other, their INQ001s {} real outcome, {} E901, {} other; kill -> outcome ms p50 {} p90 {} p99 {} max {} ({} without one)",
+        f.in_flight,
+        f.in_flight_posted,
+        f.after_kill_resends.real,
+        f.after_kill_resends.e901,
+        f.after_kill_resends.other,
+        f.after_kill_inquiries.real,
+        f.after_kill_inquiries.e901,
+        f.after_kill_inquiries.other,
+        pct(&f.kill_to_outcome, 50),
+        pct(&f.kill_to_outcome, 90),
+        pct(&f.kill_to_outcome, 99),
+        pct(&f.kill_to_outcome, 100),
+        f.no_outcome,
+    );
+    let _ = writeln!(
+        summary,
+        "  of them lost on their first send (the killed hub's row left `sending`): {}; answered E901 {} times after the kill; kill -> outcome ms p50 {} p90 {} p99 {} max {}",
+        f.first_send,
+        f.first_send_e901,
+        pct(&f.first_send_to_outcome, 50),
+        pct(&f.first_send_to_outcome, 90),
+        pct(&f.first_send_to_outcome, 99),
+        pct(&f.first_send_to_outcome, 100),
+    );
+    if pg.is_some() {
+        let _ = writeln!(
+            summary,
+            "  takeovers in the shared journal's history: {} on {} GUIDs {takeover_kinds:?}",
+            takeovers.len(),
+            takeovers
+                .iter()
+                .map(|(g, _, _)| g)
+                .collect::<BTreeSet<_>>()
+                .len(),
+        );
+    }
     let _ = writeln!(
         summary,
         "  violations: {} per GUID, {} ledger, {} reconcile",
@@ -1168,8 +1671,63 @@ async fn chaos_every_guid_at_most_once_and_the_ledger_adds_up() {
         ledger_problems.len(),
         reconciles.broken.len()
     );
+    // Every figure on one line, to compare runs.
+    let _ = writeln!(
+        summary,
+        "chaos summary: hubs={} journal={} transfers={} channels={channels} seconds={:.1} seed={seed} \
+         budget_ms={BUDGET_MS} lease_ms={} sigkill={} {} sigterm={} violations={} ledger_problems={} \
+         reconcile_broken={} {} {} in_flight_at_kill={} in_flight_posted={} {} {} \
+         kill_to_outcome_ms_p50={} kill_to_outcome_ms_p90={} kill_to_outcome_ms_p99={} \
+         kill_to_outcome_ms_max={} no_outcome_after_kill={} first_send_lost={} \
+         first_send_lost_e901={} first_send_kill_to_outcome_ms_p50={} \
+         first_send_kill_to_outcome_ms_max={} takeovers={} posts={} \
+         answer_ms_p99={} answer_ms_max={} settle_ms_max={}",
+        run.hub_count,
+        if pg.is_some() { "postgres" } else { "sqlite" },
+        records.len(),
+        elapsed.as_secs_f64(),
+        if pg.is_some() {
+            LEASE_MS.to_string()
+        } else {
+            "-".into()
+        },
+        events.sigkill,
+        kills_per_hub
+            .iter()
+            .map(|k| format!("sigkill_{k}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        events.sigterm,
+        violations.len(),
+        ledger_problems.len(),
+        reconciles.broken.len(),
+        f.resends.kv("resends"),
+        f.cross_resends.kv("cross_hub_resends"),
+        f.in_flight,
+        f.in_flight_posted,
+        f.after_kill_resends.kv("after_kill_resends"),
+        f.after_kill_inquiries.kv("after_kill_inquiries"),
+        pct(&f.kill_to_outcome, 50),
+        pct(&f.kill_to_outcome, 90),
+        pct(&f.kill_to_outcome, 99),
+        pct(&f.kill_to_outcome, 100),
+        f.no_outcome,
+        f.first_send,
+        f.first_send_e901,
+        pct(&f.first_send_to_outcome, 50),
+        pct(&f.first_send_to_outcome, 100),
+        if pg.is_some() {
+            takeovers.len().to_string()
+        } else {
+            "-".into()
+        },
+        stats.post,
+        pct(&latencies, 99),
+        pct(&latencies, 100),
+        pct(&settle_times, 100),
+    );
     println!("{summary}");
-    drop(hub);
+    drop(hubs);
 
     let mut report = String::new();
     for (i, (guid, v)) in violations.iter().take(20).enumerate() {
@@ -1211,4 +1769,103 @@ fn a_refusal_is_told_from_another_failure() {
     ] {
         assert!(!is_refusal(other), "{other}");
     }
+}
+
+#[test]
+fn the_figures_follow_a_guid_from_a_kill_to_its_outcome() {
+    let step = |tx, sent_ms, at_ms, hub, seen| Step {
+        tx,
+        sent_ms,
+        at_ms,
+        hub,
+        seen,
+    };
+    let code = |tx, c: &str| Seen::Code(tx, c.to_string(), Duration::from_millis(5));
+    let record = |guid: &str, seen| Record {
+        guid: guid.into(),
+        from: ACCOUNTS[0],
+        to: ACCOUNTS[1],
+        amount: 1,
+        fault: None,
+        inquires: false,
+        seen,
+        txn_ids: Vec::new(),
+        end: End::Final("0000".into()),
+        took: Duration::ZERO,
+    };
+    let kill = Kill {
+        slot: 0,
+        generation: 1,
+        at_ms: 1_000,
+    };
+    let records = [
+        // In flight on hub-a#1 when it died: E901 from hub-b, then the outcome.
+        record(
+            "G1",
+            vec![
+                step(Tx::Trf, 900, 1_001, Some((0, 1)), Seen::Lost),
+                step(Tx::Trf, 1_010, 1_600, Some((1, 1)), code(Tx::Trf, "E901")),
+                step(Tx::Inq, 1_700, 1_710, Some((1, 1)), code(Tx::Inq, "E901")),
+                step(Tx::Trf, 3_000, 3_500, Some((1, 1)), code(Tx::Trf, "0000")),
+            ],
+        ),
+        // Sent to hub-a#1 after the kill: not in flight at it.
+        record(
+            "G2",
+            vec![
+                step(Tx::Trf, 1_005, 1_006, Some((0, 1)), Seen::Lost),
+                step(Tx::Trf, 1_100, 1_200, Some((0, 2)), code(Tx::Trf, "B201")),
+            ],
+        ),
+    ];
+    let f = figures(&records, &[kill], &|g| g == "G1");
+    assert_eq!((f.in_flight, f.in_flight_posted, f.no_outcome), (1, 1, 0));
+    assert_eq!(f.kill_to_outcome, vec![Duration::from_millis(2_500)]);
+    assert_eq!((f.first_send, f.first_send_e901), (1, 2));
+    assert_eq!(f.first_send_to_outcome, f.kill_to_outcome);
+    let (r, i) = (f.after_kill_resends, f.after_kill_inquiries);
+    assert_eq!((r.real, r.e901, r.other, i.e901), (1, 1, 0, 1));
+    // Resends: G1's second and third TRF001 (both on hub-b after hub-a), and
+    // G2's second (hub-a again).
+    assert_eq!(
+        (f.resends.total(), f.resends.real, f.resends.e901),
+        (3, 2, 1)
+    );
+    assert_eq!(f.cross_resends.total(), 1, "{f:?}");
+    assert_eq!(
+        note_kind("lease of hub hub-a#3fa2c1 expired while in flight"),
+        "lease of hub expired while in flight"
+    );
+}
+
+#[test]
+fn a_hub_that_dies_on_its_own_fails_the_run_with_its_log() {
+    let dir = TempDir::new("dies");
+    let cmd = HubCommand::new(&dir, "http://127.0.0.1:9", "");
+    let mut hub = cmd.start("127.0.0.1:0").expect("hub starts");
+    assert_alive(&mut hub, "hub-a#1");
+    // Killed behind the handle's back, as a crash would be.
+    send_signal(hub.pid, "KILL");
+    let deadline = Instant::now() + PATIENCE;
+    let status = loop {
+        if let Some(s) = hub.exited() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the hub outlived SIGKILL");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(!status.success());
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // The status was taken above: the handle still owns the child, so
+        // `exited` reads it again.
+        assert_alive(&mut hub, "hub-a#1")
+    }));
+    let message = *failed
+        .expect_err("a dead hub fails the run")
+        .downcast::<String>()
+        .expect("a formatted panic message");
+    assert!(
+        message.contains("hub-a#1 died on its own") && message.contains("the end of its log"),
+        "{message}"
+    );
 }

@@ -142,6 +142,14 @@ impl Proc {
         })
     }
 
+    /// The exit status if the process has ended (reaped here), `None` while it
+    /// runs or once it was stopped through this handle.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     /// SIGKILL: no drain, no clean-up; returns the exit status once reaped.
     pub fn sigkill(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("process still owned");
