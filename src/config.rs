@@ -259,6 +259,16 @@ pub struct TargetConfig {
     /// Credentials; the value itself is never logged.
     #[serde(default)]
     pub auth: Option<AuthConfig>,
+    /// PEM file of the CA certificates that may sign the core's certificate
+    /// (`https://` URLs). Without it, the Mozilla roots built into the hub
+    /// (webpki-roots). Re-read on SIGHUP.
+    pub ca_file: Option<PathBuf>,
+    /// PEM file of the hub's client certificate (and its chain) for a core
+    /// that asks for one (mTLS); needs `client_key_file`. Re-read on SIGHUP.
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM file of the private key of `client_cert_file` (PKCS#8, PKCS#1 or
+    /// SEC1). Re-read on SIGHUP.
+    pub client_key_file: Option<PathBuf>,
 }
 
 fn default_late_answer_window_ms() -> u64 {
@@ -298,6 +308,9 @@ impl TargetConfig {
             inquiry_attempts: default_inquiry_attempts(),
             backoff_ms: default_backoff_ms(),
             auth: None,
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
         }
     }
 
@@ -555,16 +568,37 @@ impl Config {
                 if !(u.starts_with("http://") || u.starts_with("https://")) {
                     return Err(bad(
                         &format!("{key}.urls"),
-                        format!("{u:?} is not an http:// URL"),
+                        format!("{u:?} is not an http:// or https:// URL"),
                     ));
                 }
-                if u.starts_with("https://") {
+            }
+            match (&t.client_cert_file, &t.client_key_file) {
+                (Some(_), None) => {
                     return Err(bad(
-                        &format!("{key}.urls"),
-                        format!(
-                            "{u:?}: this build speaks plain HTTP to the core; terminate TLS in front of it"
-                        ),
+                        &format!("{key}.client_key_file"),
+                        "client_cert_file is set without client_key_file".into(),
                     ));
+                }
+                (None, Some(_)) => {
+                    return Err(bad(
+                        &format!("{key}.client_cert_file"),
+                        "client_key_file is set without client_cert_file".into(),
+                    ));
+                }
+                _ => {}
+            }
+            if !t.urls.iter().any(|u| u.starts_with("https://")) {
+                for (name, set) in [
+                    ("ca_file", t.ca_file.is_some()),
+                    ("client_cert_file", t.client_cert_file.is_some()),
+                ] {
+                    if set {
+                        return Err(bad(
+                            &format!("{key}.{name}"),
+                            "is set but no URL of the target is https://: the calls would go in clear"
+                                .into(),
+                        ));
+                    }
                 }
             }
             if let Some(grace) = t.wire_grace_ms

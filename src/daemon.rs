@@ -38,7 +38,7 @@ pub enum StartError {
     #[error("target {name}: {source}")]
     Target {
         name: String,
-        source: crate::config::AuthError,
+        source: crate::core_client::TargetError,
     },
 }
 
@@ -49,6 +49,12 @@ pub enum ReloadError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Rules(#[from] RulesError),
+    /// A target's certificate or key file cannot be used; the files in force stay.
+    #[error("target {name}: {source}")]
+    Tls {
+        name: String,
+        source: crate::core_client::tls::TlsFileError,
+    },
 }
 
 /// Where the config comes from, kept for reloads.
@@ -205,11 +211,12 @@ impl Daemon {
         &self.hub
     }
 
-    /// Re-reads routes, layouts, channels and the code table and swaps them in
-    /// as one unit; an invalid new version is refused and the old one stays.
-    /// Everything else (listeners, prefix, budget, targets, journal, logging) is
-    /// fixed at start-up: the changed keys of that kind are returned, and
-    /// logged, with their running and new values.
+    /// Re-reads routes, layouts, channels, the code table and the targets'
+    /// certificate files and swaps them in as one unit; an invalid new version
+    /// (a bad certificate or key file included) is refused and the old one
+    /// stays. Everything else (listeners, prefix, budget, target URLs and
+    /// timeouts, journal, logging) is fixed at start-up: the changed keys of
+    /// that kind are returned, and logged, with their running and new values.
     pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let result = self
             .source
@@ -217,10 +224,19 @@ impl Daemon {
             .map_err(ReloadError::from)
             .and_then(|config| {
                 let rules = Rules::build(&config, &self.target_names)?;
-                Ok((rules, restart_only_changes(&self.started, &config)))
+                let tls = read_tls(&config, self.hub.targets())?;
+                Ok((rules, tls, restart_only_changes(&self.started, &config)))
             });
         match result {
-            Ok((rules, restart_pending)) => {
+            Ok((rules, tls, restart_pending)) => {
+                for (target, material) in tls {
+                    if target.rotate_tls(material) {
+                        info!(
+                            target_name = %target.name,
+                            "reload: new certificate files of the target in force for new connections"
+                        );
+                    }
+                }
                 self.hub.set_rules(rules);
                 metrics::counter!(crate::metric_names::CONFIG_RELOADS, "result" => "ok")
                     .increment(1);
@@ -264,6 +280,27 @@ impl Drop for Daemon {
             task.abort();
         }
     }
+}
+
+/// Reads the certificate files of every running target as the new config
+/// names them (a target the file no longer has keeps its files: removing a
+/// target waits for a restart).
+fn read_tls<'a>(
+    config: &Config,
+    running: &'a [Arc<Target>],
+) -> Result<Vec<(&'a Arc<Target>, crate::core_client::tls::TlsMaterial)>, ReloadError> {
+    let mut out = Vec::new();
+    for target in running {
+        if let Some(cfg) = config.targets.iter().find(|t| t.name == target.name) {
+            let material =
+                crate::core_client::tls::load(cfg).map_err(|source| ReloadError::Tls {
+                    name: target.name.clone(),
+                    source,
+                })?;
+            out.push((target, material));
+        }
+    }
+    Ok(out)
 }
 
 /// What a reload that took left for a restart.
@@ -319,6 +356,9 @@ const RELOADABLE: [&str; 4] = [
     "server.codes_file",
 ];
 
+/// The keys of every target that a reload applies (its certificate files).
+const RELOADABLE_TARGET_KEYS: [&str; 3] = ["ca_file", "client_cert_file", "client_key_file"];
+
 /// Restart-only keys that differ between the running config and a new one.
 /// Credentials are named, never shown.
 pub fn restart_only_changes(running: &Config, file: &Config) -> Vec<PendingKey> {
@@ -329,6 +369,12 @@ pub fn restart_only_changes(running: &Config, file: &Config) -> Vec<PendingKey> 
             !RELOADABLE
                 .iter()
                 .any(|r| *k == r || k.starts_with(&format!("{r}.")))
+        })
+        .filter(|k| {
+            !(k.starts_with("target.")
+                && RELOADABLE_TARGET_KEYS
+                    .iter()
+                    .any(|r| k.ends_with(&format!(".{r}"))))
         })
         .filter(|k| a.get(*k) != b.get(*k))
         .map(|k| {
