@@ -389,10 +389,10 @@ impl Target {
             .build();
         note_ignored_proxies();
         let tls = tls::TlsSlot::new(tls::load(cfg)?);
-        let connector = ()
-            .chain(TcpConnector::default())
-            .chain(tls::TlsConnector::new(&cfg.name, tls.clone()))
-            .chain(GateConnector);
+        let connector =
+            ().chain(TcpConnector::default())
+                .chain(tls::TlsConnector::new(&cfg.name, tls.clone()))
+                .chain(GateConnector);
         let agent = ureq::Agent::with_parts(config, connector, LiteralFirstResolver::default());
         let auth = cfg.auth.as_ref().map(|a| a.header_value()).transpose()?;
         Ok(Target {

@@ -395,7 +395,9 @@ pub fn refused_at_handshake(e: &ureq::Error) -> bool {
 /// The handshake error inside a ureq error, if it is one.
 pub fn handshake_error(e: &ureq::Error) -> Option<&HandshakeError> {
     match e {
-        ureq::Error::Io(io) => io.get_ref().and_then(|i| i.downcast_ref::<HandshakeError>()),
+        ureq::Error::Io(io) => io
+            .get_ref()
+            .and_then(|i| i.downcast_ref::<HandshakeError>()),
         _ => None,
     }
 }
@@ -586,7 +588,9 @@ mod tests {
         let err = load(&target_with(Some(&missing), None, None)).unwrap_err();
         let text = err.to_string();
         assert!(
-            text.starts_with("ca_file ") && text.contains("missing.pem") && text.contains("cannot read"),
+            text.starts_with("ca_file ")
+                && text.contains("missing.pem")
+                && text.contains("cannot read"),
             "{text}"
         );
 
