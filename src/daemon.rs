@@ -543,6 +543,18 @@ mod tests {
     }
 
     #[test]
+    fn a_targets_certificate_files_are_reloaded_not_restart_only() {
+        let a = cfg(
+            "[[target]]\nname = \"core\"\nurls = [\"https://a:1\"]\nca_file = \"/old/ca.pem\"\n",
+        );
+        let b = cfg(
+            "[[target]]\nname = \"core\"\nurls = [\"https://a:1\"]\nca_file = \"/new/ca.pem\"\n\
+             client_cert_file = \"/new/hub.pem\"\nclient_key_file = \"/new/hub.key\"\n",
+        );
+        assert!(restart_only_changes(&a, &b).is_empty());
+    }
+
+    #[test]
     fn an_added_target_or_an_unset_key_is_named() {
         let a = cfg("[[target]]\nname = \"core\"\nurls = [\"http://a:1\"]\n");
         let b = cfg(

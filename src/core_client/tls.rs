@@ -520,6 +520,33 @@ impl fmt::Debug for TlsTransport {
     }
 }
 
+/// True for a rustls error that is the core refusing the handshake.
+fn is_refusal(e: &io::Error) -> bool {
+    e.get_ref()
+        .and_then(|i| i.downcast_ref::<rustls::Error>())
+        .is_some_and(|r| matches!(r, rustls::Error::AlertReceived(a) if is_handshake_refusal(*a)))
+}
+
+impl TlsTransport {
+    /// After a failed write: reads what the core sent before it closed, and
+    /// returns its refusal of the handshake if that is what it was.
+    fn pending_refusal(&mut self) -> Option<io::Error> {
+        let rustls::StreamOwned { conn, sock } = &mut self.stream;
+        for _ in 0..4 {
+            match conn.read_tls(sock) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if let Err(e) = conn.process_new_packets() {
+                        let e = io::Error::new(io::ErrorKind::InvalidData, e);
+                        return is_refusal(&e).then_some(e);
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
 impl Transport for TlsTransport {
     fn buffers(&mut self) -> &mut dyn Buffers {
         &mut self.buffers
@@ -528,8 +555,19 @@ impl Transport for TlsTransport {
     fn transmit_output(&mut self, amount: usize, timeout: NextTimeout) -> Result<(), ureq::Error> {
         self.stream.get_mut().set_timeout(timeout);
         let output = &self.buffers.output()[..amount];
-        self.stream.write_all(output)?;
-        Ok(())
+        match self.stream.write_all(output) {
+            Ok(()) => Ok(()),
+            // A core that refused the handshake may have closed before the
+            // request went out: its alert is then waiting to be read.
+            Err(e) if !self.answered => match self.pending_refusal() {
+                Some(refused) => Err(failed(
+                    &self.target,
+                    HandshakeError::new(&self.host, &refused),
+                )),
+                None => Err(e.into()),
+            },
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, ureq::Error> {
@@ -543,19 +581,20 @@ impl Transport for TlsTransport {
                 }
                 Ok(n > 0)
             }
-            Err(e) => {
-                let refusal = e
-                    .get_ref()
-                    .and_then(|i| i.downcast_ref::<rustls::Error>())
-                    .is_some_and(|r| {
-                        matches!(r, rustls::Error::AlertReceived(a) if is_handshake_refusal(*a))
-                    });
-                if refusal && !self.answered {
-                    Err(failed(&self.target, HandshakeError::new(&self.host, &e)))
-                } else {
-                    Err(e.into())
-                }
+            Err(e) if self.answered => Err(e.into()),
+            Err(e) if is_refusal(&e) => {
+                Err(failed(&self.target, HandshakeError::new(&self.host, &e)))
             }
+            // Reading first flushes what rustls still holds, and a core that
+            // refused the handshake and closed makes that fail before its
+            // alert is read.
+            Err(e) => match self.pending_refusal() {
+                Some(refused) => Err(failed(
+                    &self.target,
+                    HandshakeError::new(&self.host, &refused),
+                )),
+                None => Err(e.into()),
+            },
         }
     }
 

@@ -1,6 +1,7 @@
 //! The resilience suite, one test binary: bulkheads, channels, retries
-//! (`resilience_*`), and the hub's lifecycle under reloads and signals
-//! (`lifecycle_*`).
+//! (`resilience_*`), the hub's lifecycle under reloads and signals
+//! (`lifecycle_*`), and TLS to the core with its certificate rotation
+//! (`core_tls`).
 //!
 //! ```sh
 //! cargo test --test resilience                        # the whole suite
@@ -12,6 +13,7 @@ mod common;
 #[path = "../resilience_support/mod.rs"]
 mod resilience_support;
 
+mod core_tls;
 mod lifecycle_reload;
 mod lifecycle_signals;
 mod resilience_bulkheads;
