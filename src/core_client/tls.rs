@@ -477,7 +477,7 @@ impl<In: Transport> Connector<In> for TlsConnector {
             )
         })?;
         let mut sock = TransportAdapter::new(transport.boxed(), details.current_time.clone());
-        sock.set_timeout(details.timeout);
+        sock.set_timeout(connect_time_left(details));
         while conn.is_handshaking() {
             if let Err(e) = conn.complete_io(&mut sock) {
                 return Err(failed(&self.target, HandshakeError::new(&host, &e)));
@@ -496,6 +496,19 @@ impl<In: Transport> Connector<In> for TlsConnector {
             answered: false,
         })))
     }
+}
+
+/// What is left of the connect timeout: the TCP connect and the handshake
+/// share it, as they share the budget.
+fn connect_time_left(details: &ConnectionDetails) -> NextTimeout {
+    use ureq::unversioned::transport::time::{Duration, Instant};
+    let mut t = details.timeout;
+    if let (Duration::Exact(limit), Instant::Exact(start), Instant::Exact(now)) =
+        (t.after, details.now, (details.current_time)())
+    {
+        t.after = Duration::Exact(limit.saturating_sub(now.saturating_duration_since(start)));
+    }
+    t
 }
 
 /// A TLS connection to a core.
