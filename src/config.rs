@@ -906,6 +906,34 @@ mod tests {
     }
 
     #[test]
+    fn https_targets_and_their_tls_keys_are_checked() {
+        let mut c = Config::default();
+        c.apply(&Overrides {
+            core_url: Some("https://core.example:8443".into()),
+            ..Default::default()
+        });
+        c.validate("t").unwrap();
+        c.targets[0].client_cert_file = Some("/x/hub.pem".into());
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("target.core.client_key_file"), "{err}");
+        c.targets[0].client_cert_file = None;
+        c.targets[0].client_key_file = Some("/x/hub.key".into());
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("target.core.client_cert_file"), "{err}");
+
+        let mut c = with_core();
+        c.targets[0].ca_file = Some("/x/ca.pem".into());
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(
+            err.contains("target.core.ca_file") && err.contains("no URL of the target is https://"),
+            "{err}"
+        );
+        c.targets[0].urls = vec!["ftp://core".into()];
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("not an http:// or https:// URL"), "{err}");
+    }
+
+    #[test]
     fn zero_write_timeout_is_refused() {
         let mut c = with_core();
         c.server.write_timeout_ms = 0;

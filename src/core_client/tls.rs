@@ -668,6 +668,86 @@ mod tests {
         assert!(text.contains("broken.pem"), "{text}");
     }
 
+    /// A CA and a client certificate it signs, as PEM files in `dir`:
+    /// (ca.pem, client.pem, client.key, other.key).
+    fn pem_files(dir: &Path) -> [PathBuf; 4] {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let issuer = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["relayhub.test".to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let other = KeyPair::generate().unwrap();
+        let files = ["ca.pem", "client.pem", "client.key", "other.key"].map(|f| dir.join(f));
+        std::fs::write(&files[0], issuer.pem()).unwrap();
+        std::fs::write(&files[1], leaf.pem()).unwrap();
+        std::fs::write(&files[2], key.serialize_pem()).unwrap();
+        std::fs::write(&files[3], other.serialize_pem()).unwrap();
+        files
+    }
+
+    #[test]
+    fn a_client_certificate_loads_with_its_key_and_not_with_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let [ca, cert, key, other] = pem_files(dir.path());
+        let m = load(&target_with(Some(&ca), Some(&cert), Some(&key))).unwrap();
+        assert!(m.config.client_auth_cert_resolver.has_certs());
+        let text = load(&target_with(Some(&ca), Some(&cert), Some(&other)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("other.key")
+                && text.contains("client.pem")
+                && text.contains("does not go with"),
+            "{text}"
+        );
+        // A key file holding a certificate is no key.
+        let text = load(&target_with(Some(&ca), Some(&cert), Some(&ca)))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("no PEM private key"), "{text}");
+    }
+
+    #[test]
+    fn a_rotation_moves_the_generation_and_the_same_files_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let [ca, cert, key, _] = pem_files(dir.path());
+        let slot = TlsSlot::new(load(&target_with(Some(&ca), None, None)).unwrap());
+        assert!(!slot.install(load(&target_with(Some(&ca), None, None)).unwrap()));
+        assert_eq!(slot.generation(), 0);
+        assert!(slot.install(load(&target_with(Some(&ca), Some(&cert), Some(&key))).unwrap()));
+        assert_eq!(slot.generation(), 1);
+        assert!(slot.current().1.client_auth_cert_resolver.has_certs());
+    }
+
+    #[test]
+    fn handshake_causes_read_as_the_log_says() {
+        use rustls::Error as E;
+        let expired = E::InvalidCertificate(CertificateError::Expired);
+        assert_eq!(cause_of(&expired).to_string(), "certificate expired");
+        assert_eq!(
+            cause_of(&E::InvalidCertificate(CertificateError::NotValidForName)).label(),
+            "certificate_not_valid_for_name"
+        );
+        assert_eq!(
+            cause_of(&E::InvalidCertificate(CertificateError::UnknownIssuer)).to_string(),
+            "unknown issuer"
+        );
+        assert_eq!(
+            cause_of(&E::AlertReceived(AlertDescription::CertificateRequired)).to_string(),
+            "the core requires a client certificate"
+        );
+        assert!(is_handshake_refusal(AlertDescription::BadCertificate));
+        assert!(!is_handshake_refusal(AlertDescription::CloseNotify));
+        let timeout = io::Error::other(ureq::Error::Timeout(ureq::Timeout::Connect));
+        assert_eq!(HandshakeError::new("h", &timeout).cause, Cause::Timeout);
+        let eof = io::Error::new(io::ErrorKind::UnexpectedEof, "eof");
+        assert_eq!(HandshakeError::new("h", &eof).cause, Cause::Closed);
+    }
+
     #[test]
     fn without_a_ca_file_the_built_in_roots_are_used() {
         let m = load(&target_with(None, None, None)).unwrap();
