@@ -64,6 +64,9 @@ pub enum TlsFileError {
         index: usize,
         reason: String,
     },
+    /// The TLS library refused the settings themselves (not a file).
+    #[error("TLS 1.2/1.3 with the ring provider is not available: {0}")]
+    Setup(String),
     #[error("client_key_file {}: no PEM private key in it", file.display())]
     NoKey { file: PathBuf },
     #[error(
@@ -143,11 +146,7 @@ pub fn load(cfg: &TargetConfig) -> Result<TlsMaterial, TlsFileError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| TlsFileError::BadPem {
-            key: "ca_file",
-            file: PathBuf::new(),
-            reason: format!("no TLS version available: {e}"),
-        })?
+        .map_err(|e| TlsFileError::Setup(e.to_string()))?
         .with_root_certificates(roots);
     let mut config = match (&cfg.client_cert_file, &cfg.client_key_file) {
         (Some(cert_file), Some(key_file)) => {
