@@ -416,3 +416,30 @@ async fn a_core_silent_during_the_handshake_is_e902() {
     })
     .await;
 }
+
+/// Over plain HTTP a connection closed at once by something in front of the
+/// core may have taken the request (E901). Over TLS the hub writes no request
+/// byte before the handshake is done, so the same close is "not sent": E902.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_before_the_handshake_ends_is_e902() {
+    let ca = TestCa::new("core CA");
+    let server = ca.server("core", &["127.0.0.1"], Validity::Current);
+    let core = https_core(&server, None).await;
+    let proxy = Proxy::start(core.addr()).await;
+    proxy.set_mode(ProxyMode::CloseNew);
+    let dir = TempDir::new("tlsclose");
+    let mut hub = hub(
+        &dir,
+        &[&format!("https://{}", proxy.addr)],
+        &tls_lines(Some(&ca.cert), None),
+    );
+    let g = guid("TLSCLO");
+    let a = send(&hub, &transfer(&g, AMOUNT)).await;
+    assert_header_only(&a, "TRF001", &g, "E902");
+    assert_eq!(core.stats().post, 0);
+    hub.wait_log(0, |l| {
+        l.contains("TLS handshake with the core failed")
+            && l.contains("connection closed during the handshake")
+    })
+    .await;
+}
