@@ -443,3 +443,38 @@ async fn a_connection_closed_before_the_handshake_ends_is_e902() {
     })
     .await;
 }
+
+/// The fixture as a process serves HTTPS with `--tls-cert`/`--tls-key`, and
+/// with `--tls-client-ca` takes only clients with a certificate of that CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fixture_binary_serves_https_and_requires_client_certificates_when_told() {
+    let ca = TestCa::new("core CA");
+    let clients = TestCa::new("client CA");
+    let server = ca.server("core", &["127.0.0.1"], Validity::Current);
+    let client = clients.client("hub", "relayhub", &["relayhub.test"], Validity::Current);
+    let path = |p: &Path| p.display().to_string();
+    let core = spawn_ready(
+        &corebank_bin(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            &path(&server.cert),
+            "--tls-key",
+            &path(&server.key),
+            "--tls-client-ca",
+            &path(&clients.cert),
+        ],
+    );
+    let url = format!("https://{}", core.addr);
+
+    let dir = TempDir::new("binmtls");
+    let with = hub(&dir, &[&url], &tls_lines(Some(&ca.cert), Some(&client)));
+    let a = send(&with, &transfer(&guid("BINOK"), AMOUNT)).await;
+    assert_eq!(a.code, "0000", "{a:?}\nhub log:\n{}", with.stderr());
+
+    let dir = TempDir::new("binnocert");
+    let without = hub(&dir, &[&url], &tls_lines(Some(&ca.cert), None));
+    let a = send(&without, &transfer(&guid("BINNO"), AMOUNT)).await;
+    assert_eq!(a.code, "E902", "{a:?}\nhub log:\n{}", without.stderr());
+}
