@@ -291,6 +291,16 @@ pub struct TargetConfig {
     /// Credentials; the value itself is never logged.
     #[serde(default)]
     pub auth: Option<AuthConfig>,
+    /// PEM file of the CA certificates that may sign the core's certificate
+    /// (`https://` URLs). Without it, the Mozilla roots built into the hub
+    /// (webpki-roots). Re-read on SIGHUP.
+    pub ca_file: Option<PathBuf>,
+    /// PEM file of the hub's client certificate (and its chain) for a core
+    /// that asks for one (mTLS); needs `client_key_file`. Re-read on SIGHUP.
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM file of the private key of `client_cert_file` (PKCS#8, PKCS#1 or
+    /// SEC1). Re-read on SIGHUP.
+    pub client_key_file: Option<PathBuf>,
 }
 
 /// The longest budget a channel may be given: ten minutes. Larger values are
@@ -337,6 +347,9 @@ impl TargetConfig {
             inquiry_attempts: default_inquiry_attempts(),
             backoff_ms: default_backoff_ms(),
             auth: None,
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
         }
     }
 
@@ -674,16 +687,37 @@ impl Config {
                 if !(u.starts_with("http://") || u.starts_with("https://")) {
                     return Err(bad(
                         &format!("{key}.urls"),
-                        format!("{u:?} is not an http:// URL"),
+                        format!("{u:?} is not an http:// or https:// URL"),
                     ));
                 }
-                if u.starts_with("https://") {
+            }
+            match (&t.client_cert_file, &t.client_key_file) {
+                (Some(_), None) => {
                     return Err(bad(
-                        &format!("{key}.urls"),
-                        format!(
-                            "{u:?}: this build speaks plain HTTP to the core; terminate TLS in front of it"
-                        ),
+                        &format!("{key}.client_key_file"),
+                        "client_cert_file is set without client_key_file".into(),
                     ));
+                }
+                (None, Some(_)) => {
+                    return Err(bad(
+                        &format!("{key}.client_cert_file"),
+                        "client_key_file is set without client_cert_file".into(),
+                    ));
+                }
+                _ => {}
+            }
+            if !t.urls.iter().any(|u| u.starts_with("https://")) {
+                for (name, set) in [
+                    ("ca_file", t.ca_file.is_some()),
+                    ("client_cert_file", t.client_cert_file.is_some()),
+                ] {
+                    if set {
+                        return Err(bad(
+                            &format!("{key}.{name}"),
+                            "is set but no URL of the target is https://: the calls would go in clear"
+                                .into(),
+                        ));
+                    }
                 }
             }
             if t.late_answer_window_ms > MAX_WINDOW_MS {
@@ -1071,6 +1105,34 @@ mod tests {
         let mut c = with_core();
         c.server.tls_key_file = Some("/c.key".into());
         assert!(err(&c).contains("server.tls_key_file"), "{}", err(&c));
+    }
+
+    #[test]
+    fn https_targets_and_their_tls_keys_are_checked() {
+        let mut c = Config::default();
+        c.apply(&Overrides {
+            core_url: Some("https://core.example:8443".into()),
+            ..Default::default()
+        });
+        c.validate("t").unwrap();
+        c.targets[0].client_cert_file = Some("/x/hub.pem".into());
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("target.core.client_key_file"), "{err}");
+        c.targets[0].client_cert_file = None;
+        c.targets[0].client_key_file = Some("/x/hub.key".into());
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("target.core.client_cert_file"), "{err}");
+
+        let mut c = with_core();
+        c.targets[0].ca_file = Some("/x/ca.pem".into());
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(
+            err.contains("target.core.ca_file") && err.contains("no URL of the target is https://"),
+            "{err}"
+        );
+        c.targets[0].urls = vec!["ftp://core".into()];
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("not an http:// or https:// URL"), "{err}");
     }
 
     #[test]

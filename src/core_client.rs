@@ -38,6 +38,8 @@ use ureq::unversioned::transport::{
 
 use crate::config::TargetConfig;
 
+pub mod tls;
+
 /// The header carrying the hub's remaining budget in milliseconds, so a core (or
 /// a gateway) can give up on work nobody is waiting for.
 pub const DEADLINE_HEADER: &str = "X-Expected-Timeout-Ms";
@@ -208,6 +210,10 @@ impl<T: Transport> Transport for GatedTransport<T> {
     fn is_open(&mut self) -> bool {
         self.inner.is_open()
     }
+
+    fn is_tls(&self) -> bool {
+        self.inner.is_tls()
+    }
 }
 
 /// A resolver that answers IP-literal hosts itself and asks the system for
@@ -337,6 +343,17 @@ pub struct Target {
     pub inquiry_attempts: u32,
     backoff: Duration,
     auth: Option<String>,
+    /// The TLS client config in force for `https://` URLs (rotated on SIGHUP).
+    tls: tls::TlsSlot,
+}
+
+/// Why a target could not be built from its (validated) config.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error(transparent)]
+    Auth(#[from] crate::config::AuthError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsFileError),
 }
 
 impl std::fmt::Debug for Target {
@@ -349,8 +366,13 @@ impl std::fmt::Debug for Target {
 }
 
 impl Target {
-    /// Builds the agent for a validated target config.
-    pub fn new(cfg: &TargetConfig, budget: Duration) -> Result<Target, crate::config::AuthError> {
+    /// Builds the agent for a validated target config; reads its certificate
+    /// files.
+    ///
+    /// The connector chain is TCP, then TLS (`https://` URLs only), then the
+    /// gate: the handshake happens below the [`SendGate`], so a failed one is
+    /// "not sent", and the gate passes on the first byte of the HTTP request.
+    pub fn new(cfg: &TargetConfig, budget: Duration) -> Result<Target, TargetError> {
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
@@ -366,7 +388,11 @@ impl Target {
             .proxy(None)
             .build();
         note_ignored_proxies();
-        let connector = ().chain(TcpConnector::default()).chain(GateConnector);
+        let tls = tls::TlsSlot::new(tls::load(cfg)?);
+        let connector =
+            ().chain(TcpConnector::default())
+                .chain(tls::TlsConnector::new(&cfg.name, tls.clone()))
+                .chain(GateConnector);
         let agent = ureq::Agent::with_parts(config, connector, LiteralFirstResolver::default());
         let auth = cfg.auth.as_ref().map(|a| a.header_value()).transpose()?;
         Ok(Target {
@@ -387,7 +413,15 @@ impl Target {
             inquiry_attempts: cfg.inquiry_attempts,
             backoff: Duration::from_millis(cfg.backoff_ms),
             auth,
+            tls,
         })
+    }
+
+    /// Puts newly read certificate files in force for new connections (SIGHUP);
+    /// false when they read the same as the ones in force. Pooled connections
+    /// made with the old files are not reused; calls in progress finish.
+    pub fn rotate_tls(&self, material: tls::TlsMaterial) -> bool {
+        self.tls.install(material)
     }
 
     /// Calls in progress on this target (for metrics).
@@ -551,7 +585,9 @@ impl Job {
         CURRENT_GATE.with(|g| *g.borrow_mut() = None);
         result.map_err(|e| {
             let reason = describe(&e);
-            if self.gate.was_sent() {
+            // A handshake the core refused took nothing in, even when (TLS
+            // 1.3) its refusal is read after the request was handed over.
+            if self.gate.was_sent() && !tls::refused_at_handshake(&e) {
                 CallFailure::MaybeSent(reason)
             } else {
                 CallFailure::NotSent(reason)
@@ -616,6 +652,9 @@ impl Job {
 
 /// A short, credential-free description of a ureq error for logs and the journal.
 fn describe(e: &ureq::Error) -> String {
+    if let Some(h) = tls::handshake_error(e) {
+        return h.to_string();
+    }
     match e {
         ureq::Error::Timeout(t) => format!("timeout ({t})"),
         ureq::Error::Io(io) => format!("i/o: {io}"),

@@ -39,7 +39,7 @@ pub enum StartError {
     #[error("target {name}: {source}")]
     Target {
         name: String,
-        source: crate::config::AuthError,
+        source: crate::core_client::TargetError,
     },
     #[error(transparent)]
     Tls(#[from] TlsFileError),
@@ -54,7 +54,13 @@ pub enum ReloadError {
     Rules(#[from] RulesError),
     /// A TLS file of the listener (certificate, key, client CA).
     #[error(transparent)]
-    Tls(#[from] TlsFileError),
+    ListenerTls(#[from] TlsFileError),
+    /// A target's certificate or key file cannot be used; the files in force stay.
+    #[error("target {name}: {source}")]
+    TargetTls {
+        name: String,
+        source: crate::core_client::tls::TlsFileError,
+    },
 }
 
 /// Where the config comes from, kept for reloads.
@@ -246,14 +252,14 @@ impl Daemon {
         &self.hub
     }
 
-    /// Re-reads routes, layouts, channels and the code table, and the TLS
-    /// listener's certificate, key and client CA, and swaps them in as one
-    /// unit; an invalid new version (a bad TLS file included) is refused and
-    /// the old one stays. Open TLS connections keep their session; the next
-    /// handshake uses the new certificate.
-    /// Everything else (listeners, prefix, budget, targets, journal, logging) is
-    /// fixed at start-up: the changed keys of that kind are returned, and
-    /// logged, with their running and new values.
+    /// Re-reads routes, layouts, channels, the code table, the TLS listener's
+    /// certificate, key and client CA, and the targets' certificate files, and
+    /// swaps them in as one unit; an invalid new version (a bad TLS file
+    /// included) is refused and the old one stays. Open TLS connections keep
+    /// their session; the next handshake (channel or core) uses the new files.
+    /// Everything else (listeners, prefix, budget, target URLs and timeouts,
+    /// journal, logging) is fixed at start-up: the changed keys of that kind
+    /// are returned, and logged, with their running and new values.
     pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let result = self
             .source
@@ -267,10 +273,24 @@ impl Daemon {
                     (Some(_), Some(_)) => Some(channel_tls::server_config(&config.server)?),
                     _ => None,
                 };
-                Ok((rules, tls, restart_only_changes(&self.started, &config)))
+                let target_tls = read_tls(&config, self.hub.targets())?;
+                Ok((
+                    rules,
+                    tls,
+                    target_tls,
+                    restart_only_changes(&self.started, &config),
+                ))
             });
         match result {
-            Ok((rules, tls, restart_pending)) => {
+            Ok((rules, tls, target_tls, restart_pending)) => {
+                for (target, material) in target_tls {
+                    if target.rotate_tls(material) {
+                        info!(
+                            target_name = %target.name,
+                            "reload: new certificate files of the target in force for new connections"
+                        );
+                    }
+                }
                 self.hub.set_rules(rules);
                 if let (Some(acceptor), Some(tls)) = (&self.tls, tls) {
                     acceptor.replace(tls);
@@ -320,6 +340,27 @@ impl Drop for Daemon {
             task.abort();
         }
     }
+}
+
+/// Reads the certificate files of every running target as the new config
+/// names them (a target the file no longer has keeps its files: removing a
+/// target waits for a restart).
+fn read_tls<'a>(
+    config: &Config,
+    running: &'a [Arc<Target>],
+) -> Result<Vec<(&'a Arc<Target>, crate::core_client::tls::TlsMaterial)>, ReloadError> {
+    let mut out = Vec::new();
+    for target in running {
+        if let Some(cfg) = config.targets.iter().find(|t| t.name == target.name) {
+            let material =
+                crate::core_client::tls::load(cfg).map_err(|source| ReloadError::TargetTls {
+                    name: target.name.clone(),
+                    source,
+                })?;
+            out.push((target, material));
+        }
+    }
+    Ok(out)
 }
 
 /// What a reload that took left for a restart.
@@ -388,6 +429,9 @@ fn client_auth_name(s: &crate::config::ServerConfig) -> &'static str {
     }
 }
 
+/// The keys of every target that a reload applies (its certificate files).
+const RELOADABLE_TARGET_KEYS: [&str; 3] = ["ca_file", "client_cert_file", "client_key_file"];
+
 /// Restart-only keys that differ between the running config and a new one.
 /// Credentials are named, never shown.
 pub fn restart_only_changes(running: &Config, file: &Config) -> Vec<PendingKey> {
@@ -398,6 +442,12 @@ pub fn restart_only_changes(running: &Config, file: &Config) -> Vec<PendingKey> 
             !RELOADABLE
                 .iter()
                 .any(|r| *k == r || k.starts_with(&format!("{r}.")))
+        })
+        .filter(|k| {
+            !(k.starts_with("target.")
+                && RELOADABLE_TARGET_KEYS
+                    .iter()
+                    .any(|r| k.ends_with(&format!(".{r}"))))
         })
         .filter(|k| a.get(*k) != b.get(*k))
         .map(|k| {
@@ -563,6 +613,18 @@ mod tests {
             r.to_string()
                 .starts_with("4 changed keys wait for a restart: journal.")
         );
+    }
+
+    #[test]
+    fn a_targets_certificate_files_are_reloaded_not_restart_only() {
+        let a = cfg(
+            "[[target]]\nname = \"core\"\nurls = [\"https://a:1\"]\nca_file = \"/old/ca.pem\"\n",
+        );
+        let b = cfg(
+            "[[target]]\nname = \"core\"\nurls = [\"https://a:1\"]\nca_file = \"/new/ca.pem\"\n\
+             client_cert_file = \"/new/hub.pem\"\nclient_key_file = \"/new/hub.key\"\n",
+        );
+        assert!(restart_only_changes(&a, &b).is_empty());
     }
 
     #[test]

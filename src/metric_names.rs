@@ -19,6 +19,10 @@ pub const CORE_IN_FLIGHT: &str = "relayhub_core_in_flight";
 pub const BULKHEAD_REJECTIONS: &str = "relayhub_bulkhead_rejections_total";
 /// Retries of a call inside one telegram, by `target` and `operation`.
 pub const CORE_RETRIES: &str = "relayhub_core_retries_total";
+/// TLS handshakes with a core that failed (nothing was sent), by `target` and
+/// `cause` (`certificate_expired`, `certificate_not_valid_for_name`,
+/// `unknown_issuer`, `refused_by_core`, `timeout`, ...).
+pub const CORE_TLS_FAILURES: &str = "relayhub_core_tls_handshake_failures_total";
 /// Channel connections open now.
 pub const OPEN_CONNECTIONS: &str = "relayhub_open_connections";
 /// Channel connections closed at once because `max_connections` were open.
@@ -89,6 +93,11 @@ pub fn describe_all() {
         CORE_RETRIES,
         Unit::Count,
         "Retries inside one telegram (connects that sent nothing; inquiries), by target and operation."
+    );
+    describe_counter!(
+        CORE_TLS_FAILURES,
+        Unit::Count,
+        "TLS handshakes with a core that failed, so nothing was sent (E902, failover allowed), by target and cause."
     );
     describe_gauge!(
         OPEN_CONNECTIONS,

@@ -79,7 +79,8 @@ struct ConfigArgs {
     /// Telegram listener address (HOST:PORT; port 0 picks a free one).
     #[arg(long, value_name = "HOST:PORT")]
     listen: Option<String>,
-    /// Base URL (http://HOST:PORT) of the target `core`, which the default routes
+    /// Base URL (http://HOST:PORT, or https://HOST:PORT with the target's TLS
+    /// files in the config) of the target `core`, which the default routes
     /// (TRF001, INQ001) use.
     #[arg(long, value_name = "URL")]
     core_url: Option<String>,
@@ -668,6 +669,20 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
             t.late_answer_window_ms,
             t.max_concurrency
         );
+        if t.urls.iter().any(|u| u.starts_with("https://")) {
+            // The files were read and checked by `build_targets` above.
+            println!(
+                "target {} TLS: trusts {}; client certificate {}",
+                t.name,
+                t.ca_file.as_ref().map_or_else(
+                    || "the built-in roots (webpki-roots)".to_string(),
+                    |f| f.display().to_string()
+                ),
+                t.client_cert_file
+                    .as_ref()
+                    .map_or_else(|| "none".to_string(), |f| f.display().to_string())
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -8,6 +8,7 @@ use relayhub::daemon::{Daemon, Source};
 use relayhub::frame::PrefixMode;
 use tokio::net::{TcpListener, TcpStream};
 
+use super::certs::{Leaf, TestCa, Validity};
 use super::{TempFile, connect, within};
 
 /// How a test wants its hub.
@@ -33,6 +34,99 @@ impl HubOpts {
         HubOpts {
             toml: Some(text.to_string()),
             ..HubOpts::default()
+        }
+    }
+}
+
+/// How the fixture serves: plain HTTP, or HTTPS with a test CA of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CoreScheme {
+    Http,
+    Https,
+}
+
+impl CoreScheme {
+    /// The base URL of something listening on `addr` in this scheme.
+    pub fn url(self, addr: std::net::SocketAddr) -> String {
+        match self {
+            CoreScheme::Http => format!("http://{addr}"),
+            CoreScheme::Https => format!("https://{addr}"),
+        }
+    }
+}
+
+/// A test CA and the fixture's server certificate (for `127.0.0.1` and
+/// `localhost`), as PEM files that live as long as this value.
+pub struct CoreTls {
+    pub ca: TestCa,
+    pub server: Leaf,
+}
+
+impl CoreTls {
+    pub fn new() -> CoreTls {
+        let ca = TestCa::new("relayhub test core CA");
+        let server = ca.server("core", &["127.0.0.1", "localhost"], Validity::Current);
+        CoreTls { ca, server }
+    }
+
+    /// The fixture's TLS settings; with `client_ca`, client certificates
+    /// signed by it are required.
+    pub fn server_tls(&self, client_ca: Option<&std::path::Path>) -> corebank::ServerTls {
+        corebank::ServerTls::from_files(&self.server.cert, &self.server.key, client_ca)
+            .expect("fixture TLS settings")
+    }
+
+    /// A hub config table trusting this CA for the target `core`.
+    pub fn hub_toml(&self) -> String {
+        target_tls_toml("core", Some(&self.ca.cert), None)
+    }
+}
+
+impl Default for CoreTls {
+    fn default() -> Self {
+        CoreTls::new()
+    }
+}
+
+/// A `[[target]]` table for `name` with a CA file and a client certificate
+/// (either may be absent); the URLs come from `--core-url`.
+pub fn target_tls_toml(
+    name: &str,
+    ca_file: Option<&std::path::Path>,
+    client: Option<&Leaf>,
+) -> String {
+    let mut t = format!("\n[[target]]\nname = {name:?}\n");
+    if let Some(ca) = ca_file {
+        t.push_str(&format!("ca_file = {:?}\n", ca.display().to_string()));
+    }
+    if let Some(c) = client {
+        t.push_str(&format!(
+            "client_cert_file = {:?}\nclient_key_file = {:?}\n",
+            c.cert.display().to_string(),
+            c.key.display().to_string()
+        ));
+    }
+    t
+}
+
+/// The fixture on a free port, serving HTTPS with `tls` (its certificates
+/// must outlive the fixture's start; the fixture keeps what it read).
+pub async fn start_core_https(tls: corebank::ServerTls) -> CoreBank {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind fixture");
+    corebank::start_https(listener, default_seed(), tls).await
+}
+
+/// The fixture in `scheme`; for HTTPS, the test CA that signed its
+/// certificate (keep it for the hub's `ca_file`).
+pub async fn start_core_as(scheme: CoreScheme) -> (CoreBank, Option<CoreTls>) {
+    match scheme {
+        CoreScheme::Http => (start_core().await, None),
+        CoreScheme::Https => {
+            let tls = CoreTls::new();
+            let core = start_core_https(tls.server_tls(None)).await;
+            (core, Some(tls))
         }
     }
 }

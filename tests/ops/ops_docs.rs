@@ -37,6 +37,9 @@ fn full_config() -> Config {
     let mut t = TargetConfig::with_url("core", "http://127.0.0.1:8080");
     t.connect_timeout_ms = Some(500);
     t.wire_grace_ms = Some(35_000);
+    t.ca_file = Some("/etc/relayhub/core-ca.pem".into());
+    t.client_cert_file = Some("/etc/relayhub/hub.pem".into());
+    t.client_key_file = Some("/etc/relayhub/hub.key".into());
     t.auth = Some(AuthConfig {
         bearer: Some("t".into()),
         bearer_env: Some("CORE_TOKEN".into()),

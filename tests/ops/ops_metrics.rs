@@ -230,3 +230,64 @@ async fn scrape(hub: &Hub) -> Metrics {
     assert_eq!(status, 200, "/metrics: {text}");
     Metrics::parse(&text)
 }
+
+/// A failed TLS handshake with the core is E902 and counted by its cause:
+/// what the TLS section of docs/operations.md tells operators to alert on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_tls_handshake_with_the_core_is_counted_by_cause() {
+    use common::certs::{TestCa, Validity};
+    let ca = TestCa::new("core CA");
+    let server = ca.server("core", &["127.0.0.1"], Validity::Expired);
+    let tls = corebank::ServerTls::from_files(&server.cert, &server.key, None).unwrap();
+    let core = common::start_core_https(tls).await;
+    let config = common::TempFile::new(
+        "toml",
+        &common::target_tls_toml("core", Some(&ca.cert), None),
+    );
+    let core_url = core.url();
+    let config_path = config.0.display().to_string();
+    let hub = tokio::task::spawn_blocking(move || {
+        Hub::spawn(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--core-url",
+            &core_url,
+            "--journal",
+            "memory",
+            "--config",
+            &config_path,
+        ])
+    })
+    .await
+    .unwrap();
+    let mut ch = Channel::connect(&hub.addr, PrefixMode::Ascii)
+        .await
+        .unwrap();
+    let g = guid("MTLSEXP");
+    let a = exchange(&mut ch, &transfer(&g, 1_000)).await;
+    assert_eq!(a.code, "E902", "{a:?}");
+    let m = tokio::task::spawn_blocking(move || hub.scrape())
+        .await
+        .unwrap();
+    let failures = m
+        .value(
+            metric_names::CORE_TLS_FAILURES,
+            &[("target", "core"), ("cause", "certificate_expired")],
+        )
+        .unwrap_or(0.0);
+    // Every connect attempt of the telegram failed the same way.
+    assert!(failures >= 1.0, "{}", m.text);
+    assert_eq!(telegrams(&m, "TRF001", "E902"), 1.0);
+    assert_eq!(
+        m.types
+            .get(metric_names::CORE_TLS_FAILURES)
+            .map(String::as_str),
+        Some("counter")
+    );
+    assert!(
+        m.help
+            .get(metric_names::CORE_TLS_FAILURES)
+            .is_some_and(|h| !h.is_empty())
+    );
+    assert_eq!(core.stats().post, 0);
+}

@@ -20,6 +20,11 @@
 //!
 //! Colleagues' suites (`relay_*`, `journal_*`) cover many of these one way;
 //! this file is the one place that checks each fault both ways at once.
+//!
+//! Every case runs twice, with the same assertions: against a plain-HTTP core
+//! (`fault_matrix::http::*`) and an HTTPS one (`fault_matrix::https::*`, the
+//! hub trusting a test CA). Over TLS the proxy forwards the encrypted bytes,
+//! and the fixture's faults cut or close the HTTP answer inside TLS.
 
 use crate::chaos_support;
 use crate::common;
@@ -36,6 +41,54 @@ use tokio::io::AsyncWriteExt;
 /// Slack on top of the budget for "answered within the budget" on a loaded CI box.
 const SLACK: Duration = Duration::from_millis(300);
 
+/// Each case as two tests: `http::NAME` and `https::NAME`.
+macro_rules! both_schemes {
+    ($($name:ident),* $(,)?) => {
+        mod http {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::CoreScheme::Http).await
+                }
+            )*
+        }
+        mod https {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::CoreScheme::Https).await
+                }
+            )*
+        }
+    };
+}
+
+both_schemes!(
+    core_down_is_e902_with_no_call_and_the_resend_posts_once,
+    delayed_past_the_budget_before_applying_is_e901_and_debits_once_later,
+    delayed_past_the_budget_after_applying_is_e901_and_debits_once,
+    connection_reset_mid_response_is_e901_and_debits_once,
+    response_cut_short_is_e901_and_debits_once,
+    a_502_after_applying_is_e901_and_the_resend_is_an_inquiry,
+    a_503_with_retry_after_seconds_past_the_budget_is_answered_in_the_budget,
+    a_503_with_retry_after_date_past_the_budget_is_answered_in_the_budget,
+    the_same_guid_while_in_flight_gets_the_first_answer_and_one_post,
+    the_same_guid_with_another_amount_is_e102_and_moves_nothing,
+    the_same_guid_after_a_sigkill_of_the_hub_is_an_inquiry_never_a_second_post,
+    a_sigkill_while_the_core_is_still_processing_answers_e901_not_a_post,
+    one_byte_at_a_time_just_inside_the_slow_sender_timeout_is_answered,
+    stalling_past_the_slow_sender_timeout_closes_without_an_answer_or_a_call,
+    garbage_and_oversized_prefixes_are_e102_and_close_while_others_are_served,
+);
+
+/// A hub config: `toml`, and for an HTTPS core the table trusting its CA.
+fn hub_toml(toml: &str, tls: &Option<CoreTls>) -> String {
+    match tls {
+        Some(tls) => format!("{toml}{}", tls.hub_toml()),
+        None => toml.to_string(),
+    }
+}
+
 /// A fixture, a proxy in front of it, and an in-process hub calling the proxy.
 struct Matrix {
     core: CoreBank,
@@ -44,21 +97,22 @@ struct Matrix {
     before: Ledger,
     budget: Duration,
     _config: Option<TempFile>,
+    _tls: Option<CoreTls>,
 }
 
 impl Matrix {
-    async fn new(budget_ms: u64) -> Matrix {
-        Matrix::with_toml(budget_ms, "").await
+    async fn new(scheme: CoreScheme, budget_ms: u64) -> Matrix {
+        Matrix::with_toml(scheme, budget_ms, "").await
     }
 
     /// `toml` is added to a config whose resend cooldown is 0, so a resend
     /// after "not sent" needs no wait in these tests.
-    async fn with_toml(budget_ms: u64, toml: &str) -> Matrix {
-        let core = start_core().await;
+    async fn with_toml(scheme: CoreScheme, budget_ms: u64, toml: &str) -> Matrix {
+        let (core, tls) = start_core_as(scheme).await;
         let proxy = Proxy::start(core.addr()).await;
-        let text = format!("[journal]\nresend_cooldown_ms = 0\n{toml}");
+        let text = hub_toml(&format!("[journal]\nresend_cooldown_ms = 0\n{toml}"), &tls);
         let (hub, config) = start_hub(
-            &proxy.url(),
+            &scheme.url(proxy.addr),
             &HubOpts {
                 budget_ms: Some(budget_ms),
                 toml: Some(text),
@@ -74,6 +128,7 @@ impl Matrix {
             before,
             budget: Duration::from_millis(budget_ms),
             _config: config,
+            _tls: tls,
         }
     }
 
@@ -123,9 +178,8 @@ fn one_debit() -> [(&'static str, &'static str, u64); 1] {
 
 // ---- core down ------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn core_down_is_e902_with_no_call_and_the_resend_posts_once() {
-    let m = Matrix::new(1_000).await;
+async fn core_down_is_e902_with_no_call_and_the_resend_posts_once(scheme: CoreScheme) {
+    let m = Matrix::new(scheme, 1_000).await;
     m.proxy.set_mode(ProxyMode::Refuse);
     let g = guid("FMDOWN");
     let t = transfer(&g, AMOUNT);
@@ -155,11 +209,12 @@ async fn core_down_is_e902_with_no_call_and_the_resend_posts_once() {
 /// may have journaled that late answer by the time of the resend and replay it
 /// instead of asking; both are right. Without one, the resend must ask.
 async fn e901_then_inquiry(
+    scheme: CoreScheme,
     budget_ms: u64,
     late_answer: bool,
     rule: impl FnOnce(&str) -> FaultRule,
 ) {
-    let m = Matrix::new(budget_ms).await;
+    let m = Matrix::new(scheme, budget_ms).await;
     let g = guid("FM901");
     m.core.add_fault(rule(&g));
     let t = transfer(&g, AMOUNT);
@@ -190,9 +245,8 @@ async fn e901_then_inquiry(
     m.before.assert_now(&m.core, &one_debit());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delayed_past_the_budget_before_applying_is_e901_and_debits_once_later() {
-    e901_then_inquiry(500, true, |g| {
+async fn delayed_past_the_budget_before_applying_is_e901_and_debits_once_later(scheme: CoreScheme) {
+    e901_then_inquiry(scheme, 500, true, |g| {
         FaultRule::guid(g)
             .method(FaultMethod::Post)
             .delay_ms(1_500)
@@ -201,9 +255,8 @@ async fn delayed_past_the_budget_before_applying_is_e901_and_debits_once_later()
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delayed_past_the_budget_after_applying_is_e901_and_debits_once() {
-    e901_then_inquiry(500, true, |g| {
+async fn delayed_past_the_budget_after_applying_is_e901_and_debits_once(scheme: CoreScheme) {
+    e901_then_inquiry(scheme, 500, true, |g| {
         FaultRule::guid(g)
             .method(FaultMethod::Post)
             .delay_ms(1_500)
@@ -212,9 +265,8 @@ async fn delayed_past_the_budget_after_applying_is_e901_and_debits_once() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connection_reset_mid_response_is_e901_and_debits_once() {
-    e901_then_inquiry(1_000, false, |g| {
+async fn connection_reset_mid_response_is_e901_and_debits_once(scheme: CoreScheme) {
+    e901_then_inquiry(scheme, 1_000, false, |g| {
         FaultRule::guid(g)
             .method(FaultMethod::Post)
             .close()
@@ -223,9 +275,8 @@ async fn connection_reset_mid_response_is_e901_and_debits_once() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn response_cut_short_is_e901_and_debits_once() {
-    e901_then_inquiry(1_000, false, |g| {
+async fn response_cut_short_is_e901_and_debits_once(scheme: CoreScheme) {
+    e901_then_inquiry(scheme, 1_000, false, |g| {
         FaultRule::guid(g)
             .method(FaultMethod::Post)
             .truncate()
@@ -234,9 +285,8 @@ async fn response_cut_short_is_e901_and_debits_once() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_502_after_applying_is_e901_and_the_resend_is_an_inquiry() {
-    e901_then_inquiry(1_000, false, |g| {
+async fn a_502_after_applying_is_e901_and_the_resend_is_an_inquiry(scheme: CoreScheme) {
+    e901_then_inquiry(scheme, 1_000, false, |g| {
         FaultRule::guid(g)
             .method(FaultMethod::Post)
             .status(502)
@@ -247,8 +297,8 @@ async fn a_502_after_applying_is_e901_and_the_resend_is_an_inquiry() {
 
 // ---- 503 with Retry-After past the budget ---------------------------------
 
-async fn e503_retry_after_past_the_budget(retry_after: String) {
-    let m = Matrix::new(800).await;
+async fn e503_retry_after_past_the_budget(scheme: CoreScheme, retry_after: String) {
+    let m = Matrix::new(scheme, 800).await;
     let g = guid("FM503");
     m.core.add_fault(
         FaultRule::guid(&g)
@@ -274,22 +324,21 @@ async fn e503_retry_after_past_the_budget(retry_after: String) {
     m.before.assert_now(&m.core, &[]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_503_with_retry_after_seconds_past_the_budget_is_answered_in_the_budget() {
-    e503_retry_after_past_the_budget("30".into()).await;
+async fn a_503_with_retry_after_seconds_past_the_budget_is_answered_in_the_budget(
+    scheme: CoreScheme,
+) {
+    e503_retry_after_past_the_budget(scheme, "30".into()).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_503_with_retry_after_date_past_the_budget_is_answered_in_the_budget() {
+async fn a_503_with_retry_after_date_past_the_budget_is_answered_in_the_budget(scheme: CoreScheme) {
     let later = std::time::SystemTime::now() + Duration::from_secs(60);
-    e503_retry_after_past_the_budget(httpdate::fmt_http_date(later)).await;
+    e503_retry_after_past_the_budget(scheme, httpdate::fmt_http_date(later)).await;
 }
 
 // ---- repeated GUIDs ---------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_same_guid_while_in_flight_gets_the_first_answer_and_one_post() {
-    let m = Matrix::new(3_000).await;
+async fn the_same_guid_while_in_flight_gets_the_first_answer_and_one_post(scheme: CoreScheme) {
+    let m = Matrix::new(scheme, 3_000).await;
     let g = guid("FMFLY");
     m.core.add_fault(
         FaultRule::guid(&g)
@@ -312,9 +361,8 @@ async fn the_same_guid_while_in_flight_gets_the_first_answer_and_one_post() {
     m.before.assert_now(&m.core, &one_debit());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_same_guid_with_another_amount_is_e102_and_moves_nothing() {
-    let m = Matrix::new(3_000).await;
+async fn the_same_guid_with_another_amount_is_e102_and_moves_nothing(scheme: CoreScheme) {
+    let m = Matrix::new(scheme, 3_000).await;
     let g = guid("FMAMT");
     // While the first is in flight...
     m.core.add_fault(
@@ -347,12 +395,17 @@ async fn the_same_guid_with_another_amount_is_e102_and_moves_nothing() {
 
 // ---- a crash of the hub -----------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_same_guid_after_a_sigkill_of_the_hub_is_an_inquiry_never_a_second_post() {
-    let core = start_core().await;
+async fn the_same_guid_after_a_sigkill_of_the_hub_is_an_inquiry_never_a_second_post(
+    scheme: CoreScheme,
+) {
+    let (core, tls) = start_core_as(scheme).await;
     let before = Ledger::of(&core);
     let dir = TempDir::new("fmcrash");
-    let cmd = HubCommand::new(&dir, &core.url(), "[server]\nbudget_ms = 5000\n");
+    let cmd = HubCommand::new(
+        &dir,
+        &core.url(),
+        &hub_toml("[server]\nbudget_ms = 5000\n", &tls),
+    );
     let mut hub = cmd.start("127.0.0.1:0").expect("hub starts");
 
     let g = guid("FMKILL");
@@ -397,12 +450,15 @@ async fn the_same_guid_after_a_sigkill_of_the_hub_is_an_inquiry_never_a_second_p
     before.assert_now(&core, &one_debit());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sigkill_while_the_core_is_still_processing_answers_e901_not_a_post() {
-    let core = start_core().await;
+async fn a_sigkill_while_the_core_is_still_processing_answers_e901_not_a_post(scheme: CoreScheme) {
+    let (core, tls) = start_core_as(scheme).await;
     let before = Ledger::of(&core);
     let dir = TempDir::new("fmcrash2");
-    let cmd = HubCommand::new(&dir, &core.url(), "[server]\nbudget_ms = 800\n");
+    let cmd = HubCommand::new(
+        &dir,
+        &core.url(),
+        &hub_toml("[server]\nbudget_ms = 800\n", &tls),
+    );
     let mut hub = cmd.start("127.0.0.1:0").expect("hub starts");
     let g = guid("FMKILL2");
     core.add_fault(
@@ -437,9 +493,9 @@ async fn a_sigkill_while_the_core_is_still_processing_answers_e901_not_a_post() 
 /// within it.
 const READ_TIMEOUT_MS: u64 = 500;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_byte_at_a_time_just_inside_the_slow_sender_timeout_is_answered() {
+async fn one_byte_at_a_time_just_inside_the_slow_sender_timeout_is_answered(scheme: CoreScheme) {
     let m = Matrix::with_toml(
+        scheme,
         2_000,
         &format!("[server]\nread_timeout_ms = {READ_TIMEOUT_MS}\n"),
     )
@@ -490,9 +546,11 @@ async fn one_byte_at_a_time_just_inside_the_slow_sender_timeout_is_answered() {
     panic!("three tries could not write a telegram inside {READ_TIMEOUT_MS} ms on this machine");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stalling_past_the_slow_sender_timeout_closes_without_an_answer_or_a_call() {
+async fn stalling_past_the_slow_sender_timeout_closes_without_an_answer_or_a_call(
+    scheme: CoreScheme,
+) {
     let m = Matrix::with_toml(
+        scheme,
         2_000,
         &format!("[server]\nread_timeout_ms = {READ_TIMEOUT_MS}\n"),
     )
@@ -516,9 +574,10 @@ async fn stalling_past_the_slow_sender_timeout_closes_without_an_answer_or_a_cal
 
 // ---- unframeable input --------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn garbage_and_oversized_prefixes_are_e102_and_close_while_others_are_served() {
-    let m = Matrix::new(3_000).await;
+async fn garbage_and_oversized_prefixes_are_e102_and_close_while_others_are_served(
+    scheme: CoreScheme,
+) {
+    let m = Matrix::new(scheme, 3_000).await;
     // A transfer in flight on another connection the whole time.
     let held = guid("FMHELD");
     m.core.add_fault(

@@ -1,6 +1,7 @@
 //! The resilience suite, one test binary: bulkheads, channels, retries
-//! (`resilience_*`), and the hub's lifecycle under reloads and signals
-//! (`lifecycle_*`).
+//! (`resilience_*`), the hub's lifecycle under reloads and signals
+//! (`lifecycle_*`), and TLS to the core with its certificate rotation
+//! (`core_tls`).
 //!
 //! ```sh
 //! cargo test --test resilience                        # the whole suite
@@ -13,6 +14,7 @@ mod common;
 mod resilience_support;
 
 mod channel_tls;
+mod core_tls;
 mod lifecycle_reload;
 mod lifecycle_signals;
 mod resilience_bulkheads;

@@ -1,0 +1,760 @@
+//! TLS to a core: the target's certificate files, the rustls client config
+//! made from them (swapped in on SIGHUP), and the connector that sits between
+//! the TCP connector and the [`SendGate`](super::SendGate)'s connector.
+//!
+//! The chain is `TcpConnector -> TlsConnector -> GateConnector`: the whole
+//! handshake (certificates, SNI, host-name check) happens inside `connect`,
+//! below the gate, so a refused connection, a handshake failure, an expired or
+//! wrong-name certificate or an unknown CA all end the call before the gate
+//! passed: "not sent" (E902). Only a byte of the HTTP request handed to TLS
+//! passes the gate.
+//!
+//! One case lies past the handshake in TLS 1.3: the client's handshake ends
+//! when it has sent its Finished message, and a core that does not accept the
+//! client's certificate (or wants one and got none) says so with an alert the
+//! client reads *after* writing its request. A TLS stack that refuses a
+//! handshake never decrypts what follows it, so an alert about certificates
+//! or the handshake, read before any byte of an answer on a fresh connection,
+//! also means "not sent" ([`refused_at_handshake`]).
+//!
+//! Rotation: [`TlsSlot`] holds the config in force; a reload installs a new
+//! one when the files' contents changed. Pooled connections made with the old
+//! one are then retired (a connection is not reused once its slot moved on),
+//! so the next call makes a new connection with the new files. Calls in
+//! progress finish on their connection.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{AlertDescription, CertificateError, ClientConfig, ClientConnection, RootCertStore};
+use sha2::{Digest, Sha256};
+use ureq::unversioned::transport::{
+    Buffers, ConnectionDetails, Connector, Either, LazyBuffers, NextTimeout, Transport,
+    TransportAdapter,
+};
+
+use crate::config::TargetConfig;
+
+/// A certificate or key file that cannot be used. Each names the config key
+/// and the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsFileError {
+    #[error("{key} {}: cannot read it: {source}", file.display())]
+    Read {
+        key: &'static str,
+        file: PathBuf,
+        source: io::Error,
+    },
+    #[error("{key} {}: no PEM certificate in it", file.display())]
+    NoCertificate { key: &'static str, file: PathBuf },
+    #[error("{key} {}: not a readable PEM file: {reason}", file.display())]
+    BadPem {
+        key: &'static str,
+        file: PathBuf,
+        reason: String,
+    },
+    #[error("ca_file {}: certificate {index} cannot be a trust anchor: {reason}", file.display())]
+    BadCa {
+        file: PathBuf,
+        index: usize,
+        reason: String,
+    },
+    /// The TLS library refused the settings themselves (not a file).
+    #[error("TLS 1.2/1.3 with the ring provider is not available: {0}")]
+    Setup(String),
+    #[error("client_key_file {}: no PEM private key in it", file.display())]
+    NoKey { file: PathBuf },
+    #[error(
+        "client_key_file {} does not go with client_cert_file {}: {reason}",
+        key_file.display(),
+        cert_file.display()
+    )]
+    KeyMismatch {
+        cert_file: PathBuf,
+        key_file: PathBuf,
+        reason: String,
+    },
+}
+
+/// A client config built from a target's files, and a digest of what was read
+/// (to tell a reload that changed nothing from a rotation).
+#[derive(Debug)]
+pub struct TlsMaterial {
+    config: Arc<ClientConfig>,
+    digest: [u8; 32],
+}
+
+fn read(key: &'static str, file: &Path) -> Result<Vec<u8>, TlsFileError> {
+    std::fs::read(file).map_err(|source| TlsFileError::Read {
+        key,
+        file: file.to_path_buf(),
+        source,
+    })
+}
+
+fn certificates(
+    key: &'static str,
+    file: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsFileError::BadPem {
+            key,
+            file: file.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsFileError::NoCertificate {
+            key,
+            file: file.to_path_buf(),
+        });
+    }
+    Ok(certs)
+}
+
+/// Reads a target's certificate files and builds its client config: TLS 1.2
+/// and 1.3 only (rustls has nothing older), ring as the only provider, the
+/// CAs of `ca_file` (else the Mozilla roots of webpki-roots), SNI and host-name
+/// verification on, and the client certificate when one is configured.
+pub fn load(cfg: &TargetConfig) -> Result<TlsMaterial, TlsFileError> {
+    let mut digest = Sha256::new();
+    let roots = match &cfg.ca_file {
+        Some(file) => {
+            let pem = read("ca_file", file)?;
+            digest.update(b"ca\0");
+            digest.update(&pem);
+            let mut store = RootCertStore::empty();
+            for (i, cert) in certificates("ca_file", file, &pem)?.into_iter().enumerate() {
+                store.add(cert).map_err(|e| TlsFileError::BadCa {
+                    file: file.clone(),
+                    index: i + 1,
+                    reason: e.to_string(),
+                })?;
+            }
+            store
+        }
+        None => RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        },
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| TlsFileError::Setup(e.to_string()))?
+        .with_root_certificates(roots);
+    let mut config = match (&cfg.client_cert_file, &cfg.client_key_file) {
+        (Some(cert_file), Some(key_file)) => {
+            let cert_pem = read("client_cert_file", cert_file)?;
+            let key_pem = read("client_key_file", key_file)?;
+            digest.update(b"cert\0");
+            digest.update(&cert_pem);
+            digest.update(b"key\0");
+            digest.update(&key_pem);
+            let chain = certificates("client_cert_file", cert_file, &cert_pem)?;
+            let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| match e {
+                rustls::pki_types::pem::Error::NoItemsFound => TlsFileError::NoKey {
+                    file: key_file.clone(),
+                },
+                e => TlsFileError::BadPem {
+                    key: "client_key_file",
+                    file: key_file.clone(),
+                    reason: e.to_string(),
+                },
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| TlsFileError::KeyMismatch {
+                    cert_file: cert_file.clone(),
+                    key_file: key_file.clone(),
+                    reason: e.to_string(),
+                })?
+        }
+        // Config validation refuses one without the other.
+        _ => builder.with_no_client_auth(),
+    };
+    config.enable_sni = true;
+    // Early data would put request bytes on the wire before the handshake
+    // proved the core's identity; it stays off.
+    config.enable_early_data = false;
+    Ok(TlsMaterial {
+        config: Arc::new(config),
+        digest: digest.finalize().into(),
+    })
+}
+
+/// The client config in force for one target, and its generation: a pooled
+/// connection of an older generation is not reused.
+#[derive(Debug, Clone)]
+pub struct TlsSlot(Arc<SlotInner>);
+
+#[derive(Debug)]
+struct SlotInner {
+    generation: AtomicU64,
+    material: RwLock<TlsMaterial>,
+}
+
+impl TlsSlot {
+    pub fn new(material: TlsMaterial) -> TlsSlot {
+        TlsSlot(Arc::new(SlotInner {
+            generation: AtomicU64::new(0),
+            material: RwLock::new(material),
+        }))
+    }
+
+    /// Puts `material` in force for new connections; false (and nothing
+    /// changes) when the files read the same as the ones in force.
+    pub fn install(&self, material: TlsMaterial) -> bool {
+        let mut current = self.0.material.write().unwrap_or_else(|p| p.into_inner());
+        if current.digest == material.digest {
+            return false;
+        }
+        *current = material;
+        self.0.generation.fetch_add(1, Ordering::AcqRel);
+        true
+    }
+
+    fn current(&self) -> (u64, Arc<ClientConfig>) {
+        let m = self.0.material.read().unwrap_or_else(|p| p.into_inner());
+        (self.0.generation.load(Ordering::Acquire), m.config.clone())
+    }
+
+    fn generation(&self) -> u64 {
+        self.0.generation.load(Ordering::Acquire)
+    }
+}
+
+/// Why a TLS handshake with a core failed, as the log line and the metric's
+/// `cause` label name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    CertificateExpired,
+    CertificateNotYetValid,
+    NotValidForName,
+    UnknownIssuer,
+    CertificateRevoked,
+    BadCertificate,
+    /// The core sent an alert: it refused the handshake (often our client
+    /// certificate, or its absence).
+    RefusedByCore(AlertDescription),
+    /// No TLS version or cipher suite in common.
+    Incompatible,
+    Timeout,
+    Closed,
+    Other,
+}
+
+impl Cause {
+    /// The metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Cause::CertificateExpired => "certificate_expired",
+            Cause::CertificateNotYetValid => "certificate_not_yet_valid",
+            Cause::NotValidForName => "certificate_not_valid_for_name",
+            Cause::UnknownIssuer => "unknown_issuer",
+            Cause::CertificateRevoked => "certificate_revoked",
+            Cause::BadCertificate => "bad_certificate",
+            Cause::RefusedByCore(_) => "refused_by_core",
+            Cause::Incompatible => "incompatible",
+            Cause::Timeout => "timeout",
+            Cause::Closed => "closed",
+            Cause::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cause::CertificateExpired => f.write_str("certificate expired"),
+            Cause::CertificateNotYetValid => f.write_str("certificate not yet valid"),
+            Cause::NotValidForName => f.write_str("certificate not valid for name"),
+            Cause::UnknownIssuer => f.write_str("unknown issuer"),
+            Cause::CertificateRevoked => f.write_str("certificate revoked"),
+            Cause::BadCertificate => f.write_str("bad certificate"),
+            Cause::RefusedByCore(AlertDescription::CertificateRequired) => {
+                f.write_str("the core requires a client certificate")
+            }
+            Cause::RefusedByCore(a) => write!(f, "the core refused the handshake (alert {a:?})"),
+            Cause::Incompatible => f.write_str("no TLS version or cipher suite in common"),
+            Cause::Timeout => f.write_str("handshake timed out"),
+            Cause::Closed => f.write_str("connection closed during the handshake"),
+            Cause::Other => f.write_str("handshake failed"),
+        }
+    }
+}
+
+/// A failed handshake: the call ends "not sent".
+#[derive(Debug)]
+pub struct HandshakeError {
+    pub host: String,
+    pub cause: Cause,
+    detail: String,
+}
+
+impl fmt::Display for HandshakeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "TLS handshake with {} failed: {} ({}); nothing was sent",
+            self.host, self.cause, self.detail
+        )
+    }
+}
+
+impl std::error::Error for HandshakeError {}
+
+impl HandshakeError {
+    fn new(host: &str, e: &io::Error) -> HandshakeError {
+        let inner = e.get_ref();
+        let cause = if let Some(r) = inner.and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            cause_of(r)
+        } else if inner
+            .and_then(|i| i.downcast_ref::<ureq::Error>())
+            .is_some_and(|u| matches!(u, ureq::Error::Timeout(_)))
+            || e.kind() == io::ErrorKind::TimedOut
+            || e.kind() == io::ErrorKind::WouldBlock
+        {
+            Cause::Timeout
+        } else if matches!(
+            e.kind(),
+            io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+        ) {
+            Cause::Closed
+        } else {
+            Cause::Other
+        };
+        HandshakeError {
+            host: host.to_string(),
+            cause,
+            detail: e.to_string(),
+        }
+    }
+}
+
+fn cause_of(e: &rustls::Error) -> Cause {
+    match e {
+        rustls::Error::InvalidCertificate(c) => match c {
+            CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                Cause::CertificateExpired
+            }
+            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                Cause::CertificateNotYetValid
+            }
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
+                Cause::NotValidForName
+            }
+            CertificateError::UnknownIssuer => Cause::UnknownIssuer,
+            CertificateError::Revoked => Cause::CertificateRevoked,
+            _ => Cause::BadCertificate,
+        },
+        rustls::Error::AlertReceived(a) => Cause::RefusedByCore(*a),
+        rustls::Error::PeerIncompatible(_) => Cause::Incompatible,
+        _ => Cause::Other,
+    }
+}
+
+/// Alerts by which a TLS stack refuses a handshake; read before any answer
+/// byte on a fresh connection, they mean the request was never taken in.
+fn is_handshake_refusal(a: AlertDescription) -> bool {
+    matches!(
+        a,
+        AlertDescription::CertificateRequired
+            | AlertDescription::BadCertificate
+            | AlertDescription::UnsupportedCertificate
+            | AlertDescription::CertificateRevoked
+            | AlertDescription::CertificateExpired
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::UnknownCA
+            | AlertDescription::AccessDenied
+            | AlertDescription::HandshakeFailure
+            | AlertDescription::DecryptError
+    )
+}
+
+/// True when `e` is a handshake failure (before or, in TLS 1.3, just after
+/// the client's Finished): nothing reached the core's application.
+pub fn refused_at_handshake(e: &ureq::Error) -> bool {
+    match e {
+        ureq::Error::Io(io) => io
+            .get_ref()
+            .is_some_and(|i| i.downcast_ref::<HandshakeError>().is_some()),
+        _ => false,
+    }
+}
+
+/// The handshake error inside a ureq error, if it is one.
+pub fn handshake_error(e: &ureq::Error) -> Option<&HandshakeError> {
+    match e {
+        ureq::Error::Io(io) => io
+            .get_ref()
+            .and_then(|i| i.downcast_ref::<HandshakeError>()),
+        _ => None,
+    }
+}
+
+/// Wraps the TCP transport of an `https://` URL in TLS with the target's
+/// config in force; `http://` URLs pass through untouched.
+#[derive(Debug)]
+pub struct TlsConnector {
+    target: String,
+    slot: TlsSlot,
+}
+
+impl TlsConnector {
+    pub fn new(target: &str, slot: TlsSlot) -> TlsConnector {
+        TlsConnector {
+            target: target.to_string(),
+            slot,
+        }
+    }
+}
+
+/// Logs and counts a failed handshake, and makes it the call's error.
+fn failed(target: &str, err: HandshakeError) -> ureq::Error {
+    metrics::counter!(
+        crate::metric_names::CORE_TLS_FAILURES,
+        "target" => target.to_string(),
+        "cause" => err.cause.label(),
+    )
+    .increment(1);
+    tracing::warn!(
+        target_name = %target,
+        host = %err.host,
+        cause = %err.cause,
+        detail = %err.detail,
+        "TLS handshake with the core failed: {}; nothing was sent (E902, failover allowed)",
+        err.cause
+    );
+    ureq::Error::Io(io::Error::other(err))
+}
+
+impl<In: Transport> Connector<In> for TlsConnector {
+    type Out = Either<In, TlsTransport>;
+
+    fn connect(
+        &self,
+        details: &ConnectionDetails,
+        chained: Option<In>,
+    ) -> Result<Option<Self::Out>, ureq::Error> {
+        let Some(transport) = chained else {
+            return Ok(None);
+        };
+        if !details.needs_tls() || transport.is_tls() {
+            return Ok(Some(Either::A(transport)));
+        }
+        let host = details
+            .uri
+            .host()
+            .unwrap_or_default()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let name = ServerName::try_from(host.clone()).map_err(|e| {
+            failed(
+                &self.target,
+                HandshakeError {
+                    host: host.clone(),
+                    cause: Cause::Other,
+                    detail: format!("not a host name for TLS: {e}"),
+                },
+            )
+        })?;
+        let (generation, config) = self.slot.current();
+        let mut conn = ClientConnection::new(config, name).map_err(|e| {
+            failed(
+                &self.target,
+                HandshakeError::new(&host, &io::Error::other(e)),
+            )
+        })?;
+        let mut sock = TransportAdapter::new(transport.boxed(), details.current_time.clone());
+        sock.set_timeout(connect_time_left(details));
+        while conn.is_handshaking() {
+            if let Err(e) = conn.complete_io(&mut sock) {
+                return Err(failed(&self.target, HandshakeError::new(&host, &e)));
+            }
+        }
+        Ok(Some(Either::B(TlsTransport {
+            buffers: LazyBuffers::new(
+                details.config.input_buffer_size(),
+                details.config.output_buffer_size(),
+            ),
+            stream: rustls::StreamOwned::new(conn, sock),
+            target: self.target.clone(),
+            host,
+            slot: self.slot.clone(),
+            generation,
+            answered: false,
+        })))
+    }
+}
+
+/// What is left of the connect timeout: the TCP connect and the handshake
+/// share it, as they share the budget.
+fn connect_time_left(details: &ConnectionDetails) -> NextTimeout {
+    use ureq::unversioned::transport::time::{Duration, Instant};
+    let mut t = details.timeout;
+    if let (Duration::Exact(limit), Instant::Exact(start), Instant::Exact(now)) =
+        (t.after, details.now, (details.current_time)())
+    {
+        t.after = Duration::Exact(limit.saturating_sub(now.saturating_duration_since(start)));
+    }
+    t
+}
+
+/// A TLS connection to a core.
+pub struct TlsTransport {
+    buffers: LazyBuffers,
+    stream: rustls::StreamOwned<ClientConnection, TransportAdapter>,
+    target: String,
+    host: String,
+    slot: TlsSlot,
+    /// The slot's generation when this connection was made.
+    generation: u64,
+    /// A byte of an answer was read: the handshake was certainly accepted.
+    answered: bool,
+}
+
+impl fmt::Debug for TlsTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsTransport")
+            .field("host", &self.host)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// True for a rustls error that is the core refusing the handshake.
+fn is_refusal(e: &io::Error) -> bool {
+    e.get_ref()
+        .and_then(|i| i.downcast_ref::<rustls::Error>())
+        .is_some_and(|r| matches!(r, rustls::Error::AlertReceived(a) if is_handshake_refusal(*a)))
+}
+
+impl TlsTransport {
+    /// After a failed write: reads what the core sent before it closed, and
+    /// returns its refusal of the handshake if that is what it was.
+    fn pending_refusal(&mut self) -> Option<io::Error> {
+        let rustls::StreamOwned { conn, sock } = &mut self.stream;
+        for _ in 0..4 {
+            match conn.read_tls(sock) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if let Err(e) = conn.process_new_packets() {
+                        let e = io::Error::new(io::ErrorKind::InvalidData, e);
+                        return is_refusal(&e).then_some(e);
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
+impl Transport for TlsTransport {
+    fn buffers(&mut self) -> &mut dyn Buffers {
+        &mut self.buffers
+    }
+
+    fn transmit_output(&mut self, amount: usize, timeout: NextTimeout) -> Result<(), ureq::Error> {
+        self.stream.get_mut().set_timeout(timeout);
+        let output = &self.buffers.output()[..amount];
+        match self.stream.write_all(output) {
+            Ok(()) => Ok(()),
+            // A core that refused the handshake may have closed before the
+            // request went out: its alert is then waiting to be read.
+            Err(e) if !self.answered => match self.pending_refusal() {
+                Some(refused) => Err(failed(
+                    &self.target,
+                    HandshakeError::new(&self.host, &refused),
+                )),
+                None => Err(e.into()),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, ureq::Error> {
+        self.stream.get_mut().set_timeout(timeout);
+        let input = self.buffers.input_append_buf();
+        match self.stream.read(input) {
+            Ok(n) => {
+                self.buffers.input_appended(n);
+                if n > 0 {
+                    self.answered = true;
+                }
+                Ok(n > 0)
+            }
+            Err(e) if self.answered => Err(e.into()),
+            Err(e) if is_refusal(&e) => {
+                Err(failed(&self.target, HandshakeError::new(&self.host, &e)))
+            }
+            // Reading first flushes what rustls still holds, and a core that
+            // refused the handshake and closed makes that fail before its
+            // alert is read.
+            Err(e) => match self.pending_refusal() {
+                Some(refused) => Err(failed(
+                    &self.target,
+                    HandshakeError::new(&self.host, &refused),
+                )),
+                None => Err(e.into()),
+            },
+        }
+    }
+
+    fn is_open(&mut self) -> bool {
+        // A connection made with files that were rotated away is not reused.
+        self.slot.generation() == self.generation && self.stream.get_mut().get_mut().is_open()
+    }
+
+    fn is_tls(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target_with(ca: Option<&Path>, cert: Option<&Path>, key: Option<&Path>) -> TargetConfig {
+        let mut t = TargetConfig::with_url("core", "https://core.example:443");
+        t.ca_file = ca.map(Path::to_path_buf);
+        t.client_cert_file = cert.map(Path::to_path_buf);
+        t.client_key_file = key.map(Path::to_path_buf);
+        t
+    }
+
+    #[test]
+    fn bad_files_name_the_key_and_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let err = load(&target_with(Some(&missing), None, None)).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("ca_file ")
+                && text.contains("missing.pem")
+                && text.contains("cannot read"),
+            "{text}"
+        );
+
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, "this is not a certificate\n").unwrap();
+        let text = load(&target_with(Some(&garbage), None, None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("garbage.pem") && text.contains("no PEM certificate"),
+            "{text}"
+        );
+
+        let broken = dir.path().join("broken.pem");
+        std::fs::write(
+            &broken,
+            "-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let text = load(&target_with(Some(&broken), None, None))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("broken.pem"), "{text}");
+    }
+
+    /// A CA and a client certificate it signs, as PEM files in `dir`:
+    /// (ca.pem, client.pem, client.key, other.key).
+    fn pem_files(dir: &Path) -> [PathBuf; 4] {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let issuer = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["relayhub.test".to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let other = KeyPair::generate().unwrap();
+        let files = ["ca.pem", "client.pem", "client.key", "other.key"].map(|f| dir.join(f));
+        std::fs::write(&files[0], issuer.pem()).unwrap();
+        std::fs::write(&files[1], leaf.pem()).unwrap();
+        std::fs::write(&files[2], key.serialize_pem()).unwrap();
+        std::fs::write(&files[3], other.serialize_pem()).unwrap();
+        files
+    }
+
+    #[test]
+    fn a_client_certificate_loads_with_its_key_and_not_with_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let [ca, cert, key, other] = pem_files(dir.path());
+        let m = load(&target_with(Some(&ca), Some(&cert), Some(&key))).unwrap();
+        assert!(m.config.client_auth_cert_resolver.has_certs());
+        let text = load(&target_with(Some(&ca), Some(&cert), Some(&other)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("other.key")
+                && text.contains("client.pem")
+                && text.contains("does not go with"),
+            "{text}"
+        );
+        // A key file holding a certificate is no key.
+        let text = load(&target_with(Some(&ca), Some(&cert), Some(&ca)))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("no PEM private key"), "{text}");
+    }
+
+    #[test]
+    fn a_rotation_moves_the_generation_and_the_same_files_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let [ca, cert, key, _] = pem_files(dir.path());
+        let slot = TlsSlot::new(load(&target_with(Some(&ca), None, None)).unwrap());
+        assert!(!slot.install(load(&target_with(Some(&ca), None, None)).unwrap()));
+        assert_eq!(slot.generation(), 0);
+        assert!(slot.install(load(&target_with(Some(&ca), Some(&cert), Some(&key))).unwrap()));
+        assert_eq!(slot.generation(), 1);
+        assert!(slot.current().1.client_auth_cert_resolver.has_certs());
+    }
+
+    #[test]
+    fn handshake_causes_read_as_the_log_says() {
+        use rustls::Error as E;
+        let expired = E::InvalidCertificate(CertificateError::Expired);
+        assert_eq!(cause_of(&expired).to_string(), "certificate expired");
+        assert_eq!(
+            cause_of(&E::InvalidCertificate(CertificateError::NotValidForName)).label(),
+            "certificate_not_valid_for_name"
+        );
+        assert_eq!(
+            cause_of(&E::InvalidCertificate(CertificateError::UnknownIssuer)).to_string(),
+            "unknown issuer"
+        );
+        assert_eq!(
+            cause_of(&E::AlertReceived(AlertDescription::CertificateRequired)).to_string(),
+            "the core requires a client certificate"
+        );
+        assert!(is_handshake_refusal(AlertDescription::BadCertificate));
+        assert!(!is_handshake_refusal(AlertDescription::CloseNotify));
+        let timeout = io::Error::other(ureq::Error::Timeout(ureq::Timeout::Connect));
+        assert_eq!(HandshakeError::new("h", &timeout).cause, Cause::Timeout);
+        let eof = io::Error::new(io::ErrorKind::UnexpectedEof, "eof");
+        assert_eq!(HandshakeError::new("h", &eof).cause, Cause::Closed);
+    }
+
+    #[test]
+    fn without_a_ca_file_the_built_in_roots_are_used() {
+        let m = load(&target_with(None, None, None)).unwrap();
+        assert!(!m.config.client_auth_cert_resolver.has_certs());
+        let slot = TlsSlot::new(m);
+        assert_eq!(slot.generation(), 0);
+        // The same files again change nothing; pooled connections stay.
+        assert!(!slot.install(load(&target_with(None, None, None)).unwrap()));
+        assert_eq!(slot.generation(), 0);
+    }
+}
