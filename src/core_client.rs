@@ -13,7 +13,8 @@
 //! * the hub abandons a call whose gate is not yet `SENT`, and the transport then
 //!   refuses to write: nothing is ever sent after the channel was told "not sent".
 //!
-//! Calls run on tokio's blocking pool (ureq is synchronous). A transfer call that
+//! Calls run on tokio's blocking pool (ureq is synchronous), and host names
+//! come from a cache (`resolver.rs`). A transfer call that
 //! is still waiting when the budget ends goes on for the target's late-answer
 //! window; its result is handed back as a [`LateAnswer`] so it can be journaled.
 //!
@@ -31,12 +32,15 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
-use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
 use ureq::unversioned::transport::{
     Buffers, ConnectionDetails, Connector, NextTimeout, TcpConnector, Transport,
 };
 
 use crate::config::TargetConfig;
+
+mod resolver;
+
+use resolver::CachedResolver;
 
 /// The header carrying the hub's remaining budget in milliseconds, so a core (or
 /// a gateway) can give up on work nobody is waiting for.
@@ -210,43 +214,6 @@ impl<T: Transport> Transport for GatedTransport<T> {
     }
 }
 
-/// A resolver that answers IP-literal hosts itself and asks the system for
-/// names. ureq's default resolver runs every lookup with a timeout on a thread
-/// of its own, even for `127.0.0.1`: a thread per call on the hot path.
-#[derive(Debug, Default)]
-struct LiteralFirstResolver {
-    system: DefaultResolver,
-}
-
-impl Resolver for LiteralFirstResolver {
-    fn resolve(
-        &self,
-        uri: &ureq::http::Uri,
-        config: &ureq::config::Config,
-        timeout: NextTimeout,
-    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
-        let literal = uri.host().and_then(|h| {
-            h.trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse::<std::net::IpAddr>()
-                .ok()
-        });
-        let port = uri.port_u16().or_else(|| match uri.scheme_str() {
-            Some("https") => Some(443),
-            Some("http") => Some(80),
-            _ => None,
-        });
-        match (literal, port) {
-            (Some(ip), Some(port)) => {
-                let mut addrs = self.empty();
-                addrs.push(std::net::SocketAddr::new(ip, port));
-                Ok(addrs)
-            }
-            _ => self.system.resolve(uri, config, timeout),
-        }
-    }
-}
-
 /// The variables ureq would read a proxy from. The hub ignores them for its
 /// calls to a core: a proxy that accepted the request's bytes and then failed
 /// would turn "not sent" (E902, safe to resend) into "may have been sent"
@@ -367,15 +334,21 @@ impl Target {
             .build();
         note_ignored_proxies();
         let connector = ().chain(TcpConnector::default()).chain(GateConnector);
-        let agent = ureq::Agent::with_parts(config, connector, LiteralFirstResolver::default());
+        let urls: Vec<String> = cfg
+            .urls
+            .iter()
+            .map(|u| u.trim_end_matches('/').to_string())
+            .collect();
+        let resolver = CachedResolver::start(
+            &cfg.name,
+            &urls,
+            Duration::from_millis(cfg.resolve_refresh_ms),
+        );
+        let agent = ureq::Agent::with_parts(config, connector, resolver);
         let auth = cfg.auth.as_ref().map(|a| a.header_value()).transpose()?;
         Ok(Target {
             name: cfg.name.clone(),
-            urls: cfg
-                .urls
-                .iter()
-                .map(|u| u.trim_end_matches('/').to_string())
-                .collect(),
+            urls,
             agent,
             connect_timeout: cfg.effective_connect_timeout(budget),
             late_window: Duration::from_millis(cfg.late_answer_window_ms),
