@@ -132,7 +132,10 @@ impl Relay {
             return ("E003".into(), Vec::new());
         };
         let sent = if inquiry {
-            let orig = fields.get("orig_guid").and_then(Value::as_str).unwrap_or("");
+            let orig = fields
+                .get("orig_guid")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             agent
                 .get(format!("{}/v1/transfers/{orig}", self.core))
                 .header("X-Expected-Timeout-Ms", "3000")
