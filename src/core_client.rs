@@ -13,8 +13,8 @@
 //! * the hub abandons a call whose gate is not yet `SENT`, and the transport then
 //!   refuses to write: nothing is ever sent after the channel was told "not sent".
 //!
-//! Calls run on tokio's blocking pool (ureq is synchronous), and host names
-//! come from a cache (`resolver.rs`). A transfer call that
+//! Calls run on the target's own caller threads (ureq is synchronous; see
+//! `caller.rs`), and host names come from a cache (`resolver.rs`). A transfer call that
 //! is still waiting when the budget ends goes on for the target's late-answer
 //! window; its result is handed back as a [`LateAnswer`] so it can be journaled.
 //!
@@ -38,8 +38,10 @@ use ureq::unversioned::transport::{
 
 use crate::config::TargetConfig;
 
+mod caller;
 mod resolver;
 
+use caller::Callers;
 use resolver::CachedResolver;
 
 /// The header carrying the hub's remaining budget in milliseconds, so a core (or
@@ -121,7 +123,7 @@ impl SendGate {
         SendGate::default()
     }
 
-    /// The call left the blocking pool's queue; false if it was abandoned first.
+    /// A caller thread took the call; false if it was abandoned first.
     fn start(&self) -> bool {
         self.0
             .compare_exchange(QUEUED, CONNECTING, Ordering::AcqRel, Ordering::Acquire)
@@ -162,7 +164,7 @@ impl SendGate {
 }
 
 thread_local! {
-    /// The gate of the call running on this (blocking-pool) thread.
+    /// The gate of the call running on this (caller) thread.
     static CURRENT_GATE: RefCell<Option<SendGate>> = const { RefCell::new(None) };
 }
 
@@ -261,7 +263,7 @@ pub enum CallFailure {
     /// No byte left the hub (refused, connect timeout, DNS, abandoned while
     /// connecting). Safe to retry or resend.
     NotSent(String),
-    /// The hub had no capacity to start the call (bulkhead, blocking pool).
+    /// The hub had no capacity to start the call (bulkhead, no caller thread).
     NoCapacity(String),
     /// A request byte may have reached the target; never resend blindly.
     MaybeSent(String),
@@ -304,6 +306,8 @@ pub struct Target {
     pub inquiry_attempts: u32,
     backoff: Duration,
     auth: Option<String>,
+    /// The threads that make the calls (ureq blocks).
+    callers: Callers,
 }
 
 impl std::fmt::Debug for Target {
@@ -360,6 +364,7 @@ impl Target {
             inquiry_attempts: cfg.inquiry_attempts,
             backoff: Duration::from_millis(cfg.backoff_ms),
             auth,
+            callers: Callers::new("relayhub-call"),
         })
     }
 
@@ -464,14 +469,20 @@ impl Target {
             trace: TraceId::current().unwrap_or_default(),
             gate: gate.clone(),
         };
-        tokio::task::spawn_blocking(move || {
+        let started = self.callers.run(Box::new(move || {
             let _permit = permit;
             if !job.gate.start() {
                 return;
             }
             let result = job.run();
             let _ = tx.send(result);
-        });
+        }));
+        if started.is_err() {
+            // Dropped unrun: the gate never left `QUEUED`.
+            return CallEnd::Done(Err(CallFailure::NoCapacity(
+                "no thread could be started for the call".into(),
+            )));
+        }
         match tokio::time::timeout_at(deadline, &mut rx).await {
             Ok(Ok(result)) => {
                 if let Ok(answer) = &result

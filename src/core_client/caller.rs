@@ -1,0 +1,261 @@
+//! The threads that make a target's core calls.
+//!
+//! ureq is synchronous: a call needs a thread that blocks on its socket. The
+//! hub used tokio's blocking pool, whose hand-off (a shared queue under a
+//! mutex, a condition variable that wakes whichever thread slept first, a task
+//! allocation per call) was most of the hub's CPU per telegram. [`Callers`]
+//! is a pool of plain threads owned by one target instead:
+//!
+//! * a call goes straight to one idle thread: the one that went idle *last*
+//!   (LIFO), whose stack and caches are warm, while the threads at the bottom
+//!   of the stack stay asleep and end after [`KEEP_IDLE`];
+//! * a thread sleeps as soon as it is idle: spinning before sleeping (5, 20
+//!   and 200 µs were measured) cost more CPU per telegram than the wake-ups
+//!   it saved, on a machine where the hub shares its cores with the core and
+//!   the channels (docs/performance.md);
+//! * no idle thread: a new one is started for the call (the bulkhead bounds
+//!   how many calls, hence threads, there are at once);
+//! * the threads only block on sockets, so their stacks are small
+//!   ([`STACK_SIZE`]).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// Stack of a caller thread. A call is ureq (HTTP/1.1 framing, 16 KiB buffers
+/// on the heap), serde_json, the gate and a log line: measured well under
+/// 64 KiB; twice that leaves room for a TLS connector's handshake.
+pub(crate) const STACK_SIZE: usize = 128 * 1024;
+
+/// An idle thread ends after this long without a call.
+pub(crate) const KEEP_IDLE: Duration = Duration::from_secs(10);
+
+/// One call to make on a caller thread.
+pub(crate) type Work = Box<dyn FnOnce() + Send + 'static>;
+
+/// A thread's mailbox: the next call, and whether one is there.
+struct Slot {
+    work: Mutex<Option<Work>>,
+    full: AtomicBool,
+    thread: Thread,
+}
+
+struct Shared {
+    /// Idle threads, the last to go idle on top.
+    idle: Mutex<Vec<Arc<Slot>>>,
+    /// Threads alive.
+    threads: AtomicUsize,
+    /// The pool is gone: idle threads end now.
+    closed: AtomicBool,
+    name: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A target's caller threads. Dropping it lets the idle ones end; a thread
+/// that is making a call (a late transfer) finishes it first.
+pub(crate) struct Callers {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Callers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Callers")
+            .field("name", &self.shared.name)
+            .field("threads", &self.threads())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Callers {
+    /// A pool whose threads are named `name`; none is started yet.
+    pub(crate) fn new(name: &str) -> Callers {
+        Callers {
+            shared: Arc::new(Shared {
+                idle: Mutex::new(Vec::new()),
+                threads: AtomicUsize::new(0),
+                closed: AtomicBool::new(false),
+                name: name.to_string(),
+            }),
+        }
+    }
+
+    /// Threads alive (idle or calling).
+    pub(crate) fn threads(&self) -> usize {
+        self.shared.threads.load(Ordering::Relaxed)
+    }
+
+    /// Runs `work` on an idle thread, or on a new one. Fails, handing `work`
+    /// back untouched, only when no thread can be started.
+    pub(crate) fn run(&self, work: Work) -> Result<(), Work> {
+        let idle = lock(&self.shared.idle).pop();
+        if let Some(slot) = idle {
+            *lock(&slot.work) = Some(work);
+            slot.full.store(true, Ordering::Release);
+            slot.thread.unpark();
+            return Ok(());
+        }
+        self.spawn(work)
+    }
+
+    fn spawn(&self, work: Work) -> Result<(), Work> {
+        // The work travels through a cell so that a failed spawn can return it.
+        let cell = Arc::new(Mutex::new(Some(work)));
+        let inside = cell.clone();
+        let shared = self.shared.clone();
+        shared.threads.fetch_add(1, Ordering::Relaxed);
+        let spawned = std::thread::Builder::new()
+            .name(shared.name.clone())
+            .stack_size(STACK_SIZE)
+            .spawn(move || {
+                let first = lock(&inside).take();
+                drop(inside);
+                if let Some(first) = first {
+                    caller(&shared, first);
+                }
+                shared.threads.fetch_sub(1, Ordering::Relaxed);
+            });
+        match spawned {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.shared.threads.fetch_sub(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "cannot start a core caller thread");
+                Err(lock(&cell)
+                    .take()
+                    .expect("the work of a thread that never ran"))
+            }
+        }
+    }
+}
+
+impl Drop for Callers {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::Release);
+        // Each idle thread takes itself off the list (see `wait`).
+        for slot in lock(&self.shared.idle).iter() {
+            slot.thread.unpark();
+        }
+    }
+}
+
+/// A caller thread: the call it was started for, then whatever it is handed
+/// while idle, until it has been idle for [`KEEP_IDLE`] or the pool is gone.
+fn caller(shared: &Shared, first: Work) {
+    first();
+    let slot = Arc::new(Slot {
+        work: Mutex::new(None),
+        full: AtomicBool::new(false),
+        thread: std::thread::current(),
+    });
+    loop {
+        if shared.closed.load(Ordering::Acquire) {
+            return;
+        }
+        lock(&shared.idle).push(slot.clone());
+        if !wait(shared, &slot) {
+            return;
+        }
+        slot.full.store(false, Ordering::Relaxed);
+        let work = lock(&slot.work).take();
+        if let Some(work) = work {
+            work();
+        }
+    }
+}
+
+/// Waits for work in `slot`. False when the thread should end (idle too
+/// long, or the pool is gone) and has left the idle list.
+fn wait(shared: &Shared, slot: &Arc<Slot>) -> bool {
+    let idle_until = Instant::now() + KEEP_IDLE;
+    loop {
+        if slot.full.load(Ordering::Acquire) {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= idle_until || shared.closed.load(Ordering::Acquire) {
+            let mut idle = lock(&shared.idle);
+            if let Some(i) = idle.iter().position(|s| Arc::ptr_eq(s, slot)) {
+                idle.swap_remove(i);
+                return false;
+            }
+            // Taken off the list by a caller that is filling the slot now.
+            drop(idle);
+            while !slot.full.load(Ordering::Acquire) {
+                std::thread::park();
+            }
+            return true;
+        }
+        std::thread::park_timeout(idle_until - now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    #[test]
+    fn calls_run_and_idle_threads_are_reused_last_in_first_out() {
+        let pool = Callers::new("test-caller");
+        let (tx, rx) = mpsc::channel();
+        // Two calls at once need two threads.
+        let (hold_tx, hold_rx) = mpsc::channel::<()>();
+        let hold_rx = Arc::new(Mutex::new(hold_rx));
+        for _ in 0..2 {
+            let tx = tx.clone();
+            let hold = hold_rx.clone();
+            pool.run(Box::new(move || {
+                tx.send(std::thread::current().id()).unwrap();
+                let _ = lock(&hold).recv();
+            }))
+            .unwrap_or_else(|_| panic!("spawn"));
+        }
+        let a = rx.recv().unwrap();
+        let b = rx.recv().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(pool.threads(), 2);
+        hold_tx.send(()).unwrap();
+        hold_tx.send(()).unwrap();
+        // Both idle again; the next calls run on them, no new thread.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lock(&pool.shared.idle).len() < 2 {
+            assert!(Instant::now() < deadline, "threads never went idle");
+            std::thread::yield_now();
+        }
+        let top = lock(&pool.shared.idle).last().unwrap().thread.id();
+        let tx2 = tx.clone();
+        pool.run(Box::new(move || {
+            tx2.send(std::thread::current().id()).unwrap()
+        }))
+        .unwrap_or_else(|_| panic!("run"));
+        assert_eq!(
+            rx.recv().unwrap(),
+            top,
+            "the last thread to go idle runs the call"
+        );
+        assert_eq!(pool.threads(), 2);
+    }
+
+    #[test]
+    fn a_dropped_pool_lets_its_idle_threads_end() {
+        let pool = Callers::new("test-caller");
+        let (tx, rx) = mpsc::channel();
+        pool.run(Box::new(move || tx.send(()).unwrap()))
+            .unwrap_or_else(|_| panic!("spawn"));
+        rx.recv().unwrap();
+        let shared = pool.shared.clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lock(&shared.idle).is_empty() {
+            assert!(Instant::now() < deadline, "the thread never went idle");
+            std::thread::yield_now();
+        }
+        drop(pool);
+        while shared.threads.load(Ordering::Relaxed) > 0 {
+            assert!(Instant::now() < deadline, "the idle thread did not end");
+            std::thread::yield_now();
+        }
+    }
+}
