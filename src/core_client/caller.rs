@@ -111,12 +111,14 @@ impl Callers {
             .name(shared.name.clone())
             .stack_size(STACK_SIZE)
             .spawn(move || {
+                // Counted out however the thread ends (a call that panics
+                // included: its caller then hears "ended without a result").
+                let _alive = Alive(&shared.threads);
                 let first = lock(&inside).take();
                 drop(inside);
                 if let Some(first) = first {
                     caller(&shared, first);
                 }
-                shared.threads.fetch_sub(1, Ordering::Relaxed);
             });
         match spawned {
             Ok(_) => Ok(()),
@@ -128,6 +130,15 @@ impl Callers {
                     .expect("the work of a thread that never ran"))
             }
         }
+    }
+}
+
+/// Takes a thread off the count when dropped.
+struct Alive<'a>(&'a AtomicUsize);
+
+impl Drop for Alive<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -237,6 +248,22 @@ mod tests {
             "the last thread to go idle runs the call"
         );
         assert_eq!(pool.threads(), 2);
+    }
+
+    #[test]
+    fn a_call_that_panics_ends_its_thread_only() {
+        let pool = Callers::new("test-caller");
+        pool.run(Box::new(|| panic!("a call that panics")))
+            .unwrap_or_else(|_| panic!("spawn"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pool.threads() > 0 {
+            assert!(Instant::now() < deadline, "the thread was not counted out");
+            std::thread::yield_now();
+        }
+        let (tx, rx) = mpsc::channel();
+        pool.run(Box::new(move || tx.send(()).unwrap()))
+            .unwrap_or_else(|_| panic!("spawn"));
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
     }
 
     #[test]
