@@ -23,10 +23,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-/// Stack of a caller thread. A call is ureq (HTTP/1.1 framing, 16 KiB buffers
-/// on the heap), serde_json, the gate and a log line: measured well under
-/// 64 KiB; twice that leaves room for a TLS connector's handshake.
-pub(crate) const STACK_SIZE: usize = 128 * 1024;
+/// Stack of a caller thread. A plain HTTP call (ureq, 16 KiB buffers on the
+/// heap, the gate, a log line) touches ~28 KB of it. A TLS handshake (rustls
+/// on ring) overflows 128 KiB in a debug build and fits in 160 KiB
+/// (`a_tls_exchange_fits_a_caller_threads_stack`); 256 KiB keeps a margin. Only
+/// the pages a call touches are resident.
+pub(crate) const STACK_SIZE: usize = 256 * 1024;
 
 /// An idle thread ends after this long without a call.
 pub(crate) const KEEP_IDLE: Duration = Duration::from_secs(10);
@@ -264,6 +266,71 @@ mod tests {
         pool.run(Box::new(move || tx.send(()).unwrap()))
             .unwrap_or_else(|_| panic!("spawn"));
         rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    }
+
+    /// A TLS server for one exchange on 127.0.0.1 (certificate for
+    /// `localhost`): the port and the certificate to trust.
+    fn one_tls_exchange() -> (u16, Vec<u8>) {
+        use std::io::{Read, Write};
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let der = cert.der().to_vec();
+        let key = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], key)
+        .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let conn = rustls::ServerConnection::new(Arc::new(config)).unwrap();
+            let mut tls = rustls::StreamOwned::new(conn, stream);
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && tls.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let _ = tls.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
+            let _ = tls.flush();
+        });
+        (port, der)
+    }
+
+    #[test]
+    fn a_tls_exchange_fits_a_caller_threads_stack() {
+        // A stack overflow aborts the test binary: the failure is loud.
+        let (port, der) = one_tls_exchange();
+        let der: &'static [u8] = Box::leak(der.into_boxed_slice());
+        let tls = ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::new_with_certs(&[
+                ureq::tls::Certificate::from_der(der),
+            ]))
+            .build();
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .tls_config(tls)
+            .proxy(None)
+            .build()
+            .into();
+        let pool = Callers::new("test-caller");
+        let (tx, rx) = mpsc::channel();
+        pool.run(Box::new(move || {
+            let status = agent
+                .get(format!("https://localhost:{port}/"))
+                .call()
+                .map(|r| r.status().as_u16())
+                .map_err(|e| e.to_string());
+            tx.send(status).unwrap();
+        }))
+        .unwrap_or_else(|_| panic!("spawn"));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(20)).unwrap(), Ok(200));
     }
 
     #[test]
