@@ -1,30 +1,45 @@
 #!/usr/bin/env bash
 # Side-by-side speed and memory of the hub against the core it fronts.
 #
-#   cargo build --release && benches/compare.sh [--slow-core] [--connections-scale] [--all]
+#   cargo build --release --workspace --examples
+#   benches/compare.sh [--slow-core] [--connections-scale] [--all]
 #
-# Default run: the same closed-loop load straight to the fixture (`bench --direct`)
-# and through the hub, then both at one fixed rate (half the lower closed-loop
-# throughput), and prints one table: throughput and its ratio, the latency the
-# hub adds at p50 and p99, CPU seconds per 1,000 telegrams of each process (from
-# /proc/PID/stat around each run) and the hub's peak RSS.
+# Default run: at each of CONNECTIONS (8 and 32), the same closed-loop load
+# straight to the fixture (`bench --direct`), through the yardstick (a bare
+# thread-per-connection relay with ureq inline, benches/yardstick.rs) and
+# through the hub with the memory and the SQLite journal, each with a corebank
+# of its own, in one table: throughput and its ratio to the yardstick's, the
+# relay's and the fixture's CPU per telegram (from /proc/PID/stat around each
+# run) and their ratio, p50 and p99. Then the core alone and the first hub at
+# one fixed rate (half the lower closed-loop throughput): the latency added.
 #   --slow-core          the fixture answers after 200 ms; 1,000 concurrent
 #                        transfers: throughput against the Little's-law bound,
 #                        hub RSS and threads.
 #   --connections-scale  10,000 idle channel connections held open, a load
 #                        through a few more: hub RSS per connection.
 #   --all                all three.
-# Settings (environment): CONNECTIONS (8), DURATION (10s), WARMUP (3000),
-# SLOW_CONNECTIONS (1000), SLOW_DURATION (15s), IDLE (10000), LOG (info: the
-# RUST_LOG of both servers; their logs go to files in the work folder).
+# Settings (environment): CONNECTIONS ("8 32"), DURATION (10s), WARMUP (3000),
+# ROUNDS (1: the whole matrix again, for run-to-run spread), RELAYS ("yardstick
+# hub:memory hub:sqlite"; an entry is `yardstick` or
+# `hub:JOURNAL[:name][@BIN][+VAR=VALUE...]`, see start_relay), FIXED_RATE (1; 0
+# skips the fixed-rate part), FIXED_RATE_PER_S, SLOW_CONNECTIONS (1000),
+# SLOW_DURATION (15s), IDLE (10000), LOG (info: the RUST_LOG of the servers;
+# their logs go to files in the work folder).
+# Example, a host-name core URL against an IP literal and the binary of an
+# earlier commit, in one run:
+#   RELAYS="hub:memory hub:memory:name hub:memory@/tmp/relayhub-before" benches/compare.sh
 # Linux only (/proc). Every process this script starts is stopped by its PID.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 HUB_BIN=${HUB_BIN:-target/release/relayhub}
 CORE_BIN=${CORE_BIN:-target/release/corebank}
-CONNECTIONS=${CONNECTIONS:-8}
+CONNECTIONS=${CONNECTIONS:-8 32}
 DURATION=${DURATION:-10s}
+ROUNDS=${ROUNDS:-1}
+RELAYS=${RELAYS:-yardstick hub:memory hub:sqlite}
+FIXED_RATE=${FIXED_RATE:-1}
+YARD_BIN=${YARD_BIN:-target/release/examples/yardstick}
 WARMUP=${WARMUP:-3000}
 SLOW_CONNECTIONS=${SLOW_CONNECTIONS:-1000}
 SLOW_DURATION=${SLOW_DURATION:-15s}
@@ -37,14 +52,14 @@ for arg in "$@"; do
         --slow-core) modes+=(slow) ;;
         --connections-scale) modes+=(scale) ;;
         --all) modes=(compare slow scale) ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
         *) echo "compare.sh: unknown argument $arg" >&2; exit 64 ;;
     esac
 done
 [ ${#modes[@]} -eq 0 ] && modes=(compare)
 
-for b in "$HUB_BIN" "$CORE_BIN"; do
-    [ -x "$b" ] || { echo "compare.sh: $b not found; run cargo build --release first" >&2; exit 1; }
+for b in "$HUB_BIN" "$CORE_BIN" $(case " $RELAYS " in *" yardstick "*) echo "$YARD_BIN" ;; esac); do
+    [ -x "$b" ] || { echo "compare.sh: $b not found; run cargo build --release --workspace --examples first" >&2; exit 1; }
 done
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/relayhub-bench.XXXXXX")
@@ -142,62 +157,136 @@ sample() {
     done
 }
 
-run_compare() {
-    echo "== direct vs through the hub: $CONNECTIONS connections, $DURATION each ==" >&2
-    start_core cmp; start_hub cmp
-    local direct=(--direct "http://$CORE_ADDR") hub=(--to "$HUB_ADDR")
-    local common=(-c "$CONNECTIONS")
-    bench cmp-warm-direct "${direct[@]}" "${common[@]}" -n "$WARMUP"
-    bench cmp-warm-hub "${hub[@]}" "${common[@]}" -n "$WARMUP"
+# relay_label ENTRY: a short name for a relay entry (a binary's base name).
+relay_label() {
+    local e=$1 bin env
+    env=${e#*+}; [ "$env" = "$e" ] && env= || e=${e%%+*}
+    bin=${e#*@}; [ "$bin" = "$e" ] && bin= || e=${e%%@*}
+    printf '%s%s%s' "$e" "${bin:+@$(basename "$bin")}" "${env:++$env}"
+}
 
-    local hub_pid=$HUB_PID; HUB_PID=
-    measured cmp-direct "${direct[@]}" "${common[@]}" -d "$DURATION"
-    local core_direct=$CORE_TICKS
-    HUB_PID=$hub_pid
-    measured cmp-hub "${hub[@]}" "${common[@]}" -d "$DURATION"
-    local hub_hub=$HUB_TICKS core_hub=$CORE_TICKS
+# start_relay ENTRY NAME -> sets HUB_PID, HUB_ADDR. ENTRY is `yardstick` or
+# `hub:JOURNAL[:name][@BIN][+VAR=VALUE...]`: JOURNAL is memory or sqlite (a
+# fresh file), `name` gives the core URL as http://localhost:PORT, BIN another
+# relayhub binary (a candidate, or the one before a change), VAR=VALUE an
+# environment variable of the hub (several joined by `+`).
+start_relay() {
+    local e=$1 name=$2 bin=$HUB_BIN env=() journal host=127.0.0.1
+    if [ "$e" = yardstick ]; then
+        "$YARD_BIN" --listen 127.0.0.1:0 --core-url "http://$CORE_ADDR" \
+            >"$WORK/$name-relay.out" 2>"$WORK/$name-relay.log" &
+        HUB_PID=$!; PIDS+=("$HUB_PID")
+        HUB_ADDR=$(wait_ready "$WORK/$name-relay.out")
+        return
+    fi
+    if [ "${e#*+}" != "$e" ]; then IFS=+ read -r -a env <<<"${e#*+}"; e=${e%%+*}; fi
+    if [ "${e#*@}" != "$e" ]; then bin=${e#*@}; e=${e%%@*}; fi
+    IFS=: read -r _ journal host_kind <<<"$e"
+    [ "${host_kind:-}" = name ] && host=localhost
+    case "$journal" in
+        memory) ;;
+        sqlite) journal="$WORK/$name.sqlite" ;;
+        *) echo "compare.sh: unknown journal in $1" >&2; return 1 ;;
+    esac
+    env RUST_LOG="$LOG" "${env[@]}" "$bin" serve --listen 127.0.0.1:0 \
+        --core-url "http://$host:${CORE_ADDR##*:}" --journal "$journal" \
+        >"$WORK/$name-relay.out" 2>"$WORK/$name-relay.log" &
+    HUB_PID=$!; PIDS+=("$HUB_PID")
+    HUB_ADDR=$(wait_ready "$WORK/$name-relay.out")
+}
 
-    local td th rate
-    td=$(num "$WORK/cmp-direct.json" throughput); th=$(num "$WORK/cmp-hub.json" throughput)
-    rate=$(awk "BEGIN { r = ($td < $th ? $td : $th) / 2; printf \"%d\", (r < 1 ? 1 : r) }")
-    echo "== both at $rate/s (half the lower closed-loop throughput), $DURATION each ==" >&2
-    # Enough connections that the rate never waits for a free one.
-    local rc=(-c "$(( CONNECTIONS * 2 ))" --rate "$rate" -d "$DURATION")
-    bench cmp-direct-rate "${direct[@]}" "${rc[@]}"
-    bench cmp-hub-rate "${hub[@]}" "${rc[@]}"
-    local hwm threads
-    hwm=$(status "$HUB_PID" VmHWM); threads=$(status "$HUB_PID" Threads)
+# One closed-loop run of ENTRY (or `direct`) at C connections, with a core of
+# its own; appends a row to $WORK/rows.
+measure_relay() {
+    local entry=$1 c=$2 round=$3 name
+    name="r$round-c$c-$(relay_label "$entry" | tr -c 'A-Za-z0-9_.-' _)"
+    start_core "$name"
+    local to=()
+    if [ "$entry" = direct ]; then
+        HUB_PID=; to=(--direct "http://$CORE_ADDR")
+    else
+        start_relay "$entry" "$name"; to=(--to "$HUB_ADDR")
+    fi
+    bench "$name-warm" "${to[@]}" -c "$c" -n "$WARMUP"
+    measured "$name" "${to[@]}" -c "$c" -d "$DURATION"
+    local f="$WORK/$name.json" n
+    n=$(num "$f" sent)
+    [ "${n:-0}" -gt 0 ] || n=1
+    echo "$round $c $(relay_label "$entry") $(num "$f" throughput) $HUB_TICKS $CORE_TICKS $n" \
+        "$(num "$f" p50_us) $(num "$f" p99_us) $(num "$f" wrong) $(num "$f" errors)" >>"$WORK/rows"
     stop_all
+}
 
-    local f_d="$WORK/cmp-direct.json" f_h="$WORK/cmp-hub.json"
-    local r_d="$WORK/cmp-direct-rate.json" r_h="$WORK/cmp-hub-rate.json"
-    local ms='%.3f'
+# The fixed-rate part: straight to the core and through the first hub entry,
+# both at RATE.
+fixed_rate() {
+    local entry=$1 c=$2 rate=$3
+    local rc=(-c "$(( c * 2 ))" --rate "$rate" -d "$DURATION")
+    start_core rate-direct
+    bench rate-direct --direct "http://$CORE_ADDR" "${rc[@]}"
+    stop_all
+    start_core rate-hub; start_relay "$entry" rate-hub
+    bench rate-hub-warm --to "$HUB_ADDR" -c "$c" -n "$WARMUP"
+    bench rate-hub --to "$HUB_ADDR" "${rc[@]}"
+    stop_all
+    local r_d="$WORK/rate-direct.json" r_h="$WORK/rate-hub.json"
     echo
-    echo "relayhub vs direct: $CONNECTIONS connections, closed loop $DURATION; fixed rate $rate/s"
-    printf '%-44s %14s %14s %14s\n' "" "direct" "through hub" "hub / direct"
-    printf '%-44s %14s %14s %14s\n' "throughput, closed loop (req/s)" \
-        "$(calc "$td" 0)" "$(calc "$th" 0)" "$(calc "$th / $td" 2)"
-    for p in p50 p99; do
-        printf "%-44s %14s %14s %14s\n" "latency $p, closed loop (ms)" \
-            "$(calc "$(num "$f_d" ${p}_us) / 1000" 3)" "$(calc "$(num "$f_h" ${p}_us) / 1000" 3)" ""
-    done
+    echo "added latency at a fixed rate of $rate/s ($(( c * 2 )) connections, $DURATION): $(relay_label "$entry") against the core alone"
+    printf '%-30s %12s %12s %12s\n' "" "core alone" "through hub" "added"
     for p in p50 p90 p99 p999; do
         local a b
         a=$(num "$r_d" ${p}_us); b=$(num "$r_h" ${p}_us)
-        printf "%-44s %14s %14s %14s\n" "latency $p at $rate/s (ms)" \
-            "$(calc "$a / 1000" 3)" "$(calc "$b / 1000" 3)" "$(awk "BEGIN { printf \"%+.3f\", ($b - $a) / 1000 }") added"
+        printf "%-30s %12s %12s %12s\n" "latency $p (ms)" \
+            "$(calc "$a / 1000" 3)" "$(calc "$b / 1000" 3)" "$(awk "BEGIN { printf \"%+.3f\", ($b - $a) / 1000 }")"
     done
-    printf '%-44s %14s %14s %14s\n' "fixture CPU s per 1,000 requests" \
-        "$(per1000 "$core_direct" "$f_d")" "$(per1000 "$core_hub" "$f_h")" ""
-    printf '%-44s %14s %14s %14s\n' "hub CPU s per 1,000 telegrams" "-" \
-        "$(per1000 "$hub_hub" "$f_h")" \
-        "$(calc "($hub_hub / $(num "$f_h" sent)) / ($core_hub / $(num "$f_h" sent))" 2)x fixture"
-    printf '%-44s %14s %14s\n' "hub peak RSS (VmHWM, MB)" "-" "$(calc "$hwm / 1024" 1)"
-    printf '%-44s %14s %14s\n' "hub threads at the end" "-" "$threads"
-    for f in "$f_d" "$f_h" "$r_d" "$r_h"; do
-        printf '%-44s %14s\n' "wrong / no answer in $(basename "$f" .json)" \
-            "$(num "$f" wrong) / $(num "$f" errors)"
+    printf '%-30s %12s %12s\n' "wrong / no answer" \
+        "$(num "$r_d" wrong) / $(num "$r_d" errors)" "$(num "$r_h" wrong) / $(num "$r_h" errors)"
+}
+
+run_compare() {
+    : >"$WORK/rows"
+    local round c entry
+    for round in $(seq 1 "$ROUNDS"); do
+        for c in $CONNECTIONS; do
+            echo "== round $round, $c connections, $DURATION closed loop each: direct $RELAYS ==" >&2
+            measure_relay direct "$c" "$round"
+            for entry in $RELAYS; do measure_relay "$entry" "$c" "$round"; done
+        done
     done
+    echo
+    echo "closed loop, $DURATION per row, each relay with a fresh corebank; CPU from /proc/PID/stat"
+    printf '%-5s %-4s %-34s %10s %9s %9s %9s %9s %9s %9s %9s\n' round conn relay "req/s" \
+        "x yard" "relay us" "core us" "relay/" "p50 ms" "p99 ms" "wrong/"
+    printf '%-5s %-4s %-34s %10s %9s %9s %9s %9s %9s %9s %9s\n' "" "" "" "" \
+        "" "/telegram" "/request" "core" "" "" "no ans"
+    # Rows with the yardstick's throughput of the same round and connections.
+    awk -v tck="$TCK" '
+        { row[NR] = $0; if ($3 == "yardstick") yard[$1 " " $2] = $4 }
+        END {
+            for (i = 1; i <= NR; i++) {
+                split(row[i], f, " ")
+                y = yard[f[1] " " f[2]]
+                relay_us = f[5] / tck / f[7] * 1e6; core_us = f[6] / tck / f[7] * 1e6
+                printf "%-5s %-4s %-34s %10.0f %9s %9s %9.1f %9s %9.3f %9.3f %9s\n", f[1], f[2], f[3], f[4],
+                    (y > 0 ? sprintf("%.2f", f[4] / y) : "-"),
+                    (f[3] == "direct" ? "-" : sprintf("%.1f", relay_us)), core_us,
+                    (f[3] == "direct" || core_us == 0 ? "-" : sprintf("%.2fx", relay_us / core_us)),
+                    f[8] / 1000, f[9] / 1000, f[10] "/" f[11]
+            }
+        }' "$WORK/rows"
+    if [ "$FIXED_RATE" != 0 ]; then
+        local first_hub="" first_c td th rate
+        for entry in $RELAYS; do
+            case "$entry" in hub:*) first_hub=$entry; break ;; esac
+        done
+        first_c=${CONNECTIONS%% *}
+        [ -n "$first_hub" ] || return 0
+        td=$(awk -v c="$first_c" '$1 == 1 && $2 == c && $3 == "direct" {print $4}' "$WORK/rows")
+        th=$(awk -v c="$first_c" -v l="$(relay_label "$first_hub")" '$1 == 1 && $2 == c && $3 == l {print $4}' "$WORK/rows")
+        rate=${FIXED_RATE_PER_S:-$(awk "BEGIN { r = ($td < $th ? $td : $th) / 2; printf \"%d\", (r < 1 ? 1 : r) }")}
+        echo "== both at $rate/s, $DURATION each ==" >&2
+        fixed_rate "$first_hub" "$first_c" "$rate"
+    fi
 }
 
 http_post() { # ADDR PATH BODY: a tiny HTTP client, so the script needs no curl.

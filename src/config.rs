@@ -264,6 +264,11 @@ pub struct TargetConfig {
     pub urls: Vec<String>,
     /// TCP connect timeout; at most half the budget when left to its default.
     pub connect_timeout_ms: Option<u64>,
+    /// How often the host names of `urls` are looked up again (they are
+    /// looked up when the target is built, at start and on reload; a call never
+    /// waits for a lookup of its own).
+    #[serde(default = "default_resolve_refresh_ms")]
+    pub resolve_refresh_ms: u64,
     /// How long a transfer call may go on after the hub answered E901, so that
     /// a late answer is still journaled. 0 ends the call with the budget.
     #[serde(default = "default_late_answer_window_ms")]
@@ -310,6 +315,9 @@ pub const MAX_BUDGET_MS: u64 = 600_000;
 /// The longest late-answer window and wire grace: one day.
 pub const MAX_WINDOW_MS: u64 = 86_400_000;
 
+fn default_resolve_refresh_ms() -> u64 {
+    30_000
+}
 fn default_late_answer_window_ms() -> u64 {
     30_000
 }
@@ -339,6 +347,7 @@ impl TargetConfig {
             name: name.into(),
             urls: vec![url.into()],
             connect_timeout_ms: None,
+            resolve_refresh_ms: default_resolve_refresh_ms(),
             late_answer_window_ms: default_late_answer_window_ms(),
             wire_grace_ms: None,
             max_concurrency: default_max_concurrency(),
@@ -760,6 +769,15 @@ impl Config {
                     ),
                 ));
             }
+            if !(100..=86_400_000).contains(&t.resolve_refresh_ms) {
+                return Err(bad(
+                    &format!("{key}.resolve_refresh_ms"),
+                    format!(
+                        "{} ms is out of range (100 ms to 24 h)",
+                        t.resolve_refresh_ms
+                    ),
+                ));
+            }
             if t.queue_wait_ms >= s.budget_ms {
                 return Err(bad(
                     &format!("{key}.queue_wait_ms"),
@@ -1133,6 +1151,22 @@ mod tests {
         c.targets[0].urls = vec!["ftp://core".into()];
         let err = c.validate("t").unwrap_err().to_string();
         assert!(err.contains("not an http:// or https:// URL"), "{err}");
+    }
+
+    #[test]
+    fn resolve_refresh_out_of_range_is_refused_with_its_key() {
+        for ms in [0, 99, 86_400_001] {
+            let mut c = with_core();
+            c.targets[0].resolve_refresh_ms = ms;
+            let err = c.validate("t").unwrap_err().to_string();
+            assert!(
+                err.contains("target.core.resolve_refresh_ms"),
+                "{ms}: {err}"
+            );
+        }
+        let mut c = with_core();
+        c.targets[0].resolve_refresh_ms = 100;
+        c.validate("t").unwrap();
     }
 
     #[test]

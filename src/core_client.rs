@@ -13,7 +13,8 @@
 //! * the hub abandons a call whose gate is not yet `SENT`, and the transport then
 //!   refuses to write: nothing is ever sent after the channel was told "not sent".
 //!
-//! Calls run on tokio's blocking pool (ureq is synchronous). A transfer call that
+//! Calls run on the target's own caller threads (ureq is synchronous; see
+//! `caller.rs`), and host names come from a cache (`resolver.rs`). A transfer call that
 //! is still waiting when the budget ends goes on for the target's late-answer
 //! window; its result is handed back as a [`LateAnswer`] so it can be journaled.
 //!
@@ -31,14 +32,18 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
-use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
 use ureq::unversioned::transport::{
     Buffers, ConnectionDetails, Connector, NextTimeout, TcpConnector, Transport,
 };
 
 use crate::config::TargetConfig;
 
+mod caller;
+mod resolver;
 pub mod tls;
+
+use caller::Callers;
+use resolver::CachedResolver;
 
 /// The header carrying the hub's remaining budget in milliseconds, so a core (or
 /// a gateway) can give up on work nobody is waiting for.
@@ -119,7 +124,7 @@ impl SendGate {
         SendGate::default()
     }
 
-    /// The call left the blocking pool's queue; false if it was abandoned first.
+    /// A caller thread took the call; false if it was abandoned first.
     fn start(&self) -> bool {
         self.0
             .compare_exchange(QUEUED, CONNECTING, Ordering::AcqRel, Ordering::Acquire)
@@ -160,7 +165,7 @@ impl SendGate {
 }
 
 thread_local! {
-    /// The gate of the call running on this (blocking-pool) thread.
+    /// The gate of the call running on this (caller) thread.
     static CURRENT_GATE: RefCell<Option<SendGate>> = const { RefCell::new(None) };
 }
 
@@ -216,43 +221,6 @@ impl<T: Transport> Transport for GatedTransport<T> {
     }
 }
 
-/// A resolver that answers IP-literal hosts itself and asks the system for
-/// names. ureq's default resolver runs every lookup with a timeout on a thread
-/// of its own, even for `127.0.0.1`: a thread per call on the hot path.
-#[derive(Debug, Default)]
-struct LiteralFirstResolver {
-    system: DefaultResolver,
-}
-
-impl Resolver for LiteralFirstResolver {
-    fn resolve(
-        &self,
-        uri: &ureq::http::Uri,
-        config: &ureq::config::Config,
-        timeout: NextTimeout,
-    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
-        let literal = uri.host().and_then(|h| {
-            h.trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse::<std::net::IpAddr>()
-                .ok()
-        });
-        let port = uri.port_u16().or_else(|| match uri.scheme_str() {
-            Some("https") => Some(443),
-            Some("http") => Some(80),
-            _ => None,
-        });
-        match (literal, port) {
-            (Some(ip), Some(port)) => {
-                let mut addrs = self.empty();
-                addrs.push(std::net::SocketAddr::new(ip, port));
-                Ok(addrs)
-            }
-            _ => self.system.resolve(uri, config, timeout),
-        }
-    }
-}
-
 /// The variables ureq would read a proxy from. The hub ignores them for its
 /// calls to a core: a proxy that accepted the request's bytes and then failed
 /// would turn "not sent" (E902, safe to resend) into "may have been sent"
@@ -300,7 +268,7 @@ pub enum CallFailure {
     /// No byte left the hub (refused, connect timeout, DNS, abandoned while
     /// connecting). Safe to retry or resend.
     NotSent(String),
-    /// The hub had no capacity to start the call (bulkhead, blocking pool).
+    /// The hub had no capacity to start the call (bulkhead, no caller thread).
     NoCapacity(String),
     /// A request byte may have reached the target; never resend blindly.
     MaybeSent(String),
@@ -345,6 +313,8 @@ pub struct Target {
     auth: Option<String>,
     /// The TLS client config in force for `https://` URLs (rotated on SIGHUP).
     tls: tls::TlsSlot,
+    /// The threads that make the calls (ureq blocks).
+    callers: Callers,
 }
 
 /// Why a target could not be built from its (validated) config.
@@ -393,15 +363,21 @@ impl Target {
             ().chain(TcpConnector::default())
                 .chain(tls::TlsConnector::new(&cfg.name, tls.clone()))
                 .chain(GateConnector);
-        let agent = ureq::Agent::with_parts(config, connector, LiteralFirstResolver::default());
+        let urls: Vec<String> = cfg
+            .urls
+            .iter()
+            .map(|u| u.trim_end_matches('/').to_string())
+            .collect();
+        let resolver = CachedResolver::start(
+            &cfg.name,
+            &urls,
+            Duration::from_millis(cfg.resolve_refresh_ms),
+        );
+        let agent = ureq::Agent::with_parts(config, connector, resolver);
         let auth = cfg.auth.as_ref().map(|a| a.header_value()).transpose()?;
         Ok(Target {
             name: cfg.name.clone(),
-            urls: cfg
-                .urls
-                .iter()
-                .map(|u| u.trim_end_matches('/').to_string())
-                .collect(),
+            urls,
             agent,
             connect_timeout: cfg.effective_connect_timeout(budget),
             late_window: Duration::from_millis(cfg.late_answer_window_ms),
@@ -414,6 +390,7 @@ impl Target {
             backoff: Duration::from_millis(cfg.backoff_ms),
             auth,
             tls,
+            callers: Callers::new("relayhub-call"),
         })
     }
 
@@ -525,14 +502,20 @@ impl Target {
             trace: TraceId::current().unwrap_or_default(),
             gate: gate.clone(),
         };
-        tokio::task::spawn_blocking(move || {
+        let started = self.callers.run(Box::new(move || {
             let _permit = permit;
             if !job.gate.start() {
                 return;
             }
             let result = job.run();
             let _ = tx.send(result);
-        });
+        }));
+        if started.is_err() {
+            // Dropped unrun: the gate never left `QUEUED`.
+            return CallEnd::Done(Err(CallFailure::NoCapacity(
+                "no thread could be started for the call".into(),
+            )));
+        }
         match tokio::time::timeout_at(deadline, &mut rx).await {
             Ok(Ok(result)) => {
                 if let Ok(answer) = &result

@@ -9,6 +9,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 // for a binary.
 #[path = "relayhub/journal.rs"]
 mod journal;
+// The batched stderr writer of `logging`.
+#[path = "relayhub/log_writer.rs"]
+mod log_writer;
 use serde_json::{Map, Value};
 
 use relayhub::client::{
@@ -703,8 +706,8 @@ fn prefix_name(p: PrefixMode) -> &'static str {
 
 /// Log output for people and for machines, never in a telegram's way.
 ///
-/// Lines go to stderr through a bounded queue and a thread of their own
-/// (`tracing-appender`, lossy): when nobody reads stderr fast enough, lines are
+/// Lines go to stderr in batches, written by a thread of their own
+/// (`log_writer`, lossy): when nobody reads stderr fast enough, lines are
 /// dropped and counted (`relayhub_log_lines_dropped_total`) instead of holding
 /// up the task that logs them. Colours only on a terminal. One event is one
 /// line in both formats: the human one escapes newlines and other control
@@ -718,21 +721,18 @@ mod logging {
     use relayhub::config::LogFormat;
     use serde_json::{Map, Value};
     use tracing::field::{Field, Visit};
-    use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::field::RecordFields;
     use tracing_subscriber::fmt::format::Writer;
     use tracing_subscriber::fmt::{FormatFields, FormattedFields};
 
-    /// Lines queued for stderr before new ones are dropped: a few seconds of a
-    /// busy hub's INFO lines, a few MiB at most.
-    pub const BUFFERED_LINES: usize = 4096;
+    use crate::log_writer::{Dropped, FlushGuard, batched};
 
     /// The installed logging: its writer thread lives (and is flushed on drop)
     /// with this value.
     pub struct Logging {
-        _guard: WorkerGuard,
-        dropped: ErrorCounter,
+        _guard: FlushGuard,
+        dropped: Dropped,
     }
 
     impl Logging {
@@ -744,7 +744,7 @@ mod logging {
                 loop {
                     tick.tick().await;
                     metrics::counter!(relayhub::metric_names::LOG_LINES_DROPPED)
-                        .absolute(dropped.dropped_lines() as u64);
+                        .absolute(dropped.lines());
                 }
             }
         }
@@ -752,12 +752,8 @@ mod logging {
 
     /// Installs the global subscriber writing `format` to stderr.
     pub fn init(format: LogFormat, filter: EnvFilter) -> Result<Logging, String> {
-        let (writer, guard) = NonBlockingBuilder::default()
-            .lossy(true)
-            .buffered_lines_limit(BUFFERED_LINES)
-            .thread_name("relayhub-log")
-            .finish(std::io::stderr());
-        let dropped = writer.error_counter();
+        let (writer, guard, dropped) = batched(std::io::stderr())
+            .map_err(|e| format!("cannot start the log writer thread: {e}"))?;
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(writer)

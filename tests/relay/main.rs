@@ -18,5 +18,6 @@ mod relay_drain;
 mod relay_faults;
 mod relay_format;
 mod relay_inquiry;
+mod relay_names;
 mod relay_process;
 mod relay_wire;

@@ -1,0 +1,177 @@
+//! The yardstick: the floor a thread-per-connection relay with ureq can reach.
+//!
+//! A bare relay with the hub's wire and conversions and nothing else: one
+//! thread per channel connection, reading one telegram at a time and calling
+//! the core with ureq *inline* on that thread (one `Agent` per thread, so one
+//! warm keep-alive connection each), then writing the answer. No journal, no
+//! logs, no budget, no bulkhead: it is not a hub, only the price of the
+//! conversions plus ureq plus the sockets, which `benches/compare.sh` sets
+//! beside the hub's.
+//!
+//! ```sh
+//! cargo build --release --example yardstick
+//! target/release/examples/yardstick --listen 127.0.0.1:0 --core-url http://127.0.0.1:8080
+//! ```
+//! It prints `listening on ADDR` once it takes connections (ASCII 4-digit
+//! length prefix; TRF001 and INQ001 with the built-in layouts).
+
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use relayhub::header::{Echo, HEADER_LEN, local_timestamp, parse_header, write_response};
+use relayhub::layout::{Layout, builtin, encode_fields};
+use relayhub::outcome::{CodeTable, Outcome, classify_inquiry, classify_transfer};
+
+struct Relay {
+    core: String,
+    trf: Layout,
+    inq: Layout,
+    codes: CodeTable,
+}
+
+fn main() {
+    let mut listen = "127.0.0.1:0".to_string();
+    let mut core = String::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match (a.as_str(), args.next()) {
+            ("--listen", Some(v)) => listen = v,
+            ("--core-url", Some(v)) => core = v.trim_end_matches('/').to_string(),
+            _ => {
+                eprintln!("usage: yardstick --listen ADDR --core-url URL");
+                std::process::exit(64);
+            }
+        }
+    }
+    if core.is_empty() {
+        eprintln!("yardstick: --core-url is required");
+        std::process::exit(64);
+    }
+    let mut layouts = builtin();
+    let relay = Arc::new(Relay {
+        core,
+        trf: layouts.remove("TRF001").expect("built-in TRF001"),
+        inq: layouts.remove("INQ001").expect("built-in INQ001"),
+        codes: CodeTable::builtin(),
+    });
+    let listener = TcpListener::bind(&listen).unwrap_or_else(|e| {
+        eprintln!("yardstick: cannot listen on {listen}: {e}");
+        std::process::exit(1)
+    });
+    println!("listening on {}", listener.local_addr().expect("bound"));
+    for stream in listener.incoming().flatten() {
+        let relay = relay.clone();
+        std::thread::spawn(move || {
+            let _ = serve(&relay, stream);
+        });
+    }
+}
+
+fn agent() -> ureq::Agent {
+    let t = Some(Duration::from_secs(5));
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .no_delay(true)
+        .proxy(None)
+        // Phase timeouts only: a timeout covering resolution makes ureq
+        // resolve on a thread of its own for every request.
+        .timeout_connect(t)
+        .timeout_send_request(t)
+        .timeout_send_body(t)
+        .timeout_recv_response(t)
+        .timeout_recv_body(t)
+        .build()
+        .new_agent()
+}
+
+fn serve(relay: &Relay, stream: TcpStream) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let agent = agent();
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = BufWriter::new(stream);
+    let mut telegram = Vec::with_capacity(512);
+    let mut answer = Vec::with_capacity(512);
+    loop {
+        let mut prefix = [0u8; 4];
+        reader.read_exact(&mut prefix)?;
+        let len: usize = std::str::from_utf8(&prefix)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other("bad length prefix"))?;
+        telegram.resize(len, 0);
+        reader.read_exact(&mut telegram)?;
+        let (code, body) = relay.exchange(&agent, &telegram);
+        answer.clear();
+        write_response(
+            &Echo::from_telegram(&telegram),
+            &local_timestamp(),
+            &code,
+            &body,
+            &mut answer,
+        );
+        write!(writer, "{:04}", answer.len())?;
+        writer.write_all(&answer)?;
+        writer.flush()?;
+    }
+}
+
+impl Relay {
+    /// One telegram to the core and back: the answer's code and body.
+    fn exchange(&self, agent: &ureq::Agent, t: &[u8]) -> (String, Vec<u8>) {
+        let Ok(h) = parse_header(t) else {
+            return ("E001".into(), Vec::new());
+        };
+        let inquiry = h.tx_code == "INQ001";
+        let layout = if inquiry { &self.inq } else { &self.trf };
+        let Ok(fields) = layout.decode_request(&t[HEADER_LEN..], HEADER_LEN) else {
+            return ("E003".into(), Vec::new());
+        };
+        let sent = if inquiry {
+            let orig = fields
+                .get("orig_guid")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            agent
+                .get(format!("{}/v1/transfers/{orig}", self.core))
+                .header("X-Expected-Timeout-Ms", "3000")
+                .call()
+        } else {
+            let mut json = Map::with_capacity(fields.len() + 2);
+            json.insert("guid".into(), Value::String(h.guid.clone()));
+            json.insert("channel_id".into(), Value::String(h.channel_id.clone()));
+            json.extend(fields);
+            let body = serde_json::to_vec(&Value::Object(json)).unwrap_or_default();
+            agent
+                .post(format!("{}/v1/transfers", self.core))
+                .header("Content-Type", "application/json")
+                .header("X-GUID", h.guid.as_str())
+                .header("X-Expected-Timeout-Ms", "3000")
+                .send(&body[..])
+        };
+        let answer = sent.and_then(|mut r| {
+            let status = r.status().as_u16();
+            let body = r.body_mut().with_config().limit(64 * 1024).read_to_vec()?;
+            Ok((status, body))
+        });
+        let Ok((status, body)) = answer else {
+            return ("E901".into(), Vec::new());
+        };
+        let outcome = if inquiry {
+            classify_inquiry(status, &body, &self.codes)
+        } else {
+            classify_transfer(status, &body, &self.codes)
+        };
+        match &outcome {
+            Outcome::Processed(m) => match encode_fields(&layout.response, m, HEADER_LEN) {
+                Ok(b) => ("0000".into(), b),
+                Err(_) => ("E901".into(), Vec::new()),
+            },
+            o => (self.codes.code(o).as_str().to_string(), Vec::new()),
+        }
+    }
+}
