@@ -37,7 +37,8 @@ pub const CONFIG_RELOADS: &str = "relayhub_config_reloads_total";
 /// Journal calls that failed or outlived the budget, by `stage`: `claim` (the
 /// transfer was not sent, E903), `outcome` (answered, not recorded yet: retried
 /// in the background), `settle` (an inquiry's answer not recorded), or
-/// `late_answer` (a late answer not recorded), or `prune`.
+/// `late_answer` (a late answer not recorded), `prune`, or `checkpoint` (the
+/// SQLite journal's WAL checkpoint, retried).
 pub const JOURNAL_ERRORS: &str = "relayhub_journal_errors_total";
 /// Answers not written within `write_timeout_ms` (the connection was closed).
 pub const ANSWER_WRITE_TIMEOUTS: &str = "relayhub_answer_write_timeouts_total";
@@ -127,7 +128,7 @@ pub fn describe_all() {
     describe_counter!(
         JOURNAL_ERRORS,
         Unit::Count,
-        "Journal calls that failed or outlived the budget, by stage: claim (transfer not sent, E903), outcome (answered, not recorded yet; retried), settle (an inquiry's answer not recorded), late_answer or prune."
+        "Journal calls that failed or outlived the budget, by stage: claim (transfer not sent, E903), outcome (answered, not recorded yet; retried), settle (an inquiry's answer not recorded), late_answer, prune or checkpoint (SQLite WAL checkpoint; retried)."
     );
     describe_counter!(
         ANSWER_WRITE_TIMEOUTS,

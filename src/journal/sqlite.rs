@@ -18,12 +18,15 @@
 //! * `lock`: one owner per file (a hub, or reconcile with no hub running).
 //! * `open`: checks a file is a healthy journal of a known schema, migrates it.
 //! * `writer`: the one thread that owns the connection and group-commits.
+//! * `checkpoint`: WAL checkpoints on a connection and thread of their own, so
+//!   a commit never waits for the database file's fsync.
 //! * this file: the handle, and the SQL of each operation.
 //!
 //! Reads go through the writer too: the hub reads little beyond what `claim`
 //! already returns, and one connection means a read always sees every write
 //! acknowledged before it, with no second connection to open or keep healthy.
 
+mod checkpoint;
 pub mod lock;
 mod open;
 #[cfg(test)]
@@ -56,6 +59,8 @@ const QUEUE_MIN: usize = 1024;
 pub struct SqliteJournal {
     tx: mpsc::Sender<Msg>,
     commits: Arc<AtomicU64>,
+    /// `None` for a read-only journal.
+    checkpoints: Option<Arc<checkpoint::Checkpointer>>,
 }
 
 const ROW_COLUMNS: &str = "guid, tx_code, fingerprint, state, code, answer, attempts, \
@@ -66,7 +71,11 @@ impl SqliteJournal {
     /// which commits up to `max_batch` queued commands in one transaction.
     pub fn open(path: &Path, max_batch: usize) -> Result<SqliteJournal, JournalError> {
         let conn = open::open(path).map_err(|reason| open_error(path, reason))?;
-        SqliteJournal::start(path, conn, max_batch)
+        let checkpoints =
+            checkpoint::Checkpointer::start(path).map_err(|reason| open_error(path, reason))?;
+        let mut journal = SqliteJournal::start(path, conn, max_batch)?;
+        journal.checkpoints = Some(Arc::new(checkpoints));
+        Ok(journal)
     }
 
     /// Opens an existing journal for reading only: nothing is created,
@@ -88,12 +97,21 @@ impl SqliteJournal {
             .name("relayhub-journal".into())
             .spawn(move || writer::run(conn, rx, max_batch, counter))
             .map_err(|e| open_error(path, format!("cannot start the writer thread: {e}")))?;
-        Ok(SqliteJournal { tx, commits })
+        Ok(SqliteJournal {
+            tx,
+            commits,
+            checkpoints: None,
+        })
     }
 
     /// Transactions committed so far: with group commit, fewer than the writes.
     pub fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
+    }
+
+    /// WAL checkpoints run so far by the checkpoint thread (0 when read-only).
+    pub fn checkpoints(&self) -> u64 {
+        self.checkpoints.as_ref().map_or(0, |c| c.done())
     }
 
     /// Hands `f` to the writer and waits (without blocking the runtime) for its

@@ -24,7 +24,7 @@ pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// How long a statement waits for a lock held by another connection (a
 /// backup tool, or the previous hub of this process still closing) before
 /// failing.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens, checks and migrates the journal at `path`, creating it if absent.
 /// The error is the reason, in words meant for the operator.
@@ -52,6 +52,14 @@ pub(super) fn open(path: &Path) -> Result<Connection, String> {
     // See the module doc of `sqlite` for why FULL and not NORMAL.
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(|e| format!("cannot set synchronous=FULL: {e}"))?;
+    // Checkpoints run on a thread of their own (`checkpoint`); the writer's
+    // automatic one is only a backstop.
+    conn.pragma_update(
+        None,
+        "wal_autocheckpoint",
+        super::checkpoint::BACKSTOP_PAGES,
+    )
+    .map_err(|e| format!("cannot set wal_autocheckpoint: {e}"))?;
 
     migrate(&conn)?;
     Ok(conn)

@@ -1187,3 +1187,44 @@ async fn prune_of_a_million_rows_timing() {
         summary(&during)
     );
 }
+
+/// Waits (bounded, without holding the runtime) until the checkpoint thread has
+/// run `n` more checkpoints.
+async fn more_checkpoints(j: &SqliteJournal, n: u64) {
+    let start = j.checkpoints();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while j.checkpoints() < start + n {
+        assert!(
+            std::time::Instant::now() < until,
+            "no checkpoint within 10 s"
+        );
+        tokio::time::sleep(checkpoint::INTERVAL / 5).await;
+    }
+}
+
+#[tokio::test]
+async fn the_checkpoint_thread_moves_the_wal_into_the_file_not_the_writer() {
+    let (dir, j) = fresh();
+    // The writer only checkpoints past the backstop, far above what follows.
+    let backstop: i64 = j
+        .call(false, |c| {
+            c.query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))
+        })
+        .await
+        .unwrap();
+    assert_eq!(backstop, checkpoint::BACKSTOP_PAGES);
+    more_checkpoints(&j, 1).await;
+    let before = std::fs::metadata(db(&dir)).unwrap().len();
+    // Dozens of pages written to the WAL.
+    fill(&j, 2_000, 1_000, u64::MAX).await;
+    // Two ticks: one that surely started after the last commit.
+    more_checkpoints(&j, 2).await;
+    let after = std::fs::metadata(db(&dir)).unwrap().len();
+    assert!(
+        after > before,
+        "the database file did not grow ({before} -> {after} bytes): nothing was checkpointed"
+    );
+    // And the read-only journal has no checkpoint thread.
+    let ro = SqliteJournal::open_read_only(&db(&dir)).unwrap();
+    assert_eq!(ro.checkpoints(), 0);
+}
