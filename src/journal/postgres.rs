@@ -82,8 +82,8 @@ pub struct PgJournal {
     hub_id: String,
     lease_ms: u64,
     timeout: Duration,
-    /// The driver's settings, for the liveness connection.
-    pg: tokio_postgres::Config,
+    /// The driver's settings, for the liveness connection (boxed: large).
+    pg: Arc<tokio_postgres::Config>,
     /// This hub's liveness, once [`PgJournal::start_liveness`] ran (a hub;
     /// tools have none and never post).
     liveness: Option<Arc<Liveness>>,
@@ -157,7 +157,7 @@ impl PgJournal {
             hub_id: s.hub_id,
             lease_ms: s.lease_ms,
             timeout: s.timeout,
-            pg: s.pg,
+            pg: Arc::new(s.pg),
             liveness: None,
         })
     }
@@ -165,7 +165,7 @@ impl PgJournal {
     /// Records this hub's liveness now and keeps renewing it in the
     /// background (see [`liveness`]); fails if the first renewal fails.
     pub async fn start_liveness(&mut self, s: LivenessSettings) -> Result<(), JournalError> {
-        let state = liveness::start(self.pg.clone(), self.hub_id.clone(), s, self.timeout)
+        let state = liveness::start((*self.pg).clone(), self.hub_id.clone(), s, self.timeout)
             .await
             .map_err(|reason| JournalError::Open {
                 path: format!("postgres (hub {})", self.hub_id),

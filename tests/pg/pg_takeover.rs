@@ -370,6 +370,12 @@ async fn a_hub_cut_off_from_the_database_fences_itself_before_the_other_takes_ov
                         let cut_throughout =
                             cut_before && cut.load(std::sync::atomic::Ordering::SeqCst);
                         assert!(took < Duration::from_millis(2_000), "answered in {took:?}");
+                        if at == 0 && cut_throughout {
+                            assert!(
+                                took < Duration::from_millis(1_500),
+                                "hub a cut off answers within its budget: {took:?}"
+                            );
+                        }
                         let fin = r.code == "0000" || r.code.starts_with('B');
                         seen.lock()
                             .unwrap()
