@@ -888,6 +888,36 @@ mod tests {
     }
 
     #[test]
+    fn a_fence_at_or_after_the_others_deadline_is_refused() {
+        assert!(with_core().validate("t").is_ok());
+        let mut c = with_core();
+        c.journal.liveness_fence_ms = 3_000;
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("journal.liveness_dead_after_ms"), "{err}");
+        let mut c = with_core();
+        c.journal.liveness_fence_ms = 400;
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("journal.liveness_fence_ms"), "{err}");
+        let mut c = with_core();
+        c.journal.liveness_renew_ms = 0;
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("journal.liveness_renew_ms"), "{err}");
+        let c = Config::from_toml(
+            "l.toml",
+            "[journal]\nliveness_renew_ms = 100\nliveness_fence_ms = 500\nliveness_dead_after_ms = 1000\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.journal.liveness(),
+            LivenessSettings {
+                renew_ms: 100,
+                fence_ms: 500,
+                dead_after_ms: 1_000
+            }
+        );
+    }
+
+    #[test]
     fn retention_ms_overrides_the_hours() {
         let mut j = JournalConfig::default();
         assert_eq!(j.retention(), Duration::from_secs(72 * 3600));
