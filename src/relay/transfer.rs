@@ -99,13 +99,13 @@ impl Transfer<'_> {
     }
 
     async fn lead(&self) -> (Reply, String) {
-        // A resend that loses a race re-reads the row once; after that the row
-        // is in flight elsewhere, which the `Sending` arm handles.
         // A hub cut off from a shared journal stops posting before the
         // others may take its transfers over (docs/scale-out.md).
         if let Err(why) = self.hub.journal.may_send() {
             return fenced(why);
         }
+        // A resend that loses a race re-reads the row once; after that the row
+        // is in flight elsewhere, which the `Sending` arm handles.
         for _ in 0..2 {
             let now = now_ms();
             // Attempt 1 (and every resend) starts at the first URL.

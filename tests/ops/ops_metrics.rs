@@ -31,6 +31,7 @@ const DESCRIBED: &[(&str, &str)] = &[
     (metric_names::CONFIG_RELOADS, "counter"),
     (metric_names::ANSWER_WRITE_TIMEOUTS, "counter"),
     (metric_names::LOG_LINES_DROPPED, "counter"),
+    (metric_names::JOURNAL_TAKEOVERS, "counter"),
 ];
 
 fn telegrams(m: &Metrics, tx: &str, code: &str) -> f64 {
