@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::frame::PrefixMode;
+use crate::journal::postgres::LivenessSettings;
 
 /// The name of the target that `--core-url` points at and the default routes use.
 pub const DEFAULT_TARGET: &str = "core";
@@ -201,6 +202,14 @@ pub struct JournalConfig {
     pub prune_interval_ms: u64,
     /// Most rows written in one commit; concurrent telegrams share a commit.
     pub max_batch: usize,
+    /// Shared journal: how often the hub renews its liveness, in ms.
+    pub liveness_renew_ms: u64,
+    /// Shared journal: the hub posts nothing (E903) once this long has passed
+    /// since the start of its last successful renewal (its monotonic clock).
+    pub liveness_fence_ms: u64,
+    /// Shared journal: other hubs take a hub's transfers in flight over once
+    /// its last renewal is this old (the database's clock).
+    pub liveness_dead_after_ms: u64,
 }
 
 impl Default for JournalConfig {
@@ -213,11 +222,23 @@ impl Default for JournalConfig {
             retention_ms: None,
             prune_interval_ms: 600_000,
             max_batch: 256,
+            liveness_renew_ms: LivenessSettings::default().renew_ms,
+            liveness_fence_ms: LivenessSettings::default().fence_ms,
+            liveness_dead_after_ms: LivenessSettings::default().dead_after_ms,
         }
     }
 }
 
 impl JournalConfig {
+    /// The liveness intervals of a hub on a shared journal.
+    pub fn liveness(&self) -> LivenessSettings {
+        LivenessSettings {
+            renew_ms: self.liveness_renew_ms,
+            fence_ms: self.liveness_fence_ms,
+            dead_after_ms: self.liveness_dead_after_ms,
+        }
+    }
+
     /// The retention in force: `retention_ms` when set, else `retention_hours`.
     pub fn retention(&self) -> Duration {
         match self.retention_ms {
@@ -865,6 +886,9 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
+        if let Err((key, why)) = self.journal.liveness().check() {
+            return Err(bad(key, why));
+        }
         Ok(())
     }
 }
@@ -1071,6 +1095,36 @@ mod tests {
         c.journal.prune_interval_ms = 0;
         let err = c.validate("t").unwrap_err().to_string();
         assert!(err.contains("prune_interval_ms"), "{err}");
+    }
+
+    #[test]
+    fn a_fence_at_or_after_the_others_deadline_is_refused() {
+        assert!(with_core().validate("t").is_ok());
+        let mut c = with_core();
+        c.journal.liveness_fence_ms = 3_000;
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("journal.liveness_dead_after_ms"), "{err}");
+        let mut c = with_core();
+        c.journal.liveness_fence_ms = 400;
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("journal.liveness_fence_ms"), "{err}");
+        let mut c = with_core();
+        c.journal.liveness_renew_ms = 0;
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("journal.liveness_renew_ms"), "{err}");
+        let c = Config::from_toml(
+            "l.toml",
+            "[journal]\nliveness_renew_ms = 100\nliveness_fence_ms = 500\nliveness_dead_after_ms = 1000\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.journal.liveness(),
+            LivenessSettings {
+                renew_ms: 100,
+                fence_ms: 500,
+                dead_after_ms: 1_000
+            }
+        );
     }
 
     #[test]

@@ -168,9 +168,11 @@ impl Daemon {
         let targets = build_targets(&config)?;
         let target_names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
         let rules = Rules::build(&config, &target_names)?;
-        let (journal, owner) = open_journal(&config.journal.path, config.journal.max_batch).await?;
+        let (mut journal, owner) =
+            open_journal(&config.journal.path, config.journal.max_batch).await?;
         let longest_window = config.targets.iter().map(|t| t.late_answer_window_ms).max();
         journal.check_lease(config.server.budget_ms + longest_window.unwrap_or(0))?;
+        journal.start_liveness(config.journal.liveness()).await?;
         let hub = Arc::new(Hub::new(
             rules,
             targets,

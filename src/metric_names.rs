@@ -40,6 +40,15 @@ pub const CONFIG_RELOADS: &str = "relayhub_config_reloads_total";
 /// `late_answer` (a late answer not recorded), `prune`, or `checkpoint` (the
 /// SQLite journal's WAL checkpoint, retried).
 pub const JOURNAL_ERRORS: &str = "relayhub_journal_errors_total";
+/// Shared journal: `sending` rows of another hub taken over (made `unknown`,
+/// then settled by inquiry) because that hub's lease expired or its liveness
+/// lapsed.
+pub const JOURNAL_TAKEOVERS: &str = "relayhub_journal_takeovers_total";
+/// Shared journal: 1 while this hub cannot renew its liveness within the
+/// fence and so posts nothing (E903), else 0.
+pub const JOURNAL_FENCED: &str = "relayhub_journal_fenced";
+/// Shared journal: liveness renewals that failed or timed out.
+pub const JOURNAL_LIVENESS_FAILURES: &str = "relayhub_journal_liveness_failures_total";
 /// Answers not written within `write_timeout_ms` (the connection was closed).
 pub const ANSWER_WRITE_TIMEOUTS: &str = "relayhub_answer_write_timeouts_total";
 /// Log lines dropped because stderr was not read fast enough.
@@ -131,6 +140,21 @@ pub fn describe_all() {
         "Journal calls that failed or outlived the budget, by stage: claim (transfer not sent, E903), outcome (answered, not recorded yet; retried), settle (an inquiry's answer not recorded), late_answer, prune or checkpoint (SQLite WAL checkpoint; retried)."
     );
     describe_counter!(
+        JOURNAL_TAKEOVERS,
+        Unit::Count,
+        "Shared journal: transfers in flight on another hub taken over (made unknown, settled by inquiry) because that hub's lease expired or its liveness lapsed."
+    );
+    describe_gauge!(
+        JOURNAL_FENCED,
+        Unit::Count,
+        "Shared journal: 1 while this hub cannot renew its liveness within liveness_fence_ms and so posts nothing (transfers answered E903), else 0."
+    );
+    describe_counter!(
+        JOURNAL_LIVENESS_FAILURES,
+        Unit::Count,
+        "Shared journal: liveness renewals that failed or timed out (the hub fences itself after liveness_fence_ms without one)."
+    );
+    describe_counter!(
         ANSWER_WRITE_TIMEOUTS,
         Unit::Count,
         "Answers not written within write_timeout_ms because the channel did not read them; each closed its connection."
@@ -154,6 +178,7 @@ pub fn describe_all() {
     metrics::gauge!(JOURNAL_UNKNOWN).increment(0.0);
     metrics::gauge!(JOURNAL_UNSETTLED_PAST_RETENTION).increment(0.0);
     metrics::counter!(CONNECTIONS_REFUSED).increment(0);
+    metrics::counter!(JOURNAL_TAKEOVERS).increment(0);
     for result in ["ok", "refused"] {
         metrics::counter!(CONFIG_RELOADS, "result" => result).increment(0);
     }

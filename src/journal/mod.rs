@@ -276,6 +276,37 @@ impl Journal {
         }
     }
 
+    /// A hub on a shared journal: records its liveness and keeps renewing it
+    /// (other stores have no other hubs: nothing to do).
+    pub async fn start_liveness(
+        &mut self,
+        s: postgres::LivenessSettings,
+    ) -> Result<(), JournalError> {
+        match self {
+            Journal::Postgres(j) => j.start_liveness(s).await,
+            Journal::Memory(_) | Journal::Sqlite(_) => Ok(()),
+        }
+    }
+
+    /// Whether this hub may start a POST now. On a shared journal, Err once it
+    /// could not renew its liveness within the fence: the others may soon
+    /// take its transfers over, so it must not send (E903).
+    pub fn may_send(&self) -> Result<(), String> {
+        match self {
+            Journal::Postgres(j) => j.may_send(),
+            Journal::Memory(_) | Journal::Sqlite(_) => Ok(()),
+        }
+    }
+
+    /// Now on the clock the journal stamps attempts with (`last_attempt_ms`):
+    /// the database's for a shared journal, else this host's.
+    pub async fn clock_ms(&self) -> Result<i64, JournalError> {
+        match self {
+            Journal::Postgres(j) => j.clock_ms().await,
+            Journal::Memory(_) | Journal::Sqlite(_) => Ok(now_ms()),
+        }
+    }
+
     /// Claims a GUID for its first attempt, or returns its row.
     /// `url` is where attempt 1 will be sent.
     pub async fn claim(

@@ -45,14 +45,19 @@
 //! * `open`: URL settings, the pool, server checks, migrations.
 //! * this file: the handle, and the SQL of each operation.
 
+mod liveness;
 mod open;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Pool, PoolError, TimeoutType};
 use tokio_postgres::Row as PgRow;
 
 use super::{Claim, Event, Finish, JournalError, Row, State};
+use crate::metric_names;
+use liveness::OWNER_DEAD;
+pub use liveness::{HubLiveness, Liveness, LivenessSettings, MIN_FENCE_MARGIN_MS};
 
 /// What a lease must cover beyond the hub's longest call (budget plus
 /// late-answer window): journal writes, scheduling, and the time between the
@@ -77,6 +82,11 @@ pub struct PgJournal {
     hub_id: String,
     lease_ms: u64,
     timeout: Duration,
+    /// The driver's settings, for the liveness connection (boxed: large).
+    pg: Arc<tokio_postgres::Config>,
+    /// This hub's liveness, once [`PgJournal::start_liveness`] ran (a hub;
+    /// tools have none and never post).
+    liveness: Option<Arc<Liveness>>,
 }
 
 /// Why one call failed, before it becomes a [`JournalError`].
@@ -147,7 +157,72 @@ impl PgJournal {
             hub_id: s.hub_id,
             lease_ms: s.lease_ms,
             timeout: s.timeout,
+            pg: Arc::new(s.pg),
+            liveness: None,
         })
+    }
+
+    /// Records this hub's liveness now and keeps renewing it in the
+    /// background (see [`liveness`]); fails if the first renewal fails.
+    pub async fn start_liveness(&mut self, s: LivenessSettings) -> Result<(), JournalError> {
+        let state = liveness::start((*self.pg).clone(), self.hub_id.clone(), s, self.timeout)
+            .await
+            .map_err(|reason| JournalError::Open {
+                path: format!("postgres (hub {})", self.hub_id),
+                reason,
+            })?;
+        self.liveness = Some(state);
+        Ok(())
+    }
+
+    /// Whether this hub may start a POST now: Err once it could not renew its
+    /// liveness within the fence. A handle without liveness (tools) may.
+    pub fn may_send(&self) -> Result<(), String> {
+        match &self.liveness {
+            Some(l) => l.may_send(),
+            None => Ok(()),
+        }
+    }
+
+    /// Now on the database's clock, in ms: the clock attempts are stamped
+    /// with, so an attempt's age is judged on one clock whatever the hubs'.
+    pub async fn clock_ms(&self) -> Result<i64, JournalError> {
+        self.bounded(false, async |c| {
+            let st = c.prepare_cached(&format!("SELECT {DB_NOW}")).await?;
+            Ok(c.query_one(&st, &[]).await?.get(0))
+        })
+        .await
+    }
+
+    /// Every hub's liveness, newest first, with its `sending` rows.
+    pub async fn hubs(&self) -> Result<Vec<HubLiveness>, JournalError> {
+        self.bounded(false, async |c| {
+            let st = c
+                .prepare_cached(&format!(
+                    "SELECT h.hub_id, h.started_ms, h.renewed_ms, {DB_NOW} - h.renewed_ms, \
+                       h.fence_ms, h.dead_after_ms, \
+                       h.renewed_ms + h.dead_after_ms < {DB_NOW}, \
+                       (SELECT count(*) FROM relayhub_journal j \
+                        WHERE j.owner = h.hub_id AND j.state = 'sending') \
+                     FROM relayhub_hubs h ORDER BY h.renewed_ms DESC, h.hub_id"
+                ))
+                .await?;
+            Ok(c.query(&st, &[])
+                .await?
+                .iter()
+                .map(|r| HubLiveness {
+                    hub_id: r.get(0),
+                    started_ms: r.get(1),
+                    renewed_ms: r.get(2),
+                    since_renewal_ms: r.get(3),
+                    fence_ms: r.get(4),
+                    dead_after_ms: r.get(5),
+                    dead: r.get(6),
+                    sending: r.get(7),
+                })
+                .collect())
+        })
+        .await
     }
 
     /// This hub's id, recorded as the owner of the rows it claims.
@@ -240,8 +315,8 @@ impl PgJournal {
                     "WITH ins AS ( \
                        INSERT INTO relayhub_journal (guid, tx_code, fingerprint, state, attempts, \
                          last_attempt_ms, created_ms, updated_ms, owner, lease_until_ms, url) \
-                       VALUES ($1::text, $2::text, $3::text, 'sending', 1, $4::bigint, $4, $4, \
-                         $5::text, {DB_NOW} + $6::bigint, $7::text) \
+                       VALUES ($1::text, $2::text, $3::text, 'sending', 1, {DB_NOW}, $4::bigint, \
+                         $4, $5::text, {DB_NOW} + $6::bigint, $7::text) \
                        ON CONFLICT (guid) DO NOTHING RETURNING guid), \
                      ev AS ( \
                        INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
@@ -268,28 +343,44 @@ impl PgJournal {
                 return Ok(Claim::New);
             }
             // Another statement, so it sees the row the insert conflicted with.
+            // A `sending` row whose hub's lease expired, or whose hub stopped
+            // renewing its liveness, is taken over: it becomes `unknown` and
+            // is settled by inquiry like a row found at a restart.
             let existing = c
                 .prepare_cached(&format!(
                     "WITH expired AS ( \
-                       UPDATE relayhub_journal SET state = 'unknown', updated_ms = $2::bigint, \
+                       UPDATE relayhub_journal j SET state = 'unknown', updated_ms = $2::bigint, \
                          lease_until_ms = NULL \
-                       WHERE guid = $1::text AND state = 'sending' \
-                         AND coalesce(lease_until_ms, 0) < {DB_NOW} \
-                       RETURNING {ROW_COLUMNS}, owner), \
+                       FROM (SELECT coalesce(lease_until_ms, 0) < {DB_NOW} AS lease_over \
+                             FROM relayhub_journal WHERE guid = $1::text) o \
+                       WHERE j.guid = $1 AND j.state = 'sending' \
+                         AND (coalesce(j.lease_until_ms, 0) < {DB_NOW} OR {OWNER_DEAD}) \
+                       RETURNING {ROW_COLUMNS}, owner, o.lease_over), \
                      ev AS ( \
                        INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
-                       SELECT guid, $2, 'unknown', 'E901', \
-                         'lease of hub ' || coalesce(owner, '?') || ' expired while in flight' \
+                       SELECT guid, {DB_NOW}, 'unknown', 'E901', \
+                         CASE WHEN lease_over \
+                           THEN 'lease of hub ' || coalesce(owner, '?') || ' expired while in flight' \
+                           ELSE 'hub ' || owner || ' stopped renewing its liveness while in flight; \
+                                 taken over by hub ' || $3::text END \
                        FROM expired) \
-                     SELECT {ROW_COLUMNS} FROM expired \
+                     SELECT {ROW_COLUMNS}, true FROM expired \
                      UNION ALL \
-                     SELECT {ROW_COLUMNS} FROM relayhub_journal \
+                     SELECT {ROW_COLUMNS}, false FROM relayhub_journal \
                      WHERE guid = $1 AND NOT EXISTS (SELECT 1 FROM expired)"
                 ))
                 .await?;
-            let rows = c.query(&existing, &[&guid, &now_ms]).await?;
+            let rows = c
+                .query(&existing, &[&guid, &now_ms, &self.hub_id])
+                .await?;
             match rows.first() {
-                Some(r) => Ok(Claim::Existing(read_row(r)?)),
+                Some(r) => {
+                    let taken_over: bool = r.try_get(13)?;
+                    if taken_over {
+                        metrics::counter!(metric_names::JOURNAL_TAKEOVERS).increment(1);
+                    }
+                    Ok(Claim::Existing(read_row(r)?))
+                }
                 None => Err(Fail::Data(format!(
                     "GUID {guid} conflicted on insert but has no row (pruned meanwhile?)"
                 ))),
@@ -316,7 +407,7 @@ impl PgJournal {
                 .prepare_cached(&format!(
                     "WITH up AS ( \
                        UPDATE relayhub_journal SET state = 'sending', attempts = attempts + 1, \
-                         last_attempt_ms = $2::bigint, updated_ms = $2, owner = $4::text, \
+                         last_attempt_ms = {DB_NOW}, updated_ms = $2::bigint, owner = $4::text, \
                          lease_until_ms = {DB_NOW} + $5::bigint, url = $6::text \
                        WHERE guid = $1::text AND state = 'not_sent' AND attempts = $3::integer \
                        RETURNING guid, attempts), \
@@ -387,7 +478,7 @@ impl PgJournal {
             let st = c
                 .prepare_cached(&format!(
                     "WITH up AS ( \
-                       UPDATE relayhub_journal SET state = $2::text, code = $3::text, \
+                       UPDATE relayhub_journal j SET state = $2::text, code = $3::text, \
                          answer = $4::bytea, last_error = coalesce($5::text, last_error), \
                          answered_ms = $6::bigint, updated_ms = $6, \
                          lease_until_ms = CASE WHEN $2 IN ('done', 'not_sent') THEN NULL \
@@ -395,7 +486,8 @@ impl PgJournal {
                        WHERE guid = $1::text \
                          AND (cardinality($7::text[]) = 0 OR state = ANY($7)) \
                          AND NOT ($2 = 'not_sent' AND owner IS DISTINCT FROM $8::text \
-                                  AND coalesce(lease_until_ms, 0) >= {DB_NOW}) \
+                                  AND coalesce(lease_until_ms, 0) >= {DB_NOW} \
+                                  AND NOT {OWNER_DEAD}) \
                        RETURNING guid), \
                      ev AS ( \
                        INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
@@ -524,20 +616,24 @@ impl PgJournal {
             let st = c
                 .prepare_cached(&format!(
                     "WITH r AS ( \
-                       UPDATE relayhub_journal SET state = 'unknown', updated_ms = $1::bigint, \
+                       UPDATE relayhub_journal j SET state = 'unknown', updated_ms = $1::bigint, \
                          lease_until_ms = NULL \
-                       WHERE state = 'sending' AND coalesce(lease_until_ms, 0) < {DB_NOW} \
+                       WHERE state = 'sending' \
+                         AND (coalesce(lease_until_ms, 0) < {DB_NOW} OR {OWNER_DEAD}) \
                        RETURNING guid, owner, created_ms), \
                      ev AS ( \
                        INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
-                       SELECT guid, $1, 'unknown', 'E901', \
+                       SELECT guid, {DB_NOW}, 'unknown', 'E901', \
                          'was in flight when hub ' || coalesce(owner, '?') || \
-                         ' stopped (lease expired)' \
+                         ' stopped (lease expired or liveness lapsed)' \
                        FROM r ORDER BY created_ms, guid) \
                      SELECT count(*) FROM r"
                 ))
                 .await?;
             let n: i64 = c.query_one(&st, &[&now_ms]).await?.get(0);
+            if n > 0 {
+                metrics::counter!(metric_names::JOURNAL_TAKEOVERS).increment(n as u64);
+            }
             Ok(n as u64)
         })
         .await

@@ -10,7 +10,7 @@ use tracing::debug;
 
 use super::bounded::{self, Bounded};
 use super::reply::{describe, error_of, reply_for};
-use super::settle::{self, AttemptFacts, Verdict, age_of, ask_plan};
+use super::settle::{self, AttemptFacts, Verdict, ask_plan, attempt_age};
 use super::{Deadline, Hub, Reply};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target, parse_retry_after};
 use crate::header::HEADER_LEN;
@@ -65,12 +65,15 @@ pub(super) async fn run(
             // The hub has no attempt of it: nothing of this hub can be on the wire.
             Record::Known(None) if !hub.late_calls.running(orig) => Verdict::NeverReceived,
             Record::Known(Some(row)) if matches!(row.state, State::Sending | State::Unknown) => {
-                settle::judge_never_received(&AttemptFacts {
-                    call_running: hub.late_calls.running(orig) || hub.flights.contains(orig),
-                    asked_attempt_url,
-                    attempt_age: age_of(row.last_attempt_ms),
-                    wire_grace: target.wire_grace,
-                })
+                match attempt_age(&hub.journal, row, deadline.work).await {
+                    Ok(attempt_age) => settle::judge_never_received(&AttemptFacts {
+                        call_running: hub.late_calls.running(orig) || hub.flights.contains(orig),
+                        asked_attempt_url,
+                        attempt_age,
+                        wire_grace: target.wire_grace,
+                    }),
+                    Err(_) => Verdict::NoProof("the journal's clock could not be read"),
+                }
             }
             // Settled or never sent: the journal already holds the truth.
             Record::Known(Some(_)) => Verdict::NeverReceived,

@@ -84,9 +84,30 @@ pub(super) fn ask_plan<'a>(
     }
 }
 
-/// How long ago a journal time was.
-pub(super) fn age_of(ms: i64) -> Duration {
-    Duration::from_millis(u64::try_from(now_ms().saturating_sub(ms)).unwrap_or(0))
+/// How old the row's latest attempt is, on the clock the journal stamped it
+/// with (the database's for a shared journal: hubs' clocks may differ), read
+/// within the telegram's deadline. Err: the clock could not be read, so a
+/// "never received" proves nothing.
+pub(super) async fn attempt_age(
+    journal: &Journal,
+    row: &Row,
+    deadline: Instant,
+) -> Result<Duration, String> {
+    // A journal of one hub stamps with this host's clock: no call needed.
+    let now = if !journal.is_shared() {
+        now_ms()
+    } else {
+        let j = journal.clone();
+        match bounded::within(deadline, async move { j.clock_ms().await }).await {
+            Bounded::Done(Ok(now)) => now,
+            Bounded::Done(Err(e)) => return Err(e.to_string()),
+            Bounded::Failed(e) => return Err(e),
+            Bounded::Late(_) => return Err("no answer within the budget".into()),
+        }
+    };
+    Ok(Duration::from_millis(
+        u64::try_from(now.saturating_sub(row.last_attempt_ms)).unwrap_or(0),
+    ))
 }
 
 /// GUIDs whose POST is still running in this process past the budget
@@ -129,20 +150,25 @@ pub(super) async fn after_unknown(
     let (pin, asked_attempt_url) = ask_plan(target, row.url.as_deref());
     let outcome = inquiry::inquire(target, guid, pin, &rules.codes, deadline.work).await;
     let outcome = match outcome {
-        Outcome::NeverReceived => {
-            let facts = AttemptFacts {
-                call_running: hub.late_calls.running(guid),
-                asked_attempt_url,
-                attempt_age: age_of(row.last_attempt_ms),
-                wire_grace: target.wire_grace,
-            };
-            match judge_never_received(&facts) {
-                Verdict::NeverReceived => Outcome::NeverReceived,
-                Verdict::NoProof(why) => {
-                    Outcome::Unknown(format!("inquiry says never received, but {why}"))
+        Outcome::NeverReceived => match attempt_age(&hub.journal, row, deadline.work).await {
+            Ok(attempt_age) => {
+                let facts = AttemptFacts {
+                    call_running: hub.late_calls.running(guid),
+                    asked_attempt_url,
+                    attempt_age,
+                    wire_grace: target.wire_grace,
+                };
+                match judge_never_received(&facts) {
+                    Verdict::NeverReceived => Outcome::NeverReceived,
+                    Verdict::NoProof(why) => {
+                        Outcome::Unknown(format!("inquiry says never received, but {why}"))
+                    }
                 }
             }
-        }
+            Err(e) => Outcome::Unknown(format!(
+                "inquiry says never received, but the journal's clock could not be read: {e}"
+            )),
+        },
         // Whatever stopped the inquiry, the transfer itself is still unknown.
         Outcome::NotSent(r) | Outcome::NoCapacity(r) => {
             Outcome::Unknown(format!("inquiry not sent: {r}"))

@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 
 use super::bounded::{self, Bounded};
 use super::flights::Joined;
-use super::inquiry::fits;
+use super::inquiry::{fits, inquire};
 use super::reply::{describe, finish_of, replay, reply_for};
 use super::{Deadline, Hub, Reply, settle};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target};
@@ -99,6 +99,11 @@ impl Transfer<'_> {
     }
 
     async fn lead(&self) -> (Reply, String) {
+        // A hub cut off from a shared journal stops posting before the
+        // others may take its transfers over (docs/scale-out.md).
+        if let Err(why) = self.hub.journal.may_send() {
+            return fenced(why);
+        }
         // A resend that loses a race re-reads the row once; after that the row
         // is in flight elsewhere, which the `Sending` arm handles.
         for _ in 0..2 {
@@ -160,7 +165,7 @@ impl Transfer<'_> {
                 State::Sending if !self.hub.journal.is_shared() => {
                     return self.settle(&row, &[State::Sending]).await;
                 }
-                State::Sending => return self.await_other().await,
+                State::Sending => return self.other_hubs_attempt(&row).await,
                 State::NotSent => match self.resend(&row, now).await {
                     Resend::Post(attempt) => return self.post(attempt).await,
                     Resend::Answer(reply, note) => return (reply, note),
@@ -235,7 +240,51 @@ impl Transfer<'_> {
     }
 
     /// The row is `sending` in a shared journal and not ours: another hub has
-    /// it. Wait for its outcome within the budget.
+    /// it (or had it, and died less than its dead-after ago). Ask the core at
+    /// once (a GET is always safe): a final answer is journaled and given,
+    /// whoever owns the row. Otherwise ("processing", "never received" while
+    /// the owner may still be posting, no answer) wait for the owner's
+    /// outcome within the budget; a row whose owner dies is taken over by the
+    /// claim of a later resend.
+    async fn other_hubs_attempt(&self, row: &Row) -> (Reply, String) {
+        let (pin, _) = settle::ask_plan(self.target, row.url.as_deref());
+        let outcome = inquire(
+            self.target,
+            self.guid(),
+            pin,
+            &self.rules.codes,
+            self.deadline.work,
+        )
+        .await;
+        let why = match outcome {
+            o @ (Outcome::Processed(_) | Outcome::Rejected(_) | Outcome::TargetError(_)) => {
+                let (reply, outcome) = reply_for(o, &self.route.layout, &self.rules.codes);
+                if reply.code.is_final() {
+                    let note = format!(
+                        "asked the core about another hub's attempt: {}",
+                        describe(&outcome, 0)
+                    );
+                    let finish = finish_of(&reply, &outcome, note.clone());
+                    settle::settle_write(
+                        &self.hub.journal,
+                        self.guid(),
+                        &[State::Sending, State::Unknown],
+                        finish,
+                        self.deadline,
+                    )
+                    .await;
+                    return (reply, note);
+                }
+                "the core's answer was not final".to_string()
+            }
+            Outcome::NeverReceived => "the core has not received it (yet)".to_string(),
+            Outcome::Unknown(r) | Outcome::NotSent(r) | Outcome::NoCapacity(r) => r,
+        };
+        debug!(%why, "another hub's attempt is not settled at the core; waiting for its outcome");
+        self.await_other().await
+    }
+
+    /// Waits for another hub's outcome within the budget.
     async fn await_other(&self) -> (Reply, String) {
         let step = Duration::from_millis(20);
         loop {
@@ -312,6 +361,11 @@ impl Transfer<'_> {
         // The URL the claim recorded; a failover records the next one first.
         let mut url = target.url_for(0);
         let outcome = loop {
+            // Checked before every attempt's first byte: a hub that lost its
+            // liveness sends nothing more (the others may take the row over).
+            if let Err(why) = self.hub.journal.may_send() {
+                break Outcome::NoCapacity(why);
+            }
             match target.attempt_at(&request, url, deadline.work).await {
                 CallEnd::Done(Ok(answer)) => {
                     if answer.replayed {
@@ -432,6 +486,12 @@ impl Transfer<'_> {
             pending,
         );
     }
+}
+
+/// A transfer refused before its claim because this hub's liveness lapsed:
+/// counted as a failed claim, E903, nothing sent or journaled.
+fn fenced(why: String) -> (Reply, String) {
+    (bounded::claim_failed(), format!("not sent: {why}"))
 }
 
 /// What the resend policy and the resend claim decided.

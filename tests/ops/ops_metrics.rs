@@ -32,6 +32,7 @@ const DESCRIBED: &[(&str, &str)] = &[
     (metric_names::ANSWER_WRITE_TIMEOUTS, "counter"),
     (metric_names::LOG_LINES_DROPPED, "counter"),
     (metric_names::TLS_HANDSHAKE_FAILURES, "counter"),
+    (metric_names::JOURNAL_TAKEOVERS, "counter"),
 ];
 
 fn telegrams(m: &Metrics, tx: &str, code: &str) -> f64 {

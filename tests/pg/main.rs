@@ -13,3 +13,4 @@ mod pg_common;
 
 mod pg_hubs;
 mod pg_journal;
+mod pg_takeover;

@@ -44,7 +44,8 @@ async fn one_guid_sent_to_two_hubs_at_once_is_posted_once() {
         assert_eq!(ra.code, "0000", "round {round}, hub a: {ra:?}");
         assert_eq!(rb.code, "0000", "round {round}, hub b: {rb:?}");
         assert_eq!(ra.body, rb.body, "both channels get the same answer");
-        assert_eq!(calls(&core, &g), (1, 0), "round {round}: one POST, no GET");
+        // The hub that finds the other's row asks the core at once (a GET).
+        assert_eq!(calls(&core, &g).0, 1, "round {round}: one POST");
     }
     assert_eq!(core.balance(ACC1), Some(1_000_000 - 3 * 1_000));
 }
@@ -139,8 +140,9 @@ async fn a_hub_killed_mid_transfer_is_never_posted_again() {
         "hub a died before answering"
     );
 
-    // While hub a's lease runs, its row says `sending`: hub b waits for it
-    // within its budget and answers "unknown".
+    // Hub a's row says `sending`: hub b asks the core, which is still at it
+    // ("processing"), waits for the row within its budget and answers
+    // "unknown".
     let during = send(&b, &t).await;
     let waited = killed_at.elapsed();
     assert_eq!(during.code, "E901", "{during:?}");
@@ -148,7 +150,7 @@ async fn a_hub_killed_mid_transfer_is_never_posted_again() {
         waited < Duration::from_millis(2_500),
         "answered within its budget: {waited:?}"
     );
-    assert_eq!(calls(&core, &g), (1, 0), "no second POST, no GET yet");
+    assert_eq!(calls(&core, &g).0, 1, "no second POST");
 
     // The core finishes; hub a's lease is over by then (checked, not assumed).
     assert!(within(core.wait_applied(&g)).await);
@@ -299,7 +301,8 @@ async fn journal_commands_work_on_a_postgres_url() {
     raw_client(&url)
         .await
         .execute(
-            "UPDATE relayhub_journal SET lease_until_ms = 0 WHERE guid = $1",
+            // Long ago on the database's clock: past the wire grace too.
+            "UPDATE relayhub_journal SET lease_until_ms = 0, last_attempt_ms = 0 WHERE guid = $1",
             &[&g],
         )
         .await

@@ -210,13 +210,16 @@ async fn rows_events_and_conditional_finish_round_trip() {
     assert_eq!(row.tx_code, "TRF001");
     assert_eq!(row.attempts, 1);
     assert_eq!(
-        (
-            row.created_ms,
-            row.last_attempt_ms,
-            row.answered_ms,
-            row.updated_ms
-        ),
-        (100, 100, Some(120), 120)
+        (row.created_ms, row.answered_ms, row.updated_ms),
+        (100, Some(120), 120)
+    );
+    // The attempt is stamped with the database's clock, whatever the hub's
+    // says: its age is judged on one clock across hubs.
+    let db_now = a.clock_ms().await.unwrap();
+    assert!(
+        (db_now - 60_000..=db_now).contains(&row.last_attempt_ms),
+        "last_attempt_ms {} against the database's now {db_now}",
+        row.last_attempt_ms
     );
     assert_eq!(row.last_error, None);
     let (_, lease) = a.lease_of("g1").await.unwrap().unwrap();
@@ -853,4 +856,147 @@ async fn an_unreachable_database_fails_the_open_quickly() {
         Ok(_) => panic!("opened nothing"),
     }
     assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+/// Gives `hub` a liveness row last renewed `ago_ms` ago on the database's
+/// clock, with the default fence and dead-after (1500, 3000 ms).
+async fn set_liveness(url: &str, hub: &str, ago_ms: i64) {
+    raw_client(url)
+        .await
+        .execute(
+            "INSERT INTO relayhub_hubs (hub_id, started_ms, renewed_ms, fence_ms, dead_after_ms) \
+             VALUES ($1, 0, (extract(epoch FROM clock_timestamp()) * 1000)::bigint - $2, 1500, 3000) \
+             ON CONFLICT (hub_id) DO UPDATE SET renewed_ms = EXCLUDED.renewed_ms",
+            &[&hub, &ago_ms],
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_owners_rows_are_taken_over_before_its_lease_ends() {
+    let Some(base) = test_db() else { return };
+    let (url, a, b) = two_hubs(&base, "live", 60_000).await;
+    for g in ["g1", "g2", "g3"] {
+        assert_eq!(
+            a.claim(g, "TRF001", "fp", "http://core", 1).await.unwrap(),
+            Claim::New
+        );
+    }
+    // Hub a renewed 1 s ago: alive. Its rows stay `sending` for hub b, and
+    // b's "never received" is not recorded while the lease runs.
+    set_liveness(&url, a.hub_id(), 1_000).await;
+    let Claim::Existing(row) = b
+        .claim("g1", "TRF001", "fp", "http://core", 2)
+        .await
+        .unwrap()
+    else {
+        panic!("g1 exists")
+    };
+    assert_eq!(row.state, State::Sending);
+    let never = finish(State::NotSent, "E904", "never received");
+    assert!(
+        !b.finish_if("g1", &[State::Sending, State::Unknown], never.clone(), 3)
+            .await
+            .unwrap()
+    );
+    assert_eq!(b.recover(3).await.unwrap(), 0, "a live hub's rows are left");
+
+    // 3.5 s without a renewal (past its dead-after of 3 s): dead, although
+    // its 60 s leases run. A claim takes the row over, and so does recovery.
+    set_liveness(&url, a.hub_id(), 3_500).await;
+    let Claim::Existing(row) = b
+        .claim("g1", "TRF001", "fp", "http://core", 4)
+        .await
+        .unwrap()
+    else {
+        panic!("g1 exists")
+    };
+    assert_eq!(row.state, State::Unknown, "taken over");
+    let notes: Vec<String> = b
+        .history("g1")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.note)
+        .collect();
+    assert!(
+        notes.last().is_some_and(|n| n.contains(&format!(
+            "hub {} stopped renewing its liveness while in flight; taken over by hub {}",
+            a.hub_id(),
+            b.hub_id()
+        ))),
+        "{notes:?}"
+    );
+    assert!(
+        b.finish_if("g1", &[State::Unknown], never, 5)
+            .await
+            .unwrap(),
+        "a dead owner's row takes another hub's never received"
+    );
+    assert_eq!(b.recover(6).await.unwrap(), 2, "g2 and g3");
+    assert_eq!(b.get("g3").await.unwrap().unwrap().state, State::Unknown);
+
+    // `hubs` shows it dead, with no row in flight any more.
+    let hubs = b.hubs().await.unwrap();
+    let ha = hubs.iter().find(|h| h.hub_id == a.hub_id()).unwrap();
+    assert!(ha.dead && ha.since_renewal_ms >= 3_500, "{ha:?}");
+    assert_eq!(ha.sending, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hub_renews_its_liveness_and_fences_itself_when_it_cannot() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "fence").await;
+    let proxy = Proxy::start(db_addr(&base)).await;
+    let mut j = PgJournal::open(&with_params(
+        &proxy.url(&url),
+        "hub_id=hub-f&timeout_ms=200",
+    ))
+    .await
+    .unwrap();
+    assert!(
+        j.may_send().is_ok(),
+        "a handle without liveness (a tool) may"
+    );
+    let s = relayhub::journal::postgres::LivenessSettings {
+        renew_ms: 50,
+        fence_ms: 300,
+        dead_after_ms: 1_000,
+    };
+    j.start_liveness(s).await.unwrap();
+    assert!(j.may_send().is_ok());
+    let look = PgJournal::open(&with_params(&url, "hub_id=look"))
+        .await
+        .unwrap();
+    let first = look.hubs().await.unwrap()[0].renewed_ms;
+    // It renews: the row's stamp moves on (database clock).
+    let started = std::time::Instant::now();
+    while look.hubs().await.unwrap()[0].renewed_ms == first {
+        assert!(started.elapsed() < PATIENCE, "never renewed");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The database goes away: within the fence, it may no longer send.
+    proxy.cut();
+    let cut = std::time::Instant::now();
+    while j.may_send().is_ok() {
+        assert!(cut.elapsed() < PATIENCE, "never fenced");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let fenced_after = cut.elapsed();
+    assert!(
+        // The fence runs from the last renewal's start, before the cut; the
+        // rest is this loop's polling and scheduling.
+        fenced_after <= std::time::Duration::from_millis(300 + 200),
+        "fenced {fenced_after:?} after the cut (fence 300 ms from the last renewal's start)"
+    );
+    let e = j.may_send().unwrap_err();
+    assert!(e.contains("fence 300 ms"), "{e}");
+    // Back: the next renewal lifts the fence.
+    proxy.restore();
+    let back = std::time::Instant::now();
+    while j.may_send().is_err() {
+        assert!(back.elapsed() < PATIENCE, "never renewed again");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }

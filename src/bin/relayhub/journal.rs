@@ -85,6 +85,15 @@ enum JournalAction {
         /// The transfer's GUID (32 characters).
         guid: String,
     },
+    /// Show each hub's liveness on a shared (postgres://) journal.
+    ///
+    /// One line per hub process, most recently renewed first: its id, alive
+    /// or dead, how long ago it last renewed (on the database's clock), its
+    /// fence and dead-after intervals, its transfers in flight (`sending`)
+    /// and when it started. A dead hub's transfers in flight are taken over
+    /// by the next resend to a live hub. A SQLite journal has one hub: it
+    /// says so.
+    Hubs,
     /// Ask the core about every unknown transfer and record the answers.
     ///
     /// Sends GET /v1/transfers/{guid} for each unknown row and prints each GUID
@@ -173,6 +182,38 @@ pub async fn run(args: JournalArgs) -> Result<ExitCode, String> {
                     e.note
                 );
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        JournalAction::Hubs => {
+            let spec = args.journal.as_deref().unwrap_or(DEFAULT_JOURNAL);
+            let j = open_to_look(spec, args.create).await?;
+            let Journal::Postgres(pg) = &j else {
+                println!(
+                    "{}: a journal of one hub (its lock file names the hub that holds it); \
+                     liveness is kept on shared postgres:// journals only",
+                    describe(spec)
+                );
+                return Ok(ExitCode::SUCCESS);
+            };
+            let hubs = pg.hubs().await.map_err(|e| e.to_string())?;
+            for h in &hubs {
+                println!(
+                    "{}  {:<5}  renewed {} ms ago  fence={} ms  dead_after={} ms  sending={}  started={}",
+                    h.hub_id,
+                    if h.dead { "dead" } else { "alive" },
+                    h.since_renewal_ms,
+                    h.fence_ms,
+                    h.dead_after_ms,
+                    h.sending,
+                    local_time(h.started_ms)
+                );
+            }
+            eprintln!(
+                "{} hub(s), {} alive, in {}",
+                hubs.len(),
+                hubs.iter().filter(|h| !h.dead).count(),
+                describe(spec)
+            );
             Ok(ExitCode::SUCCESS)
         }
         JournalAction::Reconcile(r) => reconcile(args.journal, args.create, r).await,

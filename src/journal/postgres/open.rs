@@ -13,6 +13,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0001_init.sql"),
     include_str!("../../../migrations/postgres/0002_attempt_url.sql"),
     include_str!("../../../migrations/postgres/0003_prune_index.sql"),
+    include_str!("../../../migrations/postgres/0004_liveness.sql"),
 ];
 
 /// The newest schema version this build reads and writes.
