@@ -114,27 +114,65 @@ const QUEUED: u8 = 0;
 const CONNECTING: u8 = 1;
 const SENT: u8 = 2;
 const ABANDONED: u8 = 3;
+/// The licence was refused at the first byte: nothing was sent.
+const REFUSED: u8 = 4;
+
+/// Whether this hub may still send a transfer's first byte: the fence of a
+/// shared journal (a hub that cannot renew its liveness must not post, since
+/// the other hubs may soon take its transfers over). `Err` says why not.
+pub type SendLicence = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// Per-call state shared by the hub and the connection that carries the call.
-#[derive(Debug, Clone, Default)]
-pub struct SendGate(Arc<AtomicU8>);
+#[derive(Clone, Default)]
+pub struct SendGate {
+    state: Arc<AtomicU8>,
+    /// Asked at the first request byte, so no check-to-write gap is left.
+    licence: Option<SendLicence>,
+    refusal: Arc<std::sync::OnceLock<String>>,
+}
+
+impl std::fmt::Debug for SendGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendGate")
+            .field("state", &self.state.load(Ordering::Relaxed))
+            .field("licensed", &self.licence.is_some())
+            .finish()
+    }
+}
 
 impl SendGate {
-    fn new() -> Self {
-        SendGate::default()
+    fn new(licence: Option<SendLicence>) -> Self {
+        SendGate {
+            licence,
+            ..SendGate::default()
+        }
     }
 
     /// A caller thread took the call; false if it was abandoned first.
     fn start(&self) -> bool {
-        self.0
+        self.state
             .compare_exchange(QUEUED, CONNECTING, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
 
-    /// About to write a request byte; false if the hub abandoned the call.
+    /// About to write a request byte; false if the hub abandoned the call or
+    /// the licence is refused now.
     fn pass(&self) -> bool {
+        if let Some(licence) = &self.licence
+            && self.state.load(Ordering::Acquire) == CONNECTING
+            && let Err(why) = licence()
+        {
+            if self
+                .state
+                .compare_exchange(CONNECTING, REFUSED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                let _ = self.refusal.set(why);
+            }
+            return false;
+        }
         match self
-            .0
+            .state
             .compare_exchange(CONNECTING, SENT, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => true,
@@ -144,13 +182,13 @@ impl SendGate {
 
     /// The hub gives up; returns the state it found (`SENT` means too late).
     fn abandon(&self) -> u8 {
-        let mut state = self.0.load(Ordering::Acquire);
+        let mut state = self.state.load(Ordering::Acquire);
         loop {
-            if state == SENT || state == ABANDONED {
+            if state == SENT || state == ABANDONED || state == REFUSED {
                 return state;
             }
             match self
-                .0
+                .state
                 .compare_exchange(state, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return state,
@@ -160,7 +198,12 @@ impl SendGate {
     }
 
     fn was_sent(&self) -> bool {
-        self.0.load(Ordering::Acquire) == SENT
+        self.state.load(Ordering::Acquire) == SENT
+    }
+
+    /// Why the licence was refused at the first byte, if it was.
+    fn refused(&self) -> Option<&str> {
+        self.refusal.get().map(String::as_str)
     }
 }
 
@@ -315,6 +358,8 @@ pub struct Target {
     tls: tls::TlsSlot,
     /// The threads that make the calls (ureq blocks).
     callers: Callers,
+    /// Asked at each transfer's first request byte, when set (shared journal).
+    licence: std::sync::OnceLock<SendLicence>,
 }
 
 /// Why a target could not be built from its (validated) config.
@@ -391,6 +436,7 @@ impl Target {
             auth,
             tls,
             callers: Callers::new("relayhub-call"),
+            licence: std::sync::OnceLock::new(),
         })
     }
 
@@ -399,6 +445,13 @@ impl Target {
     /// made with the old files are not reused; calls in progress finish.
     pub fn rotate_tls(&self, material: tls::TlsMaterial) -> bool {
         self.tls.install(material)
+    }
+
+    /// From now on, every transfer's first request byte needs `licence` (set
+    /// once, at start, for a shared journal's fence); a refusal is "not sent"
+    /// and answered E903.
+    pub fn require_licence(&self, licence: SendLicence) {
+        let _ = self.licence.set(licence);
     }
 
     /// Calls in progress on this target (for metrics).
@@ -488,7 +541,12 @@ impl Target {
             CoreRequest::Inquiry { .. } => remaining,
         };
         let connect = self.connect_timeout.min(remaining);
-        let gate = SendGate::new();
+        let licence = match request {
+            CoreRequest::Transfer { .. } => self.licence.get().cloned(),
+            // A GET changes nothing at the core: always safe.
+            CoreRequest::Inquiry { .. } => None,
+        };
+        let gate = SendGate::new(licence);
         let (tx, mut rx) = oneshot::channel();
         let job = Job {
             agent: self.agent.clone(),
@@ -542,6 +600,9 @@ impl Target {
                 CONNECTING => CallEnd::Done(Err(CallFailure::NotSent(
                     "still connecting when the budget ran out; abandoned".into(),
                 ))),
+                REFUSED => CallEnd::Done(Err(CallFailure::NoCapacity(
+                    gate.refused().unwrap_or("not licensed to send").to_string(),
+                ))),
                 _ => CallEnd::Pending(rx),
             },
         }
@@ -567,6 +628,11 @@ impl Job {
         let result = self.exchange();
         CURRENT_GATE.with(|g| *g.borrow_mut() = None);
         result.map_err(|e| {
+            if let Some(why) = self.gate.refused() {
+                // Refused at the first byte: nothing left, and no capacity
+                // to send (E903), like a fenced hub before its claim.
+                return CallFailure::NoCapacity(why.to_string());
+            }
             let reason = describe(&e);
             // A handshake the core refused took nothing in, even when (TLS
             // 1.3) its refusal is read after the request was handed over.
@@ -676,7 +742,7 @@ mod tests {
 
     #[test]
     fn gate_sent_wins_over_abandon() {
-        let g = SendGate::new();
+        let g = SendGate::new(None);
         assert!(g.start());
         assert!(g.pass());
         assert_eq!(g.abandon(), SENT);
@@ -685,7 +751,7 @@ mod tests {
 
     #[test]
     fn gate_abandon_wins_over_send() {
-        let g = SendGate::new();
+        let g = SendGate::new(None);
         assert!(g.start());
         assert_eq!(g.abandon(), CONNECTING);
         assert!(!g.pass(), "nothing may be written after abandoning");
@@ -694,7 +760,7 @@ mod tests {
 
     #[test]
     fn gate_abandoned_in_queue_never_starts() {
-        let g = SendGate::new();
+        let g = SendGate::new(None);
         assert_eq!(g.abandon(), QUEUED);
         assert!(!g.start());
     }
@@ -758,6 +824,63 @@ mod tests {
             line.starts_with("traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn a_refused_licence_closes_the_gate_at_the_first_byte() {
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let flag = open.clone();
+        let licence: SendLicence = Arc::new(move || {
+            if flag.load(Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err("fenced".into())
+            }
+        });
+        let g = SendGate::new(Some(licence.clone()));
+        assert!(g.start());
+        open.store(false, Ordering::SeqCst);
+        assert!(!g.pass(), "no first byte without the licence");
+        assert!(!g.was_sent());
+        assert_eq!(g.refused(), Some("fenced"));
+        assert_eq!(g.abandon(), REFUSED, "a refused call is not pending");
+        // Once sent, the licence is not asked again: the request goes on whole.
+        let g = SendGate::new(Some(licence));
+        assert!(g.start());
+        open.store(true, Ordering::SeqCst);
+        assert!(g.pass());
+        open.store(false, Ordering::SeqCst);
+        assert!(g.pass());
+    }
+
+    #[tokio::test]
+    async fn a_transfer_without_the_licence_sends_nothing_and_is_no_capacity() {
+        let (url, head) = one_shot_core();
+        let budget = Duration::from_secs(5);
+        let target = Target::new(&TargetConfig::with_url("core", &url), budget).unwrap();
+        target.require_licence(Arc::new(|| Err("this hub is fenced".into())));
+        let transfer = CoreRequest::Transfer {
+            guid: "G1".into(),
+            json: b"{}".to_vec(),
+        };
+        let end = target.attempt(&transfer, 0, Instant::now() + budget).await;
+        match end {
+            CallEnd::Done(Err(CallFailure::NoCapacity(why))) => {
+                assert!(why.contains("fenced"), "{why}")
+            }
+            CallEnd::Done(other) => panic!("expected NoCapacity, got {other:?}"),
+            CallEnd::Pending(_) => panic!("expected NoCapacity, got a pending call"),
+        }
+        // The core saw a connection but not one request byte; an inquiry (a
+        // GET, always safe) needs no licence.
+        assert_eq!(head.recv_timeout(budget).unwrap(), "");
+        let (url, head) = one_shot_core();
+        let target = Target::new(&TargetConfig::with_url("core", &url), budget).unwrap();
+        target.require_licence(Arc::new(|| Err("this hub is fenced".into())));
+        let inquiry = CoreRequest::Inquiry { guid: "G1".into() };
+        let end = target.attempt(&inquiry, 0, Instant::now() + budget).await;
+        assert!(matches!(end, CallEnd::Done(Ok(ref a)) if a.status == 200));
+        assert!(head.recv_timeout(budget).unwrap().starts_with("GET "));
     }
 
     #[test]

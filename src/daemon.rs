@@ -173,6 +173,15 @@ impl Daemon {
         let longest_window = config.targets.iter().map(|t| t.late_answer_window_ms).max();
         journal.check_lease(config.server.budget_ms + longest_window.unwrap_or(0))?;
         journal.start_liveness(config.journal.liveness()).await?;
+        if journal.is_shared() {
+            // The fence is asked again at each transfer's first request byte,
+            // so no gap is left between the check and the write
+            // (docs/scale-out.md, the timing argument).
+            for target in &targets {
+                let journal = journal.clone();
+                target.require_licence(Arc::new(move || journal.may_send()));
+            }
+        }
         let hub = Arc::new(Hub::new(
             rules,
             targets,

@@ -361,8 +361,9 @@ impl Transfer<'_> {
         // The URL the claim recorded; a failover records the next one first.
         let mut url = target.url_for(0);
         let outcome = loop {
-            // Checked before every attempt's first byte: a hub that lost its
-            // liveness sends nothing more (the others may take the row over).
+            // Checked before every attempt (and again by the send gate at its
+            // first byte): a hub that lost its liveness sends nothing more
+            // (the others may take the row over).
             if let Err(why) = self.hub.journal.may_send() {
                 break Outcome::NoCapacity(why);
             }
