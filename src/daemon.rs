@@ -14,13 +14,14 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::channel_tls::{self, Acceptor, TlsFileError};
+use crate::channel_tls::{self, Acceptor};
 use crate::config::{Config, ConfigError, Overrides};
 use crate::core_client::Target;
 use crate::journal::{Journal, JournalError, Ownership, now_ms};
 use crate::relay::{Hub, ResendPolicy};
 use crate::rules::{Rules, RulesError};
 use crate::server::{self, Limits};
+use crate::tls_files::TlsFileError;
 
 /// Why the hub did not start.
 #[derive(Debug, thiserror::Error)]
@@ -57,10 +58,7 @@ pub enum ReloadError {
     ListenerTls(#[from] TlsFileError),
     /// A target's certificate or key file cannot be used; the files in force stay.
     #[error("target {name}: {source}")]
-    TargetTls {
-        name: String,
-        source: crate::core_client::tls::TlsFileError,
-    },
+    TargetTls { name: String, source: TlsFileError },
 }
 
 /// Where the config comes from, kept for reloads.
