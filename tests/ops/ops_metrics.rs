@@ -238,8 +238,7 @@ async fn a_failed_tls_handshake_with_the_core_is_counted_by_cause() {
     use common::certs::{TestCa, Validity};
     let ca = TestCa::new("core CA");
     let server = ca.server("core", &["127.0.0.1"], Validity::Expired);
-    let tls = corebank::ServerTls::from_files(&server.cert, &server.key, None).unwrap();
-    let core = common::start_core_https(tls).await;
+    let core = common::start_core_https(&server, None).await;
     let config = common::TempFile::new(
         "toml",
         &common::target_tls_toml("core", Some(&ca.cert), None),
