@@ -57,6 +57,17 @@ impl Hub {
         hub
     }
 
+    /// [`Hub::spawn`] from async code: the wait for the ready lines runs off
+    /// the runtime's workers.
+    pub async fn spawn_off_runtime(args: &[&str]) -> Hub {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            Hub::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+        .await
+        .expect("hub start")
+    }
+
     /// Starts the process without waiting for anything.
     pub fn start(args: &[&str]) -> Hub {
         Hub::start_with(Command::new(relayhub_bin()), args, Stderr::Read)
