@@ -573,3 +573,82 @@ async fn optional_client_certificates_let_plain_channels_in_over_tls() {
         "E103"
     );
 }
+
+/// `relayhub check` reads every TLS file as `serve` would: the listener's
+/// certificate, key and client CA, and a target's CA and client certificate
+/// and key. Each one spoiled alone fails the check, naming its key and file.
+#[test]
+fn relayhub_check_reads_every_tls_file() {
+    let pki = pki();
+    let core_ca = TestCa::new("core CA");
+    let to_core = core_ca.client("to-core", "relayhub", &["relayhub.test"], Validity::Current);
+    let dir = TempDir::new("tlscheck");
+    let files: Vec<(&str, std::path::PathBuf)> = [
+        ("server.tls_cert_file", &pki.hub.cert),
+        ("server.tls_key_file", &pki.hub.key),
+        ("server.tls_client_ca_file", &pki.ca.cert),
+        ("ca_file", &core_ca.cert),
+        ("client_cert_file", &to_core.cert),
+        ("client_key_file", &to_core.key),
+    ]
+    .into_iter()
+    .map(|(key, from)| {
+        let copy = dir.join(&format!("{key}.pem"));
+        std::fs::copy(from, &copy).expect("copy a TLS file");
+        (key, copy)
+    })
+    .collect();
+    let path = |i: usize| format!("{:?}", files[i].1.display().to_string());
+    let config = dir.join("relayhub.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ntls_listen = \"127.0.0.1:0\"\ntls_cert_file = {}\ntls_key_file = {}\n\
+             tls_client_ca_file = {}\n{}{}\
+             [[channel]]\nid = \"IBANK\"\ncert_names = [\"ibank.channels.test\"]\n",
+            path(0),
+            path(1),
+            path(2),
+            target_toml(
+                "core",
+                &["https://127.0.0.1:1"],
+                &format!(
+                    "ca_file = {}\nclient_cert_file = {}\nclient_key_file = {}",
+                    path(3),
+                    path(4),
+                    path(5)
+                ),
+            ),
+            default_routes_toml("core"),
+        ),
+    )
+    .unwrap();
+    let check = || {
+        let out = Command::new(relayhub_bin())
+            .arg("check")
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .expect("run relayhub check");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (ok, text) = check();
+    assert!(ok && text.contains("config OK"), "{text}");
+    for (key, file) in &files {
+        let good = std::fs::read(file).unwrap();
+        std::fs::write(file, "not PEM at all\n").unwrap();
+        let (ok, text) = check();
+        assert!(
+            !ok && text.contains(&format!("{key} ({})", file.display())),
+            "{key} spoiled: {text}"
+        );
+        std::fs::write(file, good).unwrap();
+    }
+    let (ok, text) = check();
+    assert!(ok, "{text}");
+}
