@@ -389,6 +389,14 @@ impl<In: Transport> Connector<In> for TlsConnector {
         sock.set_timeout(connect_time_left(details));
         while conn.is_handshaking() {
             if let Err(e) = conn.complete_io(&mut sock) {
+                // A core that refused the handshake may have closed before
+                // our flight was written (TLS 1.2: a missing or refused
+                // client certificate): its alert names the cause.
+                let e = if e.get_ref().is_some_and(|i| i.is::<rustls::Error>()) {
+                    e
+                } else {
+                    pending_tls_error(&mut conn, &mut sock).unwrap_or(e)
+                };
                 return Err(failed(&self.target, HandshakeError::new(&host, &e)));
             }
         }
@@ -405,6 +413,26 @@ impl<In: Transport> Connector<In> for TlsConnector {
             answered: false,
         })))
     }
+}
+
+/// After the connection failed under us (a write or read error): reads what
+/// the core sent before that and is still in the socket, and returns the TLS
+/// error it makes (the core's alert), if any.
+fn pending_tls_error(
+    conn: &mut ClientConnection,
+    sock: &mut TransportAdapter,
+) -> Option<io::Error> {
+    for _ in 0..4 {
+        match conn.read_tls(sock) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                if let Err(e) = conn.process_new_packets() {
+                    return Some(io::Error::new(io::ErrorKind::InvalidData, e));
+                }
+            }
+        }
+    }
+    None
 }
 
 /// What is left of the connect timeout: the TCP connect and the handshake
@@ -473,19 +501,8 @@ impl TlsTransport {
         if self.answered {
             return None;
         }
-        for _ in 0..4 {
-            let rustls::StreamOwned { conn, sock } = &mut self.stream;
-            match conn.read_tls(sock) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    if let Err(e) = conn.process_new_packets() {
-                        let e = io::Error::new(io::ErrorKind::InvalidData, e);
-                        return self.refused(&e).then_some(e);
-                    }
-                }
-            }
-        }
-        None
+        let rustls::StreamOwned { conn, sock } = &mut self.stream;
+        pending_tls_error(conn, sock).filter(|e| self.refused(e))
     }
 
     /// The call's error for `e`: the core's refusal of the handshake (counted

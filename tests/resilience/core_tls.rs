@@ -20,7 +20,9 @@ use common::*;
 use corebank::{CoreBank, FaultMethod, FaultRule, Phase};
 use relayhub::client::Answer;
 use relayhub::frame::PrefixMode;
+use relayhub::tls_files;
 use resilience_support::*;
+use std::sync::{Arc, Mutex};
 
 const AMOUNT: u64 = 1_000;
 
@@ -479,31 +481,16 @@ async fn the_fixture_binary_serves_https_and_requires_client_certificates_when_t
     assert_eq!(a.code, "E902", "{a:?}\nhub log:\n{}", without.stderr());
 }
 
-/// The one rule over TLS: a core that took the handshake and read the request
-/// head, then resets the connection (RST) or closes it without a TLS close
-/// (FIN), may have taken the request in. Both are E901 on a fresh TLS 1.3
-/// connection that has read no answer byte, never the "not sent" of a
-/// refused handshake.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_core_that_reads_the_request_then_resets_or_closes_is_e901() {
-    use relayhub::tls_files;
-    use std::sync::{Arc, Mutex};
+/// A bare TLS server on a free port standing in for a core: for each
+/// connection that completes the handshake it reads the request head, keeps
+/// it, then cuts the connection: a reset (RST) when the head contains
+/// `TLSRST`, else a close without a TLS close (FIN). Returns its address and
+/// the heads it read.
+async fn cutting_core(config: rustls::ServerConfig) -> (String, Arc<Mutex<Vec<String>>>) {
     use tokio::io::AsyncReadExt;
-
-    let ca = TestCa::new("core CA");
-    let server = ca.server("core", &["127.0.0.1"], Validity::Current);
-    let config = tls_files::server_builder()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            tls_files::read_certs("cert", &server.cert).unwrap(),
-            tls_files::read_key("key", &server.key).unwrap(),
-        )
-        .unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    // The request heads the core read, each before it cut the connection.
     let heads = Arc::new(Mutex::new(Vec::<String>::new()));
     let seen = heads.clone();
     tokio::spawn(async move {
@@ -532,23 +519,47 @@ async fn a_core_that_reads_the_request_then_resets_or_closes_is_e901() {
             });
         }
     });
+    (format!("https://{addr}"), heads)
+}
 
+/// The POST heads for `g` among `heads`.
+fn posts_read(heads: &Mutex<Vec<String>>, g: &str) -> usize {
+    heads
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|h| h.starts_with("POST ") && h.contains(g))
+        .count()
+}
+
+/// The one rule over TLS: a core that took the handshake and read the request
+/// head, then resets the connection (RST) or closes it without a TLS close
+/// (FIN), may have taken the request in. Both are E901 on a fresh TLS 1.3
+/// connection that has read no answer byte, never the "not sent" of a
+/// refused handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_core_that_reads_the_request_then_resets_or_closes_is_e901() {
+    let ca = TestCa::new("core CA");
+    let server = ca.server("core", &["127.0.0.1"], Validity::Current);
+    let config = tls_files::server_builder()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            tls_files::read_certs("cert", &server.cert).unwrap(),
+            tls_files::read_key("key", &server.key).unwrap(),
+        )
+        .unwrap();
+    let (url, heads) = cutting_core(config).await;
     let dir = TempDir::new("tlsrst");
-    let hub = hub(
-        &dir,
-        &[&format!("https://{addr}")],
-        &target_tls_lines(Some(&ca.cert), None),
-    );
+    let hub = hub(&dir, &[&url], &target_tls_lines(Some(&ca.cert), None));
     for tag in ["TLSRST", "TLSFIN"] {
         let g = guid(tag);
         let a = send(&hub, &transfer(&g, AMOUNT)).await;
-        let posts = heads
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|h| h.starts_with("POST ") && h.contains(&g))
-            .count();
-        assert_eq!(posts, 1, "the core read the POST of {g} once");
+        assert_eq!(
+            posts_read(&heads, &g),
+            1,
+            "the core read the POST of {g} once"
+        );
         if a.code != "E901" {
             panic!("{tag}: {a:?}\nhub log:\n{}", hub.stderr());
         }
@@ -560,4 +571,43 @@ async fn a_core_that_reads_the_request_then_resets_or_closes_is_e901() {
         "judged a refused handshake:\n{}",
         hub.stderr()
     );
+}
+
+/// In TLS 1.2 a core refuses a missing client certificate inside the
+/// handshake, before the hub's handshake ends: E902, nothing read, logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls12_core_refusing_the_client_certificate_is_e902() {
+    let ca = TestCa::new("core CA");
+    let clients = TestCa::new("client CA");
+    let server = ca.server("core", &["127.0.0.1"], Validity::Current);
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(tls_files::read_roots("client ca", &clients.cert).unwrap()),
+        tls_files::provider(),
+    )
+    .build()
+    .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(tls_files::provider())
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            tls_files::read_certs("cert", &server.cert).unwrap(),
+            tls_files::read_key("key", &server.key).unwrap(),
+        )
+        .unwrap();
+    let (url, heads) = cutting_core(config).await;
+    let dir = TempDir::new("tls12");
+    let mut hub = hub(&dir, &[&url], &target_tls_lines(Some(&ca.cert), None));
+    let g = guid("TLS12");
+    let a = send(&hub, &transfer(&g, AMOUNT)).await;
+    if a.code != "E902" {
+        panic!("{a:?}\nhub log:\n{}", hub.stderr());
+    }
+    assert_header_only(&a, "TRF001", &g, "E902");
+    assert!(heads.lock().unwrap().is_empty(), "the core read a request");
+    hub.wait_log(0, |l| {
+        l.contains("TLS handshake with the core failed")
+            && l.contains("the core requires a client certificate")
+    })
+    .await;
 }
