@@ -43,17 +43,7 @@ fn telegrams(m: &Metrics, tx: &str, code: &str) -> f64 {
 async fn metrics_after_a_mixed_run_count_what_happened() {
     let core = start_core().await;
     let core_url = core.url();
-    let hub = Hub::spawn_off_runtime(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--core-url",
-        &core_url,
-        "--journal",
-        "memory",
-        "--budget-ms",
-        "800",
-    ])
-    .await;
+    let hub = Hub::for_core(&core_url, &["--budget-ms", "800"]).await;
 
     // Before any telegram: every series without labels, and the per-target
     // ones, read 0 rather than being missing.
@@ -242,17 +232,7 @@ async fn a_failed_tls_handshake_with_the_core_is_counted_by_cause() {
     );
     let core_url = core.url();
     let config_path = config.0.display().to_string();
-    let hub = Hub::spawn_off_runtime(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--core-url",
-        &core_url,
-        "--journal",
-        "memory",
-        "--config",
-        &config_path,
-    ])
-    .await;
+    let hub = Hub::for_core(&core_url, &["--config", &config_path]).await;
     let mut ch = Channel::connect(&hub.addr, PrefixMode::Ascii)
         .await
         .unwrap();

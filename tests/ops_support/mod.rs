@@ -57,10 +57,22 @@ impl Hub {
         hub
     }
 
-    /// [`Hub::spawn`] from async code: the wait for the ready lines runs off
-    /// the runtime's workers.
-    pub async fn spawn_off_runtime(args: &[&str]) -> Hub {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    /// From async code (the wait for the ready lines runs off the runtime's
+    /// workers): `relayhub serve --listen 127.0.0.1:0 --core-url CORE_URL
+    /// --journal memory EXTRA`.
+    pub async fn for_core(core_url: &str, extra: &[&str]) -> Hub {
+        let args: Vec<String> = [
+            "--listen",
+            "127.0.0.1:0",
+            "--core-url",
+            core_url,
+            "--journal",
+            "memory",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|a| a.to_string())
+        .collect();
         tokio::task::spawn_blocking(move || {
             Hub::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>())
         })
