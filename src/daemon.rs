@@ -251,10 +251,14 @@ impl Daemon {
     }
 
     /// Re-reads routes, layouts, channels, the code table, the TLS listener's
-    /// certificate, key and client CA, and the targets' certificate files, and
-    /// swaps them in as one unit; an invalid new version (a bad TLS file
-    /// included) is refused and the old one stays. Open TLS connections keep
-    /// their session; the next handshake (channel or core) uses the new files.
+    /// certificate, key and client CA, and the targets' certificate files.
+    /// All are read and checked before any is put in force: an invalid new
+    /// version (a bad TLS file included) is refused and the old one stays.
+    /// Then each is swapped in whole (a target's TLS config, the rules, the
+    /// listener's TLS config, in that order): a connection or call sees the
+    /// old or the new version of each, never a mix of files. Open TLS
+    /// connections keep their session; the next handshake (channel or core)
+    /// uses the new files.
     /// Everything else (listeners, prefix, budget, target URLs and timeouts,
     /// journal, logging) is fixed at start-up: the changed keys of that kind
     /// are returned, and logged, with their running and new values.
