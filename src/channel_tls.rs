@@ -1,127 +1,56 @@
 //! TLS on the channel side: the listener's rustls configuration, built from
-//! the PEM files named in `[server]` and rebuilt on SIGHUP; why a handshake
-//! failed; and the names a channel's client certificate bears.
+//! the PEM files named in `[server]` (read by [`crate::tls_files`]) and
+//! rebuilt on SIGHUP; why a handshake failed; and the names a channel's
+//! client certificate bears.
 //!
 //! Inside TLS the framing is the same: the server hands the decrypted stream
 //! to the same connection handling as a plain one.
 
-use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use rustls::RootCertStore;
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use rustls::server::WebPkiClientVerifier;
 
 use crate::config::{ClientAuth, ServerConfig};
 use crate::rules::ClientCert;
-
-/// A TLS file that cannot be used; names the key, the file and the reason.
-#[derive(Debug, thiserror::Error)]
-#[error("{key} ({file}): {reason}")]
-pub struct TlsFileError {
-    pub key: &'static str,
-    pub file: String,
-    pub reason: String,
-}
-
-fn file_error(key: &'static str, file: &Path, reason: impl std::fmt::Display) -> TlsFileError {
-    TlsFileError {
-        key,
-        file: file.display().to_string(),
-        reason: reason.to_string(),
-    }
-}
-
-/// The one crypto provider of the tree (ring), never a process default.
-pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// Every certificate of a PEM file, in order; an empty file is an error.
-pub fn read_certs(
-    key: &'static str,
-    file: &Path,
-) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
-    let certs = CertificateDer::pem_file_iter(file)
-        .map_err(|e| file_error(key, file, pem_reason(&e)))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| file_error(key, file, pem_reason(&e)))?;
-    if certs.is_empty() {
-        return Err(file_error(key, file, "no CERTIFICATE block in the file"));
-    }
-    Ok(certs)
-}
-
-/// The private key of a PEM file.
-pub fn read_key(key: &'static str, file: &Path) -> Result<PrivateKeyDer<'static>, TlsFileError> {
-    PrivateKeyDer::from_pem_file(file).map_err(|e| match e {
-        rustls::pki_types::pem::Error::NoItemsFound => file_error(
-            key,
-            file,
-            "no PRIVATE KEY block (PKCS#8, RSA or EC) in the file",
-        ),
-        e => file_error(key, file, pem_reason(&e)),
-    })
-}
-
-fn pem_reason(e: &rustls::pki_types::pem::Error) -> String {
-    match e {
-        rustls::pki_types::pem::Error::Io(io) => format!("cannot read: {io}"),
-        e => format!("not a usable PEM file: {e}"),
-    }
-}
+use crate::tls_files::{self, TlsFileError};
 
 /// The listener's configuration from the `tls_*` keys of `[server]`:
 /// certificate chain and key (which must match), client-certificate
 /// verification when `tls_client_ca_file` is set, TLS 1.2 and 1.3 only.
 pub fn server_config(s: &ServerConfig) -> Result<Arc<rustls::ServerConfig>, TlsFileError> {
-    let (Some(cert_file), Some(key_file)) = (&s.tls_cert_file, &s.tls_key_file) else {
-        return Err(TlsFileError {
-            key: "server.tls_cert_file",
-            file: "unset".into(),
-            reason: "server.tls_listen needs tls_cert_file and tls_key_file".into(),
-        });
-    };
-    let certs = read_certs("server.tls_cert_file", cert_file)?;
-    let key = read_key("server.tls_key_file", key_file)?;
-    let provider = provider();
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| file_error("server.tls_cert_file", cert_file, e))?;
+    const CERT: &str = "server.tls_cert_file";
+    const KEY: &str = "server.tls_key_file";
+    let cert_file = s
+        .tls_cert_file
+        .as_deref()
+        .ok_or(TlsFileError::Unset { key: CERT })?;
+    let key_file = s
+        .tls_key_file
+        .as_deref()
+        .ok_or(TlsFileError::Unset { key: KEY })?;
+    let certs = tls_files::read_certs(CERT, cert_file)?;
+    let key = tls_files::read_key(KEY, key_file)?;
+    let builder = tls_files::server_builder()?;
     let builder = match &s.tls_client_ca_file {
         None => builder.with_no_client_auth(),
         Some(ca_file) => {
-            let key = "server.tls_client_ca_file";
-            let mut roots = RootCertStore::empty();
-            for cert in read_certs(key, ca_file)? {
-                roots
-                    .add(cert)
-                    .map_err(|e| file_error(key, ca_file, format!("not a CA certificate: {e}")))?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let roots = tls_files::read_roots("server.tls_client_ca_file", ca_file)?;
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), tls_files::provider());
             let verifier = match s.tls_client_auth {
                 ClientAuth::Required => verifier,
                 ClientAuth::Optional => verifier.allow_unauthenticated(),
             };
-            let verifier = verifier.build().map_err(|e| file_error(key, ca_file, e))?;
+            let verifier = verifier
+                .build()
+                .map_err(|e| TlsFileError::Setup(e.to_string()))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
     let config = builder
         .with_single_cert(certs, key)
-        .map_err(|e| TlsFileError {
-            key: "server.tls_key_file",
-            file: key_file.display().to_string(),
-            reason: match e {
-                rustls::Error::InconsistentKeys(_) => format!(
-                    "the key does not belong to the certificate in {}",
-                    cert_file.display()
-                ),
-                e => format!("cannot be used with {}: {e}", cert_file.display()),
-            },
-        })?;
+        .map_err(|e| tls_files::key_mismatch((KEY, key_file), (CERT, cert_file), e))?;
     Ok(Arc::new(config))
 }
 

@@ -92,28 +92,22 @@ pub struct TlsClient {
 impl TlsClient {
     /// Reads the files; the error names the flag and the file.
     pub fn connector(&self) -> Result<TlsConnector, String> {
-        use crate::channel_tls::{provider, read_certs, read_key};
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in read_certs("--ca", &self.ca_file).map_err(|e| e.to_string())? {
-            roots
-                .add(cert)
-                .map_err(|e| format!("--ca ({}): {e}", self.ca_file.display()))?;
-        }
-        let builder = rustls::ClientConfig::builder_with_provider(provider())
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots);
+        use crate::tls_files::{client_builder, key_mismatch, read_certs, read_key, read_roots};
+        let text = |e: crate::tls_files::TlsFileError| e.to_string();
+        let builder = client_builder()
+            .map_err(text)?
+            .with_root_certificates(read_roots("--ca", &self.ca_file).map_err(text)?);
         let config = match &self.client_cert {
             None => builder.with_no_client_auth(),
             Some((cert, key)) => {
-                let certs = read_certs("--client-cert", cert).map_err(|e| e.to_string())?;
-                let key_der = read_key("--client-key", key).map_err(|e| e.to_string())?;
+                let certs = read_certs("--client-cert", cert).map_err(text)?;
+                let key_der = read_key("--client-key", key).map_err(text)?;
                 builder.with_client_auth_cert(certs, key_der).map_err(|e| {
-                    format!(
-                        "--client-key ({}) does not fit --client-cert ({}): {e}",
-                        key.display(),
-                        cert.display()
-                    )
+                    text(key_mismatch(
+                        ("--client-key", key),
+                        ("--client-cert", cert),
+                        e,
+                    ))
                 })?
             }
         };

@@ -14,13 +14,14 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::channel_tls::{self, Acceptor, TlsFileError};
+use crate::channel_tls::{self, Acceptor};
 use crate::config::{Config, ConfigError, Overrides};
 use crate::core_client::Target;
 use crate::journal::{Journal, JournalError, Ownership, now_ms};
 use crate::relay::{Hub, ResendPolicy};
 use crate::rules::{Rules, RulesError};
 use crate::server::{self, Limits};
+use crate::tls_files::TlsFileError;
 
 /// Why the hub did not start.
 #[derive(Debug, thiserror::Error)]
@@ -57,10 +58,7 @@ pub enum ReloadError {
     ListenerTls(#[from] TlsFileError),
     /// A target's certificate or key file cannot be used; the files in force stay.
     #[error("target {name}: {source}")]
-    TargetTls {
-        name: String,
-        source: crate::core_client::tls::TlsFileError,
-    },
+    TargetTls { name: String, source: TlsFileError },
 }
 
 /// Where the config comes from, kept for reloads.
@@ -264,10 +262,14 @@ impl Daemon {
     }
 
     /// Re-reads routes, layouts, channels, the code table, the TLS listener's
-    /// certificate, key and client CA, and the targets' certificate files, and
-    /// swaps them in as one unit; an invalid new version (a bad TLS file
-    /// included) is refused and the old one stays. Open TLS connections keep
-    /// their session; the next handshake (channel or core) uses the new files.
+    /// certificate, key and client CA, and the targets' certificate files.
+    /// All are read and checked before any is put in force: an invalid new
+    /// version (a bad TLS file included) is refused and the old one stays.
+    /// Then each is swapped in whole (a target's TLS config, the rules, the
+    /// listener's TLS config, in that order): a connection or call sees the
+    /// old or the new version of each, never a mix of files. Open TLS
+    /// connections keep their session; the next handshake (channel or core)
+    /// uses the new files.
     /// Everything else (listeners, prefix, budget, target URLs and timeouts,
     /// journal, logging) is fixed at start-up: the changed keys of that kind
     /// are returned, and logged, with their running and new values.

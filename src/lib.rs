@@ -23,6 +23,7 @@
 //! | [`outcome`] | the core's answer -> standard code, from a table |
 //! | [`journal`] | the GUID journal: one interface, memory and SQLite stores |
 //! | [`relay`] | one telegram end to end: checks, journal, call, answer |
+//! | [`tls_files`] | the PEM files of TLS (both sides, and `send`/`bench`), their errors, the one crypto provider |
 //! | [`channel_tls`] | the TLS listener's files (reloaded), handshake failures, client-certificate names |
 //! | [`server`] | accept loop, connections (plain or TLS), pipelining, timeouts, draining |
 //! | [`admin`] | the admin HTTP endpoints: metrics, health, readiness |
@@ -51,3 +52,4 @@ pub mod random;
 pub mod relay;
 pub mod rules;
 pub mod server;
+pub mod tls_files;

@@ -25,13 +25,14 @@
 
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{AlertDescription, CertificateError, ClientConfig, ClientConnection, RootCertStore};
+use rustls::pki_types::ServerName;
+use rustls::{
+    AlertDescription, CertificateError, ClientConfig, ClientConnection, ProtocolVersion,
+    RootCertStore,
+};
 use sha2::{Digest, Sha256};
 use ureq::unversioned::transport::{
     Buffers, ConnectionDetails, Connector, Either, LazyBuffers, NextTimeout, Transport,
@@ -39,47 +40,8 @@ use ureq::unversioned::transport::{
 };
 
 use crate::config::TargetConfig;
-
-/// A certificate or key file that cannot be used. Each names the config key
-/// and the file.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsFileError {
-    #[error("{key} {}: cannot read it: {source}", file.display())]
-    Read {
-        key: &'static str,
-        file: PathBuf,
-        source: io::Error,
-    },
-    #[error("{key} {}: no PEM certificate in it", file.display())]
-    NoCertificate { key: &'static str, file: PathBuf },
-    #[error("{key} {}: not a readable PEM file: {reason}", file.display())]
-    BadPem {
-        key: &'static str,
-        file: PathBuf,
-        reason: String,
-    },
-    #[error("ca_file {}: certificate {index} cannot be a trust anchor: {reason}", file.display())]
-    BadCa {
-        file: PathBuf,
-        index: usize,
-        reason: String,
-    },
-    /// The TLS library refused the settings themselves (not a file).
-    #[error("TLS 1.2/1.3 with the ring provider is not available: {0}")]
-    Setup(String),
-    #[error("client_key_file {}: no PEM private key in it", file.display())]
-    NoKey { file: PathBuf },
-    #[error(
-        "client_key_file {} does not go with client_cert_file {}: {reason}",
-        key_file.display(),
-        cert_file.display()
-    )]
-    KeyMismatch {
-        cert_file: PathBuf,
-        key_file: PathBuf,
-        reason: String,
-    },
-}
+use crate::tls_files;
+pub use crate::tls_files::TlsFileError;
 
 /// A client config built from a target's files, and a digest of what was read
 /// (to tell a reload that changed nothing from a rotation).
@@ -87,35 +49,6 @@ pub enum TlsFileError {
 pub struct TlsMaterial {
     config: Arc<ClientConfig>,
     digest: [u8; 32],
-}
-
-fn read(key: &'static str, file: &Path) -> Result<Vec<u8>, TlsFileError> {
-    std::fs::read(file).map_err(|source| TlsFileError::Read {
-        key,
-        file: file.to_path_buf(),
-        source,
-    })
-}
-
-fn certificates(
-    key: &'static str,
-    file: &Path,
-    pem: &[u8],
-) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsFileError::BadPem {
-            key,
-            file: file.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-    if certs.is_empty() {
-        return Err(TlsFileError::NoCertificate {
-            key,
-            file: file.to_path_buf(),
-        });
-    }
-    Ok(certs)
 }
 
 /// Reads a target's certificate files and builds its client config: TLS 1.2
@@ -126,54 +59,31 @@ pub fn load(cfg: &TargetConfig) -> Result<TlsMaterial, TlsFileError> {
     let mut digest = Sha256::new();
     let roots = match &cfg.ca_file {
         Some(file) => {
-            let pem = read("ca_file", file)?;
+            let pem = tls_files::read("ca_file", file)?;
             digest.update(b"ca\0");
             digest.update(&pem);
-            let mut store = RootCertStore::empty();
-            for (i, cert) in certificates("ca_file", file, &pem)?.into_iter().enumerate() {
-                store.add(cert).map_err(|e| TlsFileError::BadCa {
-                    file: file.clone(),
-                    index: i + 1,
-                    reason: e.to_string(),
-                })?;
-            }
-            store
+            tls_files::trust_anchors("ca_file", file, &pem)?
         }
         None => RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         },
     };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| TlsFileError::Setup(e.to_string()))?
-        .with_root_certificates(roots);
+    let builder = tls_files::client_builder()?.with_root_certificates(roots);
     let mut config = match (&cfg.client_cert_file, &cfg.client_key_file) {
         (Some(cert_file), Some(key_file)) => {
-            let cert_pem = read("client_cert_file", cert_file)?;
-            let key_pem = read("client_key_file", key_file)?;
+            const CERT: &str = "client_cert_file";
+            const KEY: &str = "client_key_file";
+            let cert_pem = tls_files::read(CERT, cert_file)?;
+            let key_pem = tls_files::read(KEY, key_file)?;
             digest.update(b"cert\0");
             digest.update(&cert_pem);
             digest.update(b"key\0");
             digest.update(&key_pem);
-            let chain = certificates("client_cert_file", cert_file, &cert_pem)?;
-            let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| match e {
-                rustls::pki_types::pem::Error::NoItemsFound => TlsFileError::NoKey {
-                    file: key_file.clone(),
-                },
-                e => TlsFileError::BadPem {
-                    key: "client_key_file",
-                    file: key_file.clone(),
-                    reason: e.to_string(),
-                },
-            })?;
+            let chain = tls_files::certificates(CERT, cert_file, &cert_pem)?;
+            let key = tls_files::private_key(KEY, key_file, &key_pem)?;
             builder
                 .with_client_auth_cert(chain, key)
-                .map_err(|e| TlsFileError::KeyMismatch {
-                    cert_file: cert_file.clone(),
-                    key_file: key_file.clone(),
-                    reason: e.to_string(),
-                })?
+                .map_err(|e| tls_files::key_mismatch((KEY, key_file), (CERT, cert_file), e))?
         }
         // Config validation refuses one without the other.
         _ => builder.with_no_client_auth(),
@@ -479,6 +389,14 @@ impl<In: Transport> Connector<In> for TlsConnector {
         sock.set_timeout(connect_time_left(details));
         while conn.is_handshaking() {
             if let Err(e) = conn.complete_io(&mut sock) {
+                // A core that refused the handshake may have closed before
+                // our flight was written (TLS 1.2: a missing or refused
+                // client certificate): its alert names the cause.
+                let e = if e.get_ref().is_some_and(|i| i.is::<rustls::Error>()) {
+                    e
+                } else {
+                    pending_tls_error(&mut conn, &mut sock).unwrap_or(e)
+                };
                 return Err(failed(&self.target, HandshakeError::new(&host, &e)));
             }
         }
@@ -495,6 +413,26 @@ impl<In: Transport> Connector<In> for TlsConnector {
             answered: false,
         })))
     }
+}
+
+/// After the connection failed under us (a write or read error): reads what
+/// the core sent before that and is still in the socket, and returns the TLS
+/// error it makes (the core's alert), if any.
+fn pending_tls_error(
+    conn: &mut ClientConnection,
+    sock: &mut TransportAdapter,
+) -> Option<io::Error> {
+    for _ in 0..4 {
+        match conn.read_tls(sock) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                if let Err(e) = conn.process_new_packets() {
+                    return Some(io::Error::new(io::ErrorKind::InvalidData, e));
+                }
+            }
+        }
+    }
+    None
 }
 
 /// What is left of the connect timeout: the TCP connect and the handshake
@@ -532,30 +470,57 @@ impl fmt::Debug for TlsTransport {
     }
 }
 
-/// True for a rustls error that is the core refusing the handshake.
-fn is_refusal(e: &io::Error) -> bool {
-    e.get_ref()
-        .and_then(|i| i.downcast_ref::<rustls::Error>())
-        .is_some_and(|r| matches!(r, rustls::Error::AlertReceived(a) if is_handshake_refusal(*a)))
+/// True when `e`, an error of a connection that has read no answer byte
+/// (`answered` false) and speaks `version`, is the core refusing our
+/// handshake: an alert of [`is_handshake_refusal`]'s kind actually received
+/// from the peer. Only TLS 1.3 can deliver such a refusal after our request
+/// went out (the client's handshake ends at its own Finished); in TLS 1.2 the
+/// handshake ends with the core's Finished, which says it took our
+/// certificate, so an alert after it is no refusal of the handshake and the
+/// request may have reached the core's application. A reset, an EOF or a
+/// timeout is never a refusal.
+fn refused_before_taking(version: Option<ProtocolVersion>, answered: bool, e: &io::Error) -> bool {
+    !answered
+        && version == Some(ProtocolVersion::TLSv1_3)
+        && e.get_ref()
+            .and_then(|i| i.downcast_ref::<rustls::Error>())
+            .is_some_and(
+                |r| matches!(r, rustls::Error::AlertReceived(a) if is_handshake_refusal(*a)),
+            )
 }
 
 impl TlsTransport {
-    /// After a failed write: reads what the core sent before it closed, and
-    /// returns its refusal of the handshake if that is what it was.
+    fn refused(&self, e: &io::Error) -> bool {
+        refused_before_taking(self.stream.conn.protocol_version(), self.answered, e)
+    }
+
+    /// After a failed write or read on a connection that has read no answer
+    /// byte: reads what the core sent before it closed, and returns its
+    /// refusal of the handshake if that is what it was.
     fn pending_refusal(&mut self) -> Option<io::Error> {
-        let rustls::StreamOwned { conn, sock } = &mut self.stream;
-        for _ in 0..4 {
-            match conn.read_tls(sock) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    if let Err(e) = conn.process_new_packets() {
-                        let e = io::Error::new(io::ErrorKind::InvalidData, e);
-                        return is_refusal(&e).then_some(e);
-                    }
-                }
-            }
+        if self.answered {
+            return None;
         }
-        None
+        let rustls::StreamOwned { conn, sock } = &mut self.stream;
+        pending_tls_error(conn, sock).filter(|e| self.refused(e))
+    }
+
+    /// The call's error for `e`: the core's refusal of the handshake (counted
+    /// and logged as a failed handshake: "not sent") when it is one, read now
+    /// or still waiting in the socket; else `e` itself.
+    fn error_after(&mut self, e: io::Error) -> ureq::Error {
+        let refusal = if self.refused(&e) {
+            e
+        } else {
+            // Reading first flushes what rustls still holds, and a core that
+            // refused the handshake and closed makes that (or the write of
+            // the request) fail before its alert is read.
+            match self.pending_refusal() {
+                Some(refused) => refused,
+                None => return e.into(),
+            }
+        };
+        failed(&self.target, HandshakeError::new(&self.host, &refusal))
     }
 }
 
@@ -567,19 +532,11 @@ impl Transport for TlsTransport {
     fn transmit_output(&mut self, amount: usize, timeout: NextTimeout) -> Result<(), ureq::Error> {
         self.stream.get_mut().set_timeout(timeout);
         let output = &self.buffers.output()[..amount];
-        match self.stream.write_all(output) {
-            Ok(()) => Ok(()),
-            // A core that refused the handshake may have closed before the
-            // request went out: its alert is then waiting to be read.
-            Err(e) if !self.answered => match self.pending_refusal() {
-                Some(refused) => Err(failed(
-                    &self.target,
-                    HandshakeError::new(&self.host, &refused),
-                )),
-                None => Err(e.into()),
-            },
-            Err(e) => Err(e.into()),
-        }
+        // A core that refused the handshake may have closed before the
+        // request went out: its alert is then waiting to be read.
+        self.stream
+            .write_all(output)
+            .map_err(|e| self.error_after(e))
     }
 
     fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, ureq::Error> {
@@ -593,20 +550,7 @@ impl Transport for TlsTransport {
                 }
                 Ok(n > 0)
             }
-            Err(e) if self.answered => Err(e.into()),
-            Err(e) if is_refusal(&e) => {
-                Err(failed(&self.target, HandshakeError::new(&self.host, &e)))
-            }
-            // Reading first flushes what rustls still holds, and a core that
-            // refused the handshake and closed makes that fail before its
-            // alert is read.
-            Err(e) => match self.pending_refusal() {
-                Some(refused) => Err(failed(
-                    &self.target,
-                    HandshakeError::new(&self.host, &refused),
-                )),
-                None => Err(e.into()),
-            },
+            Err(e) => Err(self.error_after(e)),
         }
     }
 
@@ -623,6 +567,8 @@ impl Transport for TlsTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tls_files::tests::pem_files;
+    use std::path::Path;
 
     fn target_with(ca: Option<&Path>, cert: Option<&Path>, key: Option<&Path>) -> TargetConfig {
         let mut t = TargetConfig::with_url("core", "https://core.example:443");
@@ -633,59 +579,23 @@ mod tests {
     }
 
     #[test]
-    fn bad_files_name_the_key_and_the_file() {
+    fn a_bad_file_is_named_by_its_target_key() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("missing.pem");
-        let err = load(&target_with(Some(&missing), None, None)).unwrap_err();
-        let text = err.to_string();
+        let text = load(&target_with(Some(&missing), None, None))
+            .unwrap_err()
+            .to_string();
         assert!(
-            text.starts_with("ca_file ")
+            text.starts_with("ca_file (")
                 && text.contains("missing.pem")
                 && text.contains("cannot read"),
             "{text}"
         );
-
-        let garbage = dir.path().join("garbage.pem");
-        std::fs::write(&garbage, "this is not a certificate\n").unwrap();
-        let text = load(&target_with(Some(&garbage), None, None))
+        let [ca, ..] = pem_files(dir.path());
+        let text = load(&target_with(Some(&ca), Some(&missing), Some(&missing)))
             .unwrap_err()
             .to_string();
-        assert!(
-            text.contains("garbage.pem") && text.contains("no PEM certificate"),
-            "{text}"
-        );
-
-        let broken = dir.path().join("broken.pem");
-        std::fs::write(
-            &broken,
-            "-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n",
-        )
-        .unwrap();
-        let text = load(&target_with(Some(&broken), None, None))
-            .unwrap_err()
-            .to_string();
-        assert!(text.contains("broken.pem"), "{text}");
-    }
-
-    /// A CA and a client certificate it signs, as PEM files in `dir`:
-    /// (ca.pem, client.pem, client.key, other.key).
-    fn pem_files(dir: &Path) -> [PathBuf; 4] {
-        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let issuer = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-        let key = KeyPair::generate().unwrap();
-        let leaf = CertificateParams::new(vec!["relayhub.test".to_string()])
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
-        let other = KeyPair::generate().unwrap();
-        let files = ["ca.pem", "client.pem", "client.key", "other.key"].map(|f| dir.join(f));
-        std::fs::write(&files[0], issuer.pem()).unwrap();
-        std::fs::write(&files[1], leaf.pem()).unwrap();
-        std::fs::write(&files[2], key.serialize_pem()).unwrap();
-        std::fs::write(&files[3], other.serialize_pem()).unwrap();
-        files
+        assert!(text.starts_with("client_cert_file ("), "{text}");
     }
 
     #[test]
@@ -699,7 +609,7 @@ mod tests {
             .to_string();
         assert!(
             text.contains("other.key")
-                && text.contains("client.pem")
+                && text.contains("leaf.pem")
                 && text.contains("does not go with"),
             "{text}"
         );
@@ -745,6 +655,44 @@ mod tests {
         assert_eq!(HandshakeError::new("h", &timeout).cause, Cause::Timeout);
         let eof = io::Error::new(io::ErrorKind::UnexpectedEof, "eof");
         assert_eq!(HandshakeError::new("h", &eof).cause, Cause::Closed);
+    }
+
+    /// Only an alert refusing the handshake, received on a TLS 1.3
+    /// connection that has read no answer byte, is "not sent"; nothing else
+    /// read after the request went out is.
+    #[test]
+    fn only_a_tls13_refusal_alert_before_any_answer_is_not_sent() {
+        use rustls::Error as E;
+        let tls13 = Some(ProtocolVersion::TLSv1_3);
+        let tls12 = Some(ProtocolVersion::TLSv1_2);
+        let alert = |a| io::Error::new(io::ErrorKind::InvalidData, E::AlertReceived(a));
+        let required = alert(AlertDescription::CertificateRequired);
+        assert!(refused_before_taking(tls13, false, &required));
+        assert!(refused_before_taking(
+            tls13,
+            false,
+            &alert(AlertDescription::BadCertificate)
+        ));
+        // An answer byte was read (every pooled connection has read one):
+        // the handshake was accepted.
+        assert!(!refused_before_taking(tls13, true, &required));
+        // TLS 1.2: the core's Finished accepted our certificate before the
+        // request went out; an alert after it is no refusal of the handshake.
+        assert!(!refused_before_taking(tls12, false, &required));
+        assert!(!refused_before_taking(None, false, &required));
+        // Other alerts, and a reset, an EOF, a timeout or another TLS error.
+        for other in [
+            alert(AlertDescription::CloseNotify),
+            alert(AlertDescription::InternalError),
+            alert(AlertDescription::UnexpectedMessage),
+            io::Error::new(io::ErrorKind::ConnectionReset, "reset"),
+            io::Error::new(io::ErrorKind::UnexpectedEof, "eof"),
+            io::Error::new(io::ErrorKind::TimedOut, "timed out"),
+            io::Error::other(ureq::Error::Timeout(ureq::Timeout::RecvResponse)),
+            io::Error::new(io::ErrorKind::InvalidData, E::DecryptError),
+        ] {
+            assert!(!refused_before_taking(tls13, false, &other), "{other}");
+        }
     }
 
     #[test]

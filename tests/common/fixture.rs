@@ -69,13 +69,6 @@ impl CoreTls {
         CoreTls { ca, server }
     }
 
-    /// The fixture's TLS settings; with `client_ca`, client certificates
-    /// signed by it are required.
-    pub fn server_tls(&self, client_ca: Option<&std::path::Path>) -> corebank::ServerTls {
-        corebank::ServerTls::from_files(&self.server.cert, &self.server.key, client_ca)
-            .expect("fixture TLS settings")
-    }
-
     /// A hub config table trusting this CA for the target `core`.
     pub fn hub_toml(&self) -> String {
         target_tls_toml("core", Some(&self.ca.cert), None)
@@ -95,7 +88,17 @@ pub fn target_tls_toml(
     ca_file: Option<&std::path::Path>,
     client: Option<&Leaf>,
 ) -> String {
-    let mut t = format!("\n[[target]]\nname = {name:?}\n");
+    format!(
+        "\n[[target]]\nname = {name:?}\n{}",
+        target_tls_lines(ca_file, client)
+    )
+}
+
+/// The lines of a `[[target]]` table naming a CA file (`ca_file`) and a
+/// client certificate (`client_cert_file`, `client_key_file`); either may be
+/// absent.
+pub fn target_tls_lines(ca_file: Option<&std::path::Path>, client: Option<&Leaf>) -> String {
+    let mut t = String::new();
     if let Some(ca) = ca_file {
         t.push_str(&format!("ca_file = {:?}\n", ca.display().to_string()));
     }
@@ -109,9 +112,11 @@ pub fn target_tls_toml(
     t
 }
 
-/// The fixture on a free port, serving HTTPS with `tls` (its certificates
-/// must outlive the fixture's start; the fixture keeps what it read).
-pub async fn start_core_https(tls: corebank::ServerTls) -> CoreBank {
+/// The fixture on a free port, serving HTTPS with `server`'s certificate and
+/// key; with `client_ca`, it requires client certificates signed by it.
+pub async fn start_core_https(server: &Leaf, client_ca: Option<&std::path::Path>) -> CoreBank {
+    let tls = corebank::ServerTls::from_files(&server.cert, &server.key, client_ca)
+        .expect("fixture TLS settings");
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind fixture");
@@ -125,7 +130,7 @@ pub async fn start_core_as(scheme: CoreScheme) -> (CoreBank, Option<CoreTls>) {
         CoreScheme::Http => (start_core().await, None),
         CoreScheme::Https => {
             let tls = CoreTls::new();
-            let core = start_core_https(tls.server_tls(None)).await;
+            let core = start_core_https(&tls.server, None).await;
             (core, Some(tls))
         }
     }

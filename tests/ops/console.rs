@@ -143,22 +143,7 @@ async fn console_shows_codes_unknown_transfers_and_a_guid_behind_a_token() {
     let core = start_core().await;
     let core_url = core.url();
     let config_arg = config.display().to_string();
-    let hub = tokio::task::spawn_blocking(move || {
-        Hub::spawn(&[
-            "--config",
-            &config_arg,
-            "--listen",
-            "127.0.0.1:0",
-            "--core-url",
-            &core_url,
-            "--journal",
-            "memory",
-            "--budget-ms",
-            "800",
-        ])
-    })
-    .await
-    .unwrap();
+    let hub = Hub::for_core(&core_url, &["--config", &config_arg, "--budget-ms", "800"]).await;
 
     // The token: required everywhere but the probes, as a header or a query parameter.
     let base = format!("http://{}", hub.admin);

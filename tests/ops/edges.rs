@@ -436,18 +436,7 @@ async fn a_redirect_to_a_post_is_unknown_and_the_resend_inquires() {
 async fn unframeable_input_is_counted_like_any_answer() {
     let core = start_core().await;
     let url = core.url();
-    let hub = tokio::task::spawn_blocking(move || {
-        Hub::spawn(&[
-            "--listen",
-            "127.0.0.1:0",
-            "--core-url",
-            &url,
-            "--journal",
-            "memory",
-        ])
-    })
-    .await
-    .unwrap();
+    let hub = Hub::for_core(&url, &[]).await;
     for bad in [&b"ABCD"[..], b"0000"] {
         let mut s = within(tokio::net::TcpStream::connect(&hub.addr))
             .await

@@ -44,20 +44,7 @@ fn telegrams(m: &Metrics, tx: &str, code: &str) -> f64 {
 async fn metrics_after_a_mixed_run_count_what_happened() {
     let core = start_core().await;
     let core_url = core.url();
-    let hub = tokio::task::spawn_blocking(move || {
-        Hub::spawn(&[
-            "--listen",
-            "127.0.0.1:0",
-            "--core-url",
-            &core_url,
-            "--journal",
-            "memory",
-            "--budget-ms",
-            "800",
-        ])
-    })
-    .await
-    .unwrap();
+    let hub = Hub::for_core(&core_url, &["--budget-ms", "800"]).await;
 
     // Before any telegram: every series without labels, and the per-target
     // ones, read 0 rather than being missing.
@@ -239,28 +226,14 @@ async fn a_failed_tls_handshake_with_the_core_is_counted_by_cause() {
     use common::certs::{TestCa, Validity};
     let ca = TestCa::new("core CA");
     let server = ca.server("core", &["127.0.0.1"], Validity::Expired);
-    let tls = corebank::ServerTls::from_files(&server.cert, &server.key, None).unwrap();
-    let core = common::start_core_https(tls).await;
+    let core = common::start_core_https(&server, None).await;
     let config = common::TempFile::new(
         "toml",
         &common::target_tls_toml("core", Some(&ca.cert), None),
     );
     let core_url = core.url();
     let config_path = config.0.display().to_string();
-    let hub = tokio::task::spawn_blocking(move || {
-        Hub::spawn(&[
-            "--listen",
-            "127.0.0.1:0",
-            "--core-url",
-            &core_url,
-            "--journal",
-            "memory",
-            "--config",
-            &config_path,
-        ])
-    })
-    .await
-    .unwrap();
+    let hub = Hub::for_core(&core_url, &["--config", &config_path]).await;
     let mut ch = Channel::connect(&hub.addr, PrefixMode::Ascii)
         .await
         .unwrap();

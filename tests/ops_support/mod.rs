@@ -57,6 +57,29 @@ impl Hub {
         hub
     }
 
+    /// From async code (the wait for the ready lines runs off the runtime's
+    /// workers): `relayhub serve --listen 127.0.0.1:0 --core-url CORE_URL
+    /// --journal memory EXTRA`.
+    pub async fn for_core(core_url: &str, extra: &[&str]) -> Hub {
+        let args: Vec<String> = [
+            "--listen",
+            "127.0.0.1:0",
+            "--core-url",
+            core_url,
+            "--journal",
+            "memory",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|a| a.to_string())
+        .collect();
+        tokio::task::spawn_blocking(move || {
+            Hub::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+        .await
+        .expect("hub start")
+    }
+
     /// Starts the process without waiting for anything.
     pub fn start(args: &[&str]) -> Hub {
         Hub::start_with(Command::new(relayhub_bin()), args, Stderr::Read)

@@ -5,8 +5,8 @@
 //!
 //! Certificates come from a test CA made at test time (`common::certs`).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use relayhub::client::{Channel, TlsClient, TlsConnector};
@@ -21,44 +21,29 @@ use common::certs::{Leaf, TestCa, Validity};
 use common::*;
 use resilience_support::*;
 
-/// The hub process with a TLS listener, its addresses from the ready line.
+/// The hub process with a TLS listener; its TLS address from the ready line,
+/// its config and certificate files in `dir`.
 struct TlsHub {
-    child: Option<Child>,
-    pid: u32,
-    plain: String,
+    process: HubProcess,
     tls: String,
     admin: String,
-    ready_line: String,
-    stderr_path: PathBuf,
     dir: TempDir,
 }
 
+impl std::ops::Deref for TlsHub {
+    type Target = HubProcess;
+    fn deref(&self) -> &HubProcess {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for TlsHub {
+    fn deref_mut(&mut self) -> &mut HubProcess {
+        &mut self.process
+    }
+}
+
 impl TlsHub {
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
-    }
-
-    /// Waits (bounded) for a log line that matches `pred`, past `already` of them.
-    async fn wait_log(&self, already: usize, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let log = self.stderr();
-            if let Some(line) = log.lines().filter(|l| pred(l)).nth(already) {
-                return line.to_string();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no matching log line within {PATIENCE:?}; stderr:\n{log}"
-            );
-            // Polling a file: the wait is on the line, this only paces the reads.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn log_count(&self, pred: impl Fn(&str) -> bool) -> usize {
-        self.stderr().lines().filter(|l| pred(l)).count()
-    }
-
     /// One counter's value from `/metrics` (0 when absent).
     async fn metric(&self, series: &str) -> f64 {
         let mut s = within(TcpStream::connect(&self.admin)).await.unwrap();
@@ -76,15 +61,6 @@ impl TlsHub {
     /// the client can tell).
     async fn tls_channel(&self, client: &TlsConnector) -> std::io::Result<Channel> {
         within(Channel::connect_tls(&self.tls, PrefixMode::Ascii, client)).await
-    }
-}
-
-impl Drop for TlsHub {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 
@@ -130,10 +106,9 @@ fn connector(ca: &Path, client: Option<&Leaf>) -> TlsConnector {
 /// `hub.pem`/`hub.key` in the hub's dir, so it can be rotated there), client
 /// certificates `required` from the CA, channels IBANK and CORP by
 /// certificate, PLAIN without one.
-fn config(dir: &TempDir, core_url: &str, ca: &Path, handshake_ms: u64) -> String {
-    let admin = free_port();
+fn config(dir: &TempDir, core_url: &str, ca: &Path, admin: &str, handshake_ms: u64) -> String {
     format!(
-        "[server]\nadmin_listen = \"127.0.0.1:{admin}\"\ntls_listen = \"127.0.0.1:0\"\n\
+        "[server]\nadmin_listen = \"{admin}\"\ntls_listen = \"127.0.0.1:0\"\n\
          tls_cert_file = {:?}\ntls_key_file = {:?}\ntls_client_ca_file = {:?}\n\
          tls_client_auth = \"required\"\ntls_handshake_timeout_ms = {handshake_ms}\n\
          {}{}\
@@ -156,36 +131,35 @@ fn install_hub_cert(dir: &TempDir, leaf: &Leaf) {
 async fn start(pki: &Pki, core_url: &str, handshake_ms: u64) -> TlsHub {
     let dir = TempDir::new("tlshub");
     install_hub_cert(&dir, &pki.hub);
+    let admin = format!("127.0.0.1:{}", free_port());
     let path = dir.join("relayhub.toml");
-    std::fs::write(&path, config(&dir, core_url, &pki.ca.cert, handshake_ms)).unwrap();
-    let stderr_path = dir.join("stderr.log");
-    let mut cmd = Command::new(relayhub_bin());
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--journal", "memory"])
-        .arg("--config")
-        .arg(&path)
-        .env("RUST_LOG", "info");
-    let ready = spawn_listening(&mut cmd, &stderr_path, PATIENCE).unwrap_or_else(|e| {
-        let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-        panic!("{e}\nstderr:\n{log}");
+    std::fs::write(
+        &path,
+        config(&dir, core_url, &pki.ca.cert, &admin, handshake_ms),
+    )
+    .unwrap();
+    let process = HubProcess::spawn(&["--config", &path.display().to_string()]);
+    let tls = after(&process.ready_line, "tls on ").unwrap_or_else(|| {
+        panic!(
+            "the ready line names no TLS listener: {:?}",
+            process.ready_line
+        )
     });
-    let tls = after(&ready.line, "tls on ")
-        .unwrap_or_else(|| panic!("the ready line names no TLS listener: {:?}", ready.line));
-    let admin = std::fs::read_to_string(&path)
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("admin_listen = "))
-        .unwrap()
-        .trim_matches('"')
-        .to_string();
     TlsHub {
-        pid: ready.child.id(),
-        child: Some(ready.child),
-        plain: ready.addr.clone(),
+        process,
         tls,
         admin,
-        ready_line: ready.line,
-        stderr_path,
         dir,
+    }
+}
+
+/// True when `client` gets no answer to `telegram` over TLS: refused at the
+/// handshake or (TLS 1.3: the client may think its handshake done before the
+/// hub checked its certificate) by the alert that ends the connection.
+async fn refused(hub: &TlsHub, client: &TlsConnector, telegram: &[u8]) -> bool {
+    match hub.tls_channel(client).await {
+        Err(_) => true,
+        Ok(mut ch) => within(ch.exchange(telegram)).await.is_err(),
     }
 }
 
@@ -200,8 +174,8 @@ async fn tls_and_plain_side_by_side_and_a_certificate_is_its_channel() {
     let hub = start(&pki, &core.url(), 5_000).await;
     assert!(
         hub.ready_line
-            .contains(&format!("listening on {}", hub.plain))
-            && hub.tls != hub.plain,
+            .contains(&format!("listening on {}", hub.addr))
+            && hub.tls != hub.addr,
         "the ready line names both listeners: {:?}",
         hub.ready_line
     );
@@ -241,7 +215,7 @@ async fn tls_and_plain_side_by_side_and_a_certificate_is_its_channel() {
 
     // The plain listener answers too: a channel without cert_names calls,
     // a channel with them cannot call without its certificate.
-    let mut plain = connect(hub.plain.parse().unwrap(), PrefixMode::Ascii).await;
+    let mut plain = connect(hub.addr.parse().unwrap(), PrefixMode::Ascii).await;
     let p = guid("PLAIN");
     assert_eq!(
         code_on(&mut plain, &transfer_as("TRF001", &p, "PLAIN", 1_000)).await,
@@ -266,21 +240,16 @@ async fn tls_and_plain_side_by_side_and_a_certificate_is_its_channel() {
 async fn without_a_client_certificate_the_handshake_is_refused() {
     let core = start_core().await;
     let pki = pki();
-    let hub = start(&pki, &core.url(), 5_000).await;
+    let mut hub = start(&pki, &core.url(), 5_000).await;
     let before = hub
         .metric("relayhub_tls_handshake_failures_total{reason=\"no_client_certificate\"}")
         .await;
     let anonymous = connector(&pki.ca.cert, None);
     let g = guid("NOCRT");
-    // TLS 1.3: the client may think the handshake done before the hub has
-    // checked its (absent) certificate; the refusal then comes as an alert.
-    let refused = match hub.tls_channel(&anonymous).await {
-        Err(_) => true,
-        Ok(mut ch) => within(ch.exchange(&transfer_as("TRF001", &g, "IBANK", 1_000)))
-            .await
-            .is_err(),
-    };
-    assert!(refused, "a client without a certificate got an answer");
+    assert!(
+        refused(&hub, &anonymous, &transfer_as("TRF001", &g, "IBANK", 1_000)).await,
+        "a client without a certificate got an answer"
+    );
     assert_eq!(posts(&core, &g), 0);
     let line = hub
         .wait_log(0, |l| l.contains("TLS handshake failed"))
@@ -296,13 +265,7 @@ async fn without_a_client_certificate_the_handshake_is_refused() {
     let stranger_ca = TestCa::new("someone else");
     let stranger = stranger_ca.client("x", "ibank.channels.test", &[], Validity::Current);
     let c = connector(&pki.ca.cert, Some(&stranger));
-    if let Ok(mut ch) = hub.tls_channel(&c).await {
-        assert!(
-            within(ch.exchange(&transfer_as("TRF001", &guid("STRNG"), "IBANK", 1)))
-                .await
-                .is_err()
-        );
-    }
+    assert!(refused(&hub, &c, &transfer_as("TRF001", &guid("STRNG"), "IBANK", 1)).await);
     let line = hub
         .wait_log(0, |l| l.contains("bad_client_certificate"))
         .await;
@@ -316,13 +279,7 @@ async fn without_a_client_certificate_the_handshake_is_refused() {
         Validity::Expired,
     );
     let c = connector(&pki.ca.cert, Some(&expired));
-    if let Ok(mut ch) = hub.tls_channel(&c).await {
-        assert!(
-            within(ch.exchange(&transfer_as("TRF001", &guid("EXPRD"), "IBANK", 1)))
-                .await
-                .is_err()
-        );
-    }
+    assert!(refused(&hub, &c, &transfer_as("TRF001", &guid("EXPRD"), "IBANK", 1)).await);
     let line = hub
         .wait_log(1, |l| l.contains("bad_client_certificate"))
         .await;
@@ -339,7 +296,7 @@ async fn without_a_client_certificate_the_handshake_is_refused() {
 async fn a_silent_client_is_closed_at_the_handshake_deadline() {
     let core = start_core().await;
     let pki = pki();
-    let hub = start(&pki, &core.url(), 300).await;
+    let mut hub = start(&pki, &core.url(), 300).await;
     // Taken before the connect: the hub's clock starts at its accept, later.
     let opened = Instant::now();
     let mut silent = within(TcpStream::connect(&hub.tls)).await.unwrap();
@@ -400,7 +357,7 @@ async fn a_silent_client_is_closed_at_the_handshake_deadline() {
 async fn sighup_rotates_the_certificate_for_the_next_connection_and_open_ones_go_on() {
     let core = start_core().await;
     let pki = pki();
-    let hub = start(&pki, &core.url(), 5_000).await;
+    let mut hub = start(&pki, &core.url(), 5_000).await;
     let old_trust = connector(&pki.ca.cert, Some(&pki.ibank));
     let mut open = hub.tls_channel(&old_trust).await.expect("TLS connect");
     assert_eq!(
@@ -412,7 +369,7 @@ async fn sighup_rotates_the_certificate_for_the_next_connection_and_open_ones_go
     let new_ca = TestCa::new("relayhub test CA, next year");
     let new_leaf = new_ca.server("hub2", &["127.0.0.1"], Validity::Current);
     install_hub_cert(&hub.dir, &new_leaf);
-    send_signal(hub.pid, "HUP");
+    hub.signal("HUP");
     hub.wait_log(0, |l| {
         l.contains("TLS certificate, key and client CA re-read")
     })
@@ -440,14 +397,14 @@ async fn sighup_rotates_the_certificate_for_the_next_connection_and_open_ones_go
 async fn a_bad_certificate_file_on_reload_is_refused_and_the_old_one_stays() {
     let core = start_core().await;
     let pki = pki();
-    let hub = start(&pki, &core.url(), 5_000).await;
+    let mut hub = start(&pki, &core.url(), 5_000).await;
     let trust = connector(&pki.ca.cert, Some(&pki.ibank));
     let cert_path = hub.dir.join("hub.pem");
     let refused = |l: &str| l.contains("reload refused");
 
     // Not PEM at all.
     std::fs::write(&cert_path, "this is not a certificate\n").unwrap();
-    send_signal(hub.pid, "HUP");
+    hub.signal("HUP");
     let line = hub.wait_log(0, refused).await;
     assert!(
         line.contains("server.tls_cert_file") && line.contains(&cert_path.display().to_string()),
@@ -465,7 +422,7 @@ async fn a_bad_certificate_file_on_reload_is_refused_and_the_old_one_stays() {
     // A key that is not the certificate's.
     install_hub_cert(&hub.dir, &pki.hub);
     std::fs::copy(&pki.corp.key, hub.dir.join("hub.key")).unwrap();
-    send_signal(hub.pid, "HUP");
+    hub.signal("HUP");
     let line = hub.wait_log(1, refused).await;
     assert!(
         line.contains("server.tls_key_file") && line.contains("does not belong"),
@@ -615,4 +572,83 @@ async fn optional_client_certificates_let_plain_channels_in_over_tls() {
         code_on(&mut ch, &transfer_as("TRF001", &guid("OPT3"), "PLAIN", 1)).await,
         "E103"
     );
+}
+
+/// `relayhub check` reads every TLS file as `serve` would: the listener's
+/// certificate, key and client CA, and a target's CA and client certificate
+/// and key. Each one spoiled alone fails the check, naming its key and file.
+#[test]
+fn relayhub_check_reads_every_tls_file() {
+    let pki = pki();
+    let core_ca = TestCa::new("core CA");
+    let to_core = core_ca.client("to-core", "relayhub", &["relayhub.test"], Validity::Current);
+    let dir = TempDir::new("tlscheck");
+    let files: Vec<(&str, std::path::PathBuf)> = [
+        ("server.tls_cert_file", &pki.hub.cert),
+        ("server.tls_key_file", &pki.hub.key),
+        ("server.tls_client_ca_file", &pki.ca.cert),
+        ("ca_file", &core_ca.cert),
+        ("client_cert_file", &to_core.cert),
+        ("client_key_file", &to_core.key),
+    ]
+    .into_iter()
+    .map(|(key, from)| {
+        let copy = dir.join(&format!("{key}.pem"));
+        std::fs::copy(from, &copy).expect("copy a TLS file");
+        (key, copy)
+    })
+    .collect();
+    let path = |i: usize| format!("{:?}", files[i].1.display().to_string());
+    let config = dir.join("relayhub.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ntls_listen = \"127.0.0.1:0\"\ntls_cert_file = {}\ntls_key_file = {}\n\
+             tls_client_ca_file = {}\n{}{}\
+             [[channel]]\nid = \"IBANK\"\ncert_names = [\"ibank.channels.test\"]\n",
+            path(0),
+            path(1),
+            path(2),
+            target_toml(
+                "core",
+                &["https://127.0.0.1:1"],
+                &format!(
+                    "ca_file = {}\nclient_cert_file = {}\nclient_key_file = {}",
+                    path(3),
+                    path(4),
+                    path(5)
+                ),
+            ),
+            default_routes_toml("core"),
+        ),
+    )
+    .unwrap();
+    let check = || {
+        let out = Command::new(relayhub_bin())
+            .arg("check")
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .expect("run relayhub check");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (ok, text) = check();
+    assert!(ok && text.contains("config OK"), "{text}");
+    for (key, file) in &files {
+        let good = std::fs::read(file).unwrap();
+        std::fs::write(file, "not PEM at all\n").unwrap();
+        let (ok, text) = check();
+        assert!(
+            !ok && text.contains(&format!("{key} ({})", file.display())),
+            "{key} spoiled: {text}"
+        );
+        std::fs::write(file, good).unwrap();
+    }
+    let (ok, text) = check();
+    assert!(ok, "{text}");
 }

@@ -20,7 +20,9 @@ use common::*;
 use corebank::{CoreBank, FaultMethod, FaultRule, Phase};
 use relayhub::client::Answer;
 use relayhub::frame::PrefixMode;
+use relayhub::tls_files;
 use resilience_support::*;
+use std::sync::{Arc, Mutex};
 
 const AMOUNT: u64 = 1_000;
 
@@ -40,33 +42,9 @@ fn hub(dir: &TempDir, urls: &[&str], tls: &str) -> HubProcess {
     HubProcess::spawn(&["--config", &config.display().to_string()])
 }
 
-/// `ca_file = "..."` (and the client certificate lines when given).
-fn tls_lines(ca: Option<&Path>, client: Option<&Leaf>) -> String {
-    let mut t = String::new();
-    if let Some(ca) = ca {
-        t.push_str(&format!("ca_file = {:?}\n", ca.display().to_string()));
-    }
-    if let Some(c) = client {
-        t.push_str(&format!(
-            "client_cert_file = {:?}\nclient_key_file = {:?}\n",
-            c.cert.display().to_string(),
-            c.key.display().to_string()
-        ));
-    }
-    t
-}
-
 async fn send(hub: &HubProcess, telegram: &[u8]) -> Answer {
     let mut ch = connect(hub.addr.parse().expect("hub addr"), PrefixMode::Ascii).await;
     exchange(&mut ch, telegram).await
-}
-
-/// The fixture serving HTTPS with `server`; with `client_ca`, client
-/// certificates signed by it are required.
-async fn https_core(server: &Leaf, client_ca: Option<&Path>) -> CoreBank {
-    let tls = corebank::ServerTls::from_files(&server.cert, &server.key, client_ca)
-        .expect("fixture TLS settings");
-    start_core_https(tls).await
 }
 
 /// The transfer is E902, nothing reached the core, the fixture saw a failed
@@ -93,13 +71,13 @@ async fn assert_not_sent_because(hub: &mut HubProcess, core: &CoreBank, tag: &st
 async fn a_transfer_over_https_answers_0000_with_one_post() {
     let ca = TestCa::new("core CA");
     let server = ca.server("core", &["localhost", "127.0.0.1"], Validity::Current);
-    let core = https_core(&server, None).await;
+    let core = start_core_https(&server, None).await;
     let dir = TempDir::new("tlsok");
     // By name: SNI and the name check use `localhost`.
     let hub = hub(
         &dir,
         &[&core.url_for_host("localhost")],
-        &tls_lines(Some(&ca.cert), None),
+        &target_tls_lines(Some(&ca.cert), None),
     );
     let g = guid("TLSOK");
     let a = send(&hub, &transfer(&g, AMOUNT)).await;
@@ -117,9 +95,13 @@ async fn an_unknown_ca_is_e902_with_no_post_and_logged_as_unknown_issuer() {
     let ca = TestCa::new("core CA");
     let other = TestCa::new("someone else's CA");
     let server = ca.server("core", &["127.0.0.1"], Validity::Current);
-    let core = https_core(&server, None).await;
+    let core = start_core_https(&server, None).await;
     let dir = TempDir::new("tlsca");
-    let mut hub = hub(&dir, &[&core.url()], &tls_lines(Some(&other.cert), None));
+    let mut hub = hub(
+        &dir,
+        &[&core.url()],
+        &target_tls_lines(Some(&other.cert), None),
+    );
     assert_not_sent_because(&mut hub, &core, "TLSCA", "unknown issuer").await;
 }
 
@@ -127,9 +109,13 @@ async fn an_unknown_ca_is_e902_with_no_post_and_logged_as_unknown_issuer() {
 async fn an_expired_certificate_is_e902_with_no_post_and_logged_as_expired() {
     let ca = TestCa::new("core CA");
     let server = ca.server("core", &["127.0.0.1"], Validity::Expired);
-    let core = https_core(&server, None).await;
+    let core = start_core_https(&server, None).await;
     let dir = TempDir::new("tlsexp");
-    let mut hub = hub(&dir, &[&core.url()], &tls_lines(Some(&ca.cert), None));
+    let mut hub = hub(
+        &dir,
+        &[&core.url()],
+        &target_tls_lines(Some(&ca.cert), None),
+    );
     assert_not_sent_because(&mut hub, &core, "TLSEXP", "certificate expired").await;
 }
 
@@ -137,9 +123,13 @@ async fn an_expired_certificate_is_e902_with_no_post_and_logged_as_expired() {
 async fn a_certificate_for_another_name_is_e902_with_no_post_and_logged_as_such() {
     let ca = TestCa::new("core CA");
     let server = ca.server("core", &["core.example"], Validity::Current);
-    let core = https_core(&server, None).await;
+    let core = start_core_https(&server, None).await;
     let dir = TempDir::new("tlsname");
-    let mut hub = hub(&dir, &[&core.url()], &tls_lines(Some(&ca.cert), None));
+    let mut hub = hub(
+        &dir,
+        &[&core.url()],
+        &target_tls_lines(Some(&ca.cert), None),
+    );
     assert_not_sent_because(&mut hub, &core, "TLSNAME", "certificate not valid for name").await;
 }
 
@@ -148,13 +138,13 @@ async fn a_failed_handshake_fails_over_to_the_next_url() {
     let ca = TestCa::new("core CA");
     let expired = ca.server("stale", &["127.0.0.1"], Validity::Expired);
     let current = ca.server("core", &["127.0.0.1"], Validity::Current);
-    let stale_core = https_core(&expired, None).await;
-    let core = https_core(&current, None).await;
+    let stale_core = start_core_https(&expired, None).await;
+    let core = start_core_https(&current, None).await;
     let dir = TempDir::new("tlsfail");
     let hub = hub(
         &dir,
         &[&stale_core.url(), &core.url()],
-        &tls_lines(Some(&ca.cert), None),
+        &target_tls_lines(Some(&ca.cert), None),
     );
     let g = guid("TLSFO");
     let a = send(&hub, &transfer(&g, AMOUNT)).await;
@@ -175,13 +165,13 @@ async fn a_core_requiring_a_client_certificate_works_with_one_and_is_e902_withou
     let server = ca.server("core", &["127.0.0.1"], Validity::Current);
     let good = clients.client("hub", "relayhub", &["relayhub.test"], Validity::Current);
     let unknown = stranger.client("hub-x", "relayhub", &["relayhub.test"], Validity::Current);
-    let core = https_core(&server, Some(&clients.cert)).await;
+    let core = start_core_https(&server, Some(&clients.cert)).await;
 
     let dir = TempDir::new("mtlsok");
     let with = hub(
         &dir,
         &[&core.url()],
-        &tls_lines(Some(&ca.cert), Some(&good)),
+        &target_tls_lines(Some(&ca.cert), Some(&good)),
     );
     let g = guid("MTLSOK");
     let a = send(&with, &transfer(&g, AMOUNT)).await;
@@ -191,7 +181,11 @@ async fn a_core_requiring_a_client_certificate_works_with_one_and_is_e902_withou
     core.reset(None).expect("reset the fixture's counters");
 
     let dir = TempDir::new("mtlsno");
-    let mut without = hub(&dir, &[&core.url()], &tls_lines(Some(&ca.cert), None));
+    let mut without = hub(
+        &dir,
+        &[&core.url()],
+        &target_tls_lines(Some(&ca.cert), None),
+    );
     assert_not_sent_because(
         &mut without,
         &core,
@@ -205,7 +199,7 @@ async fn a_core_requiring_a_client_certificate_works_with_one_and_is_e902_withou
     let mut untrusted = hub(
         &dir,
         &[&core.url()],
-        &tls_lines(Some(&ca.cert), Some(&unknown)),
+        &target_tls_lines(Some(&ca.cert), Some(&unknown)),
     );
     assert_not_sent_because(
         &mut untrusted,
@@ -249,11 +243,15 @@ async fn sighup_rotates_the_ca_file_and_a_bad_one_is_refused_with_its_name() {
     let ca = TestCa::new("core CA");
     let other = TestCa::new("old CA");
     let server = ca.server("core", &["127.0.0.1"], Validity::Current);
-    let core = https_core(&server, None).await;
+    let core = start_core_https(&server, None).await;
     let dir = TempDir::new("tlsrot");
     let ca_file = dir.join("core-ca.pem");
     std::fs::copy(&other.cert, &ca_file).unwrap();
-    let mut hub = hub(&dir, &[&core.url()], &tls_lines(Some(&ca_file), None));
+    let mut hub = hub(
+        &dir,
+        &[&core.url()],
+        &target_tls_lines(Some(&ca_file), None),
+    );
 
     let a = send(&hub, &transfer(&guid("ROT1"), AMOUNT)).await;
     assert_eq!(a.code, "E902", "{a:?}");
@@ -303,7 +301,7 @@ async fn sighup_rotates_the_client_certificate_and_a_mismatched_key_is_refused()
     let clients = TestCa::new("client CA");
     let stranger = TestCa::new("retired client CA");
     let server = ca.server("core", &["127.0.0.1"], Validity::Current);
-    let core = https_core(&server, Some(&clients.cert)).await;
+    let core = start_core_https(&server, Some(&clients.cert)).await;
     let old = stranger.client("old", "relayhub", &["relayhub.test"], Validity::Current);
     let new = clients.client("new", "relayhub", &["relayhub.test"], Validity::Current);
     let other = clients.client("other", "relayhub", &["relayhub.test"], Validity::Current);
@@ -318,7 +316,7 @@ async fn sighup_rotates_the_client_certificate_and_a_mismatched_key_is_refused()
     let mut hub = hub(
         &dir,
         &[&core.url()],
-        &tls_lines(Some(&ca.cert), Some(&live)),
+        &target_tls_lines(Some(&ca.cert), Some(&live)),
     );
 
     let a = send(&hub, &transfer(&guid("CROT1"), AMOUNT)).await;
@@ -406,7 +404,7 @@ async fn a_core_silent_during_the_handshake_is_e902() {
     let mut hub = hub(
         &dir,
         &[&format!("https://{addr}")],
-        &tls_lines(Some(&ca.cert), None),
+        &target_tls_lines(Some(&ca.cert), None),
     );
     let g = guid("TLSSIL");
     let a = send(&hub, &transfer(&g, AMOUNT)).await;
@@ -424,14 +422,14 @@ async fn a_core_silent_during_the_handshake_is_e902() {
 async fn a_connection_closed_before_the_handshake_ends_is_e902() {
     let ca = TestCa::new("core CA");
     let server = ca.server("core", &["127.0.0.1"], Validity::Current);
-    let core = https_core(&server, None).await;
+    let core = start_core_https(&server, None).await;
     let proxy = Proxy::start(core.addr()).await;
     proxy.set_mode(ProxyMode::CloseNew);
     let dir = TempDir::new("tlsclose");
     let mut hub = hub(
         &dir,
         &[&format!("https://{}", proxy.addr)],
-        &tls_lines(Some(&ca.cert), None),
+        &target_tls_lines(Some(&ca.cert), None),
     );
     let g = guid("TLSCLO");
     let a = send(&hub, &transfer(&g, AMOUNT)).await;
@@ -469,12 +467,147 @@ async fn the_fixture_binary_serves_https_and_requires_client_certificates_when_t
     let url = format!("https://{}", core.addr);
 
     let dir = TempDir::new("binmtls");
-    let with = hub(&dir, &[&url], &tls_lines(Some(&ca.cert), Some(&client)));
+    let with = hub(
+        &dir,
+        &[&url],
+        &target_tls_lines(Some(&ca.cert), Some(&client)),
+    );
     let a = send(&with, &transfer(&guid("BINOK"), AMOUNT)).await;
     assert_eq!(a.code, "0000", "{a:?}\nhub log:\n{}", with.stderr());
 
     let dir = TempDir::new("binnocert");
-    let without = hub(&dir, &[&url], &tls_lines(Some(&ca.cert), None));
+    let without = hub(&dir, &[&url], &target_tls_lines(Some(&ca.cert), None));
     let a = send(&without, &transfer(&guid("BINNO"), AMOUNT)).await;
     assert_eq!(a.code, "E902", "{a:?}\nhub log:\n{}", without.stderr());
+}
+
+/// A bare TLS server on a free port standing in for a core: for each
+/// connection that completes the handshake it reads the request head, keeps
+/// it, then cuts the connection: a reset (RST) when the head contains
+/// `TLSRST`, else a close without a TLS close (FIN). Returns its address and
+/// the heads it read.
+async fn cutting_core(config: rustls::ServerConfig) -> (String, Arc<Mutex<Vec<String>>>) {
+    use tokio::io::AsyncReadExt;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, seen) = (acceptor.clone(), seen.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let reset = head.contains("TLSRST");
+                seen.lock().unwrap().push(head);
+                let (tcp, _) = tls.into_inner();
+                if reset {
+                    tcp.set_zero_linger().expect("SO_LINGER 0");
+                }
+                drop(tcp);
+            });
+        }
+    });
+    (format!("https://{addr}"), heads)
+}
+
+/// The POST heads for `g` among `heads`.
+fn posts_read(heads: &Mutex<Vec<String>>, g: &str) -> usize {
+    heads
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|h| h.starts_with("POST ") && h.contains(g))
+        .count()
+}
+
+/// The one rule over TLS: a core that took the handshake and read the request
+/// head, then resets the connection (RST) or closes it without a TLS close
+/// (FIN), may have taken the request in. Both are E901 on a fresh TLS 1.3
+/// connection that has read no answer byte, never the "not sent" of a
+/// refused handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_core_that_reads_the_request_then_resets_or_closes_is_e901() {
+    let ca = TestCa::new("core CA");
+    let server = ca.server("core", &["127.0.0.1"], Validity::Current);
+    let config = tls_files::server_builder()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            tls_files::read_certs("cert", &server.cert).unwrap(),
+            tls_files::read_key("key", &server.key).unwrap(),
+        )
+        .unwrap();
+    let (url, heads) = cutting_core(config).await;
+    let dir = TempDir::new("tlsrst");
+    let hub = hub(&dir, &[&url], &target_tls_lines(Some(&ca.cert), None));
+    for tag in ["TLSRST", "TLSFIN"] {
+        let g = guid(tag);
+        let a = send(&hub, &transfer(&g, AMOUNT)).await;
+        assert_eq!(
+            posts_read(&heads, &g),
+            1,
+            "the core read the POST of {g} once"
+        );
+        if a.code != "E901" {
+            panic!("{tag}: {a:?}\nhub log:\n{}", hub.stderr());
+        }
+        assert_header_only(&a, "TRF001", &g, "E901");
+    }
+    assert_eq!(
+        hub.log_count(|l| l.contains("TLS handshake with the core failed")),
+        0,
+        "judged a refused handshake:\n{}",
+        hub.stderr()
+    );
+}
+
+/// In TLS 1.2 a core refuses a missing client certificate inside the
+/// handshake, before the hub's handshake ends: E902, nothing read, logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls12_core_refusing_the_client_certificate_is_e902() {
+    let ca = TestCa::new("core CA");
+    let clients = TestCa::new("client CA");
+    let server = ca.server("core", &["127.0.0.1"], Validity::Current);
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(tls_files::read_roots("client ca", &clients.cert).unwrap()),
+        tls_files::provider(),
+    )
+    .build()
+    .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(tls_files::provider())
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            tls_files::read_certs("cert", &server.cert).unwrap(),
+            tls_files::read_key("key", &server.key).unwrap(),
+        )
+        .unwrap();
+    let (url, heads) = cutting_core(config).await;
+    let dir = TempDir::new("tls12");
+    let mut hub = hub(&dir, &[&url], &target_tls_lines(Some(&ca.cert), None));
+    let g = guid("TLS12");
+    let a = send(&hub, &transfer(&g, AMOUNT)).await;
+    if a.code != "E902" {
+        panic!("{a:?}\nhub log:\n{}", hub.stderr());
+    }
+    assert_header_only(&a, "TRF001", &g, "E902");
+    assert!(heads.lock().unwrap().is_empty(), "the core read a request");
+    hub.wait_log(0, |l| {
+        l.contains("TLS handshake with the core failed")
+            && l.contains("the core requires a client certificate")
+    })
+    .await;
 }

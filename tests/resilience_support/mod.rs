@@ -313,6 +313,8 @@ pub struct HubProcess {
     child: Option<Child>,
     pub pid: u32,
     pub addr: String,
+    /// The whole ready line (it names every listener).
+    pub ready_line: String,
     stderr_path: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -335,6 +337,7 @@ impl HubProcess {
             pid: ready.child.id(),
             child: Some(ready.child),
             addr: ready.addr,
+            ready_line: ready.line,
             stderr_path,
             _dir: dir,
         }
@@ -380,14 +383,14 @@ impl HubProcess {
         Some(describe_exit(status))
     }
 
-    /// Waits (bounded) until the log has more than `already` lines matching `pred`.
-    pub async fn wait_log(&mut self, already: usize, pred: impl Fn(&str) -> bool) {
-        let count = |log: &str| log.lines().filter(|l| pred(l)).count();
+    /// Waits (bounded) until the log has more than `already` lines matching
+    /// `pred`; returns the first line past those `already`.
+    pub async fn wait_log(&mut self, already: usize, pred: impl Fn(&str) -> bool) -> String {
         let deadline = std::time::Instant::now() + PATIENCE;
         loop {
             let log = self.stderr();
-            if count(&log) > already {
-                return;
+            if let Some(line) = log.lines().filter(|l| pred(l)).nth(already) {
+                return line.to_string();
             }
             if let Some(how) = self.ended() {
                 panic!(
