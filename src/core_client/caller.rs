@@ -269,15 +269,15 @@ mod tests {
     }
 
     /// A TLS server for one exchange on 127.0.0.1 (certificate for
-    /// `localhost`): the port and the certificate to trust.
-    fn one_tls_exchange() -> (u16, Vec<u8>) {
+    /// `localhost`): the port and the certificate to trust (PEM).
+    fn one_tls_exchange() -> (u16, String) {
         use std::io::{Read, Write};
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
             .unwrap()
             .self_signed(&key)
             .unwrap();
-        let der = cert.der().to_vec();
+        let pem = cert.pem();
         let key = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
         let config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
@@ -301,36 +301,32 @@ mod tests {
             let _ = tls.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
             let _ = tls.flush();
         });
-        (port, der)
+        (port, pem)
     }
 
-    #[test]
-    fn a_tls_exchange_fits_a_caller_threads_stack() {
-        // A stack overflow aborts the test binary: the failure is loud.
-        let (port, der) = one_tls_exchange();
-        let der: &'static [u8] = Box::leak(der.into_boxed_slice());
-        let tls = ureq::tls::TlsConfig::builder()
-            .root_certs(ureq::tls::RootCerts::new_with_certs(&[
-                ureq::tls::Certificate::from_der(der),
-            ]))
-            .build();
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .tls_config(tls)
-            .proxy(None)
-            .build()
-            .into();
-        let pool = Callers::new("test-caller");
-        let (tx, rx) = mpsc::channel();
-        pool.run(Box::new(move || {
-            let status = agent
-                .get(format!("https://localhost:{port}/"))
-                .call()
-                .map(|r| r.status().as_u16())
-                .map_err(|e| e.to_string());
-            tx.send(status).unwrap();
-        }))
-        .unwrap_or_else(|_| panic!("spawn"));
-        assert_eq!(rx.recv_timeout(Duration::from_secs(20)).unwrap(), Ok(200));
+    #[tokio::test]
+    async fn a_tls_exchange_fits_a_caller_threads_stack() {
+        // A stack overflow aborts the test binary: the failure is loud. The
+        // call runs as the hub runs it: a target's own TLS connector on one of
+        // the target's caller threads.
+        let (port, pem) = one_tls_exchange();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, pem).unwrap();
+        let mut cfg =
+            crate::config::TargetConfig::with_url("core", &format!("https://localhost:{port}"));
+        cfg.ca_file = Some(ca);
+        let budget = Duration::from_secs(20);
+        let target = crate::core_client::Target::new(&cfg, budget).unwrap();
+        let request = crate::core_client::CoreRequest::Inquiry { guid: "G1".into() };
+        let end = target
+            .attempt(&request, 0, tokio::time::Instant::now() + budget)
+            .await;
+        match end {
+            crate::core_client::CallEnd::Done(Ok(a)) => assert_eq!(a.status, 200),
+            crate::core_client::CallEnd::Done(Err(e)) => panic!("{e:?}"),
+            crate::core_client::CallEnd::Pending(_) => panic!("pending"),
+        }
     }
 
     #[test]
