@@ -2,7 +2,7 @@
 # Side-by-side speed and memory of the hub against the core it fronts.
 #
 #   cargo build --release --workspace --examples
-#   benches/compare.sh [--slow-core] [--connections-scale] [--all]
+#   benches/compare.sh [--slow-core] [--connections-scale] [--tls] [--all]
 #
 # Default run: at each of CONNECTIONS (8 and 32), the same closed-loop load
 # straight to the fixture (`bench --direct`), through the yardstick (a bare
@@ -17,14 +17,25 @@
 #                        hub RSS and threads.
 #   --connections-scale  10,000 idle channel connections held open, a load
 #                        through a few more: hub RSS per connection.
-#   --all                all three.
+#   --tls                the cost of TLS: at each of CONNECTIONS, the hub with
+#                        plain channel + plain core, TLS channel only, HTTPS
+#                        core only, and TLS on both sides, each with a corebank
+#                        of its own, in the same table (ratio to the plain
+#                        hub); then FRESH telegrams each on a new connection,
+#                        plain and TLS, to one hub: the handshake's price.
+#                        Certificates (a throwaway CA, one leaf for localhost
+#                        and 127.0.0.1) are made in the work folder with
+#                        openssl; nothing is kept.
+#   --all                all four.
 # Settings (environment): CONNECTIONS ("8 32"), DURATION (10s), WARMUP (3000),
 # ROUNDS (1: the whole matrix again, for run-to-run spread), RELAYS ("yardstick
 # hub:memory hub:sqlite"; an entry is `yardstick` or
 # `hub:JOURNAL[:name][@BIN][+VAR=VALUE...]`, see start_relay), FIXED_RATE (1; 0
 # skips the fixed-rate part), FIXED_RATE_PER_S, SLOW_CONNECTIONS (1000),
 # SLOW_DURATION (15s), IDLE (10000), LOG (info: the RUST_LOG of the servers;
-# their logs go to files in the work folder).
+# their logs go to files in the work folder), TLS_KEY (ec: P-256 keys; rsa:
+# 2048-bit RSA), FRESH (1000 telegrams per fresh-connection run, each a
+# `relayhub send` process; 0 skips them).
 # Example, a host-name core URL against an IP literal and the binary of an
 # earlier commit, in one run:
 #   RELAYS="hub:memory hub:memory:name hub:memory@/tmp/relayhub-before" benches/compare.sh
@@ -45,14 +56,17 @@ SLOW_CONNECTIONS=${SLOW_CONNECTIONS:-1000}
 SLOW_DURATION=${SLOW_DURATION:-15s}
 IDLE=${IDLE:-10000}
 LOG=${LOG:-info}
+TLS_KEY=${TLS_KEY:-ec}
+FRESH=${FRESH:-1000}
 
 modes=()
 for arg in "$@"; do
     case "$arg" in
         --slow-core) modes+=(slow) ;;
         --connections-scale) modes+=(scale) ;;
-        --all) modes=(compare slow scale) ;;
-        -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+        --tls) modes+=(tls) ;;
+        --all) modes=(compare slow scale tls) ;;
+        -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
         *) echo "compare.sh: unknown argument $arg" >&2; exit 64 ;;
     esac
 done
@@ -87,9 +101,9 @@ wait_ready() {
     return 1
 }
 
-# start_core NAME -> sets CORE_PID, CORE_ADDR
+# start_core NAME [ARGS...] -> sets CORE_PID, CORE_ADDR
 start_core() {
-    RUST_LOG=$LOG "$CORE_BIN" --listen 127.0.0.1:0 >"$WORK/$1-core.out" 2>"$WORK/$1-core.log" &
+    RUST_LOG=$LOG "$CORE_BIN" --listen 127.0.0.1:0 "${@:2}" >"$WORK/$1-core.out" 2>"$WORK/$1-core.log" &
     CORE_PID=$!; PIDS+=("$CORE_PID")
     CORE_ADDR=$(wait_ready "$WORK/$1-core.out")
 }
@@ -243,6 +257,30 @@ fixed_rate() {
         "$(num "$r_d" wrong) / $(num "$r_d" errors)" "$(num "$r_h" wrong) / $(num "$r_h" errors)"
 }
 
+# print_rows FILE BASE HEADING: the table of the rows in FILE, with each row's
+# throughput against that of the BASE relay of the same round and connections
+# (column HEADING).
+print_rows() {
+    printf '%-5s %-4s %-34s %10s %9s %9s %9s %9s %9s %9s %9s\n' round conn relay "req/s" \
+        "$3" "relay us" "core us" "relay/" "p50 ms" "p99 ms" "wrong/"
+    printf '%-5s %-4s %-34s %10s %9s %9s %9s %9s %9s %9s %9s\n' "" "" "" "" \
+        "" "/telegram" "/request" "core" "" "" "no ans"
+    awk -v tck="$TCK" -v base="$2" '
+        { row[NR] = $0; if ($3 == base) yard[$1 " " $2] = $4 }
+        END {
+            for (i = 1; i <= NR; i++) {
+                split(row[i], f, " ")
+                y = yard[f[1] " " f[2]]
+                relay_us = f[5] / tck / f[7] * 1e6; core_us = f[6] / tck / f[7] * 1e6
+                printf "%-5s %-4s %-34s %10.0f %9s %9s %9.1f %9s %9.3f %9.3f %9s\n", f[1], f[2], f[3], f[4],
+                    (y > 0 ? sprintf("%.2f", f[4] / y) : "-"),
+                    (f[3] == "direct" ? "-" : sprintf("%.1f", relay_us)), core_us,
+                    (f[3] == "direct" || core_us == 0 ? "-" : sprintf("%.2fx", relay_us / core_us)),
+                    f[8] / 1000, f[9] / 1000, f[10] "/" f[11]
+            }
+        }' "$1"
+}
+
 run_compare() {
     : >"$WORK/rows"
     local round c entry
@@ -255,25 +293,7 @@ run_compare() {
     done
     echo
     echo "closed loop, $DURATION per row, each relay with a fresh corebank; CPU from /proc/PID/stat"
-    printf '%-5s %-4s %-34s %10s %9s %9s %9s %9s %9s %9s %9s\n' round conn relay "req/s" \
-        "x yard" "relay us" "core us" "relay/" "p50 ms" "p99 ms" "wrong/"
-    printf '%-5s %-4s %-34s %10s %9s %9s %9s %9s %9s %9s %9s\n' "" "" "" "" \
-        "" "/telegram" "/request" "core" "" "" "no ans"
-    # Rows with the yardstick's throughput of the same round and connections.
-    awk -v tck="$TCK" '
-        { row[NR] = $0; if ($3 == "yardstick") yard[$1 " " $2] = $4 }
-        END {
-            for (i = 1; i <= NR; i++) {
-                split(row[i], f, " ")
-                y = yard[f[1] " " f[2]]
-                relay_us = f[5] / tck / f[7] * 1e6; core_us = f[6] / tck / f[7] * 1e6
-                printf "%-5s %-4s %-34s %10.0f %9s %9s %9.1f %9s %9.3f %9.3f %9s\n", f[1], f[2], f[3], f[4],
-                    (y > 0 ? sprintf("%.2f", f[4] / y) : "-"),
-                    (f[3] == "direct" ? "-" : sprintf("%.1f", relay_us)), core_us,
-                    (f[3] == "direct" || core_us == 0 ? "-" : sprintf("%.2fx", relay_us / core_us)),
-                    f[8] / 1000, f[9] / 1000, f[10] "/" f[11]
-            }
-        }' "$WORK/rows"
+    print_rows "$WORK/rows" yardstick "x yard"
     if [ "$FIXED_RATE" != 0 ]; then
         local first_hub="" first_c td th rate
         for entry in $RELAYS; do
@@ -374,10 +394,161 @@ run_scale() {
     printf '%-44s %14s\n' "wrong / no answer" "$(num "$f" wrong) / $(num "$f" errors)"
 }
 
+# make_certs DIR: a throwaway CA and one leaf certificate (localhost and
+# 127.0.0.1, for the hub's tls_listen and the core's HTTPS) with TLS_KEY keys.
+make_certs() {
+    local d=$1 alg=()
+    if ! command -v openssl >/dev/null; then
+        echo "compare.sh: --tls makes its certificates with openssl, which is not on the PATH" \
+            "(Debian, Ubuntu: apt-get install openssl; RHEL, Fedora: dnf install openssl)" >&2
+        return 1
+    fi
+    case "$TLS_KEY" in
+        ec) alg=(-algorithm EC -pkeyopt ec_paramgen_curve:P-256) ;;
+        rsa) alg=(-algorithm RSA -pkeyopt rsa_keygen_bits:2048) ;;
+        *) echo "compare.sh: TLS_KEY is ec or rsa, not $TLS_KEY" >&2; return 1 ;;
+    esac
+    mkdir -p "$d"
+    # No system openssl.cnf: its defaults differ between distributions.
+    printf '%s\n' '[req]' 'distinguished_name = dn' 'x509_extensions = ca' 'prompt = no' '[dn]' \
+        '[ca]' 'basicConstraints = critical, CA:TRUE' 'keyUsage = critical, keyCertSign, cRLSign' \
+        'subjectKeyIdentifier = hash' >"$d/openssl.cnf"
+    printf '%s\n' 'basicConstraints = critical, CA:FALSE' 'keyUsage = critical, digitalSignature' \
+        'extendedKeyUsage = serverAuth' 'subjectAltName = DNS:localhost, IP:127.0.0.1' >"$d/leaf.ext"
+    {
+        openssl genpkey "${alg[@]}" -out "$d/ca.key" &&
+        openssl req -config "$d/openssl.cnf" -x509 -new -key "$d/ca.key" -days 2 \
+            -subj "/CN=relayhub bench CA" -out "$d/ca.pem" &&
+        openssl genpkey "${alg[@]}" -out "$d/leaf.key" &&
+        openssl req -config "$d/openssl.cnf" -new -key "$d/leaf.key" -subj "/CN=localhost" \
+            -out "$d/leaf.csr" &&
+        openssl x509 -req -in "$d/leaf.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+            -days 2 -extfile "$d/leaf.ext" -out "$d/leaf.pem"
+    } >"$d/openssl.log" 2>&1 || {
+        echo "compare.sh: openssl could not make the certificates; see $d/openssl.log" >&2
+        return 1
+    }
+}
+
+# start_tls_hub VARIANT NAME -> sets HUB_PID, HUB_ADDR (the listener the
+# variant's channels use), PLAIN_ADDR, TLS_ADDR. VARIANT: plain, tls-channel,
+# https-core or tls-both; CORE_ADDR must be up (HTTPS for https-core, tls-both).
+start_tls_hub() {
+    local v=$1 name=$2 t=$WORK/tls conf=$WORK/$2.toml scheme=http line
+    {
+        echo '[server]'
+        echo 'listen = "127.0.0.1:0"'
+        case "$v" in tls-channel|tls-both)
+            echo 'tls_listen = "127.0.0.1:0"'
+            echo "tls_cert_file = \"$t/leaf.pem\""
+            echo "tls_key_file = \"$t/leaf.key\"" ;;
+        esac
+        echo
+        echo '[[target]]'
+        echo 'name = "core"'
+        case "$v" in https-core|tls-both) scheme=https ;; esac
+        echo "urls = [\"$scheme://$CORE_ADDR\"]"
+        if [ "$scheme" = https ]; then echo "ca_file = \"$t/ca.pem\""; fi
+    } >"$conf"
+    RUST_LOG=$LOG "$HUB_BIN" serve --config "$conf" --journal memory \
+        >"$WORK/$name-relay.out" 2>"$WORK/$name-relay.log" &
+    HUB_PID=$!; PIDS+=("$HUB_PID")
+    PLAIN_ADDR=$(wait_ready "$WORK/$name-relay.out")
+    line=$(grep -m1 'listening on' "$WORK/$name-relay.out")
+    TLS_ADDR=$(sed -n 's/.* tls on \([^ ]*\).*/\1/p' <<<"$line")
+    HUB_ADDR=$PLAIN_ADDR
+    case "$v" in tls-channel|tls-both)
+        [ -n "$TLS_ADDR" ] || { echo "compare.sh: no tls address in: $line" >&2; return 1; }
+        HUB_ADDR=$TLS_ADDR ;;
+    esac
+}
+
+# One closed-loop run of a TLS variant at C connections, with a core of its
+# own; appends a row to $WORK/tls-rows.
+measure_tls() {
+    local v=$1 c=$2 round=$3 name="r$round-c$c-tls-$1" core_tls=() chan_tls=()
+    case "$v" in https-core|tls-both) core_tls=(--tls-cert "$WORK/tls/leaf.pem" --tls-key "$WORK/tls/leaf.key") ;; esac
+    case "$v" in tls-channel|tls-both) chan_tls=(--tls --ca "$WORK/tls/ca.pem") ;; esac
+    start_core "$name" "${core_tls[@]}"
+    start_tls_hub "$v" "$name"
+    bench "$name-warm" --to "$HUB_ADDR" "${chan_tls[@]}" -c "$c" -n "$WARMUP"
+    measured "$name" --to "$HUB_ADDR" "${chan_tls[@]}" -c "$c" -d "$DURATION"
+    local f="$WORK/$name.json" n
+    n=$(num "$f" sent)
+    [ "${n:-0}" -gt 0 ] || n=1
+    echo "$round $c $v $(num "$f" throughput) $HUB_TICKS $CORE_TICKS $n" \
+        "$(num "$f" p50_us) $(num "$f" p99_us) $(num "$f" wrong) $(num "$f" errors)" >>"$WORK/tls-rows"
+    stop_all
+}
+
+# fresh ROUND LABEL ADDR [TLS ARGS...]: FRESH telegrams one after another, each
+# a `relayhub send` on a connection of its own; appends a row to
+# $WORK/fresh-rows with the hub's and the core's CPU ticks, the count answered
+# and the seconds.
+fresh() {
+    local round=$1 label=$2 addr=$3 i ok=0 h0 c0 t0 t1
+    shift 3
+    h0=$(cpu "$HUB_PID"); c0=$(cpu "$CORE_PID"); t0=$(date +%s%N)
+    for i in $(seq 1 "$FRESH"); do
+        if "$HUB_BIN" send --to "$addr" "$@" --channel BENCH \
+            --json '{"from_account":"1002003004005","to_bank":"088","to_account":"1002003004006","amount":1,"memo":"fresh"}' \
+            >>"$WORK/fresh-$label.out" 2>>"$WORK/fresh-$label.err"; then
+            ok=$(( ok + 1 ))
+        fi
+    done
+    t1=$(date +%s%N)
+    echo "$round $label $(( $(cpu "$HUB_PID") - h0 )) $(( $(cpu "$CORE_PID") - c0 )) $ok $(calc "($t1 - $t0) / 1e9" 2)" \
+        >>"$WORK/fresh-rows"
+}
+
+run_tls() {
+    make_certs "$WORK/tls"
+    : >"$WORK/tls-rows"
+    local round c v variants="plain tls-channel https-core tls-both"
+    for round in $(seq 1 "$ROUNDS"); do
+        for c in $CONNECTIONS; do
+            echo "== TLS round $round, $c connections, $DURATION closed loop each: $variants ==" >&2
+            for v in $variants; do measure_tls "$v" "$c" "$round"; done
+        done
+    done
+    echo
+    echo "the cost of TLS ($TLS_KEY keys): closed loop on keep-alive connections, $DURATION per row," \
+        "each hub with a fresh corebank; CPU from /proc/PID/stat"
+    print_rows "$WORK/tls-rows" plain "x plain"
+    [ "$FRESH" != 0 ] || return 0
+    echo "== $FRESH telegrams each on a fresh connection, plain then TLS, to one hub ==" >&2
+    : >"$WORK/fresh-rows"
+    start_core fresh
+    start_tls_hub tls-channel fresh
+    "$HUB_BIN" send --to "$TLS_ADDR" --tls --ca "$WORK/tls/ca.pem" --channel BENCH \
+        --json '{"from_account":"1002003004005","to_bank":"088","to_account":"1002003004006","amount":1,"memo":"warm"}' \
+        >/dev/null 2>&1 || true
+    for round in $(seq 1 "$ROUNDS"); do
+        fresh "$round" plain "$PLAIN_ADDR"
+        fresh "$round" tls "$TLS_ADDR" --tls --ca "$WORK/tls/ca.pem"
+    done
+    stop_all
+    echo
+    echo "$FRESH telegrams, each on a new channel connection (one relayhub send each, one after" \
+        "another), one hub and its corebank (plain HTTP to it, keep-alive)"
+    printf '%-5s %-8s %9s %12s %12s %12s\n' round channel answered "hub us" "core us" "wall ms"
+    printf '%-5s %-8s %9s %12s %12s %12s\n' "" "" "" "/telegram" "/request" "/telegram"
+    awk -v tck="$TCK" '{
+        n = ($5 > 0 ? $5 : 1); us = $3 / tck / n * 1e6
+        printf "%-5s %-8s %9s %12.1f %12.1f %12.2f\n", $1, $2, $5, us, $4 / tck / n * 1e6, $6 / n * 1000
+        hub[$1 " " $2] = us; if ($1 > rounds) rounds = $1
+    }
+    END { for (r = 1; r <= rounds; r++) if ((r " plain") in hub && (r " tls") in hub)
+        printf "round %d: a TLS handshake costs the hub about %.0f us of CPU (tls - plain, per telegram)\n",
+            r, hub[r " tls"] - hub[r " plain"] }' \
+        "$WORK/fresh-rows"
+}
+
 for m in "${modes[@]}"; do
     case "$m" in
         compare) run_compare ;;
         slow) run_slow ;;
         scale) run_scale ;;
+        tls) run_tls ;;
     esac
 done
