@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side speed and memory of the hub against the core it fronts.
 #
-#   cargo build --release --workspace --examples
+#   cargo build --release --workspace --bins --examples
 #   benches/compare.sh [--slow-core] [--connections-scale] [--tls] [--all]
 #
 # Default run: at each of CONNECTIONS (8 and 32), the same closed-loop load
@@ -73,7 +73,7 @@ done
 [ ${#modes[@]} -eq 0 ] && modes=(compare)
 
 for b in "$HUB_BIN" "$CORE_BIN" $(case " $RELAYS " in *" yardstick "*) echo "$YARD_BIN" ;; esac); do
-    [ -x "$b" ] || { echo "compare.sh: $b not found; run cargo build --release --workspace --examples first" >&2; exit 1; }
+    [ -x "$b" ] || { echo "compare.sh: $b not found; run cargo build --release --workspace --bins --examples first" >&2; exit 1; }
 done
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/relayhub-bench.XXXXXX")
