@@ -768,14 +768,15 @@ impl Config {
                 ));
             }
             if let Some(grace) = t.wire_grace_ms
-                && grace < t.late_answer_window_ms
+                && grace < s.budget_ms.saturating_add(t.late_answer_window_ms)
             {
                 return Err(bad(
                     &format!("{key}.wire_grace_ms"),
                     format!(
-                        "{grace} ms is shorter than the late-answer window ({} ms): a \"never received\" \
-                             could be believed while the hub's own call still runs",
-                        t.late_answer_window_ms
+                        "{grace} ms is shorter than the budget plus the late-answer window \
+                         ({} + {} ms): a \"never received\" could be believed while an attempt \
+                         (a retry within the budget, a late call) may still be sent",
+                        s.budget_ms, t.late_answer_window_ms
                     ),
                 ));
             }
@@ -1031,6 +1032,21 @@ mod tests {
         c.targets[0].wire_grace_ms = Some(u64::MAX);
         let err = c.validate("t").unwrap_err().to_string();
         assert!(err.contains("wire_grace_ms"), "{err}");
+    }
+
+    #[test]
+    fn a_wire_grace_shorter_than_budget_plus_late_window_is_refused() {
+        let mut c = with_core();
+        c.server.budget_ms = 1_500;
+        c.targets[0].late_answer_window_ms = 1_000;
+        c.targets[0].wire_grace_ms = Some(2_499);
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(
+            err.contains("target.core.wire_grace_ms") && err.contains("1500 + 1000"),
+            "{err}"
+        );
+        c.targets[0].wire_grace_ms = Some(2_500);
+        c.validate("t").unwrap();
     }
 
     #[test]

@@ -730,6 +730,7 @@ mod housekeeping_tests {
             answer: None,
             error: None,
             note: "test".into(),
+            attempt: None,
         };
         j.finish(guid, f, at_ms).unwrap();
     }

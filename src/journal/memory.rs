@@ -123,6 +123,9 @@ impl MemoryJournal {
         if !only_if.is_empty() && !only_if.contains(&row.state) {
             return Ok(false);
         }
+        if f.attempt.is_some_and(|n| n != row.attempts) {
+            return Ok(false);
+        }
         row.state = f.state;
         row.code = Some(f.code.clone());
         row.answer = f.answer;
@@ -213,6 +216,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_outcome_of_an_older_attempt_never_lands_on_a_newer_one() {
+        let j = MemoryJournal::default();
+        j.claim("g", "TRF001", "fp", "http://core", 1).unwrap();
+        let not_sent = Finish {
+            state: State::NotSent,
+            code: "E902".into(),
+            answer: None,
+            error: None,
+            note: "refused".into(),
+            attempt: Some(1),
+        };
+        assert!(
+            j.finish_if("g", &[State::Sending], not_sent.clone(), 2)
+                .unwrap()
+        );
+        assert!(j.claim_resend("g", 1, "http://core", 3).unwrap());
+        assert!(!j.finish_if("g", &[State::Sending], not_sent, 4).unwrap());
+        assert_eq!(
+            j.get("g").unwrap().map(|r| (r.state, r.attempts)),
+            Some((State::Sending, 2))
+        );
+    }
+
+    #[test]
     fn count_by_state() {
         let j = MemoryJournal::default();
         for g in ["a", "b", "c"] {
@@ -224,6 +251,7 @@ mod tests {
             answer: None,
             error: None,
             note: "ok".into(),
+            attempt: None,
         };
         j.finish("c", done, 2).unwrap();
         assert_eq!(j.count(State::Sending).unwrap(), 2);
@@ -240,6 +268,7 @@ mod tests {
             answer: None,
             error: None,
             note: "test".into(),
+            attempt: None,
         };
         j.finish(guid, f, at_ms).unwrap();
     }

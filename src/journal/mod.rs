@@ -138,6 +138,11 @@ pub struct Finish {
     pub answer: Option<Vec<u8>>,
     pub error: Option<String>,
     pub note: String,
+    /// The attempt this outcome is about. When set, the write applies only
+    /// while the row is still at that attempt: an outcome of attempt N (a
+    /// retried write, a reconcile working from an old list) never lands on
+    /// attempt N+1, which may be on its way to the core.
+    pub attempt: Option<u32>,
 }
 
 /// A journal that cannot be opened, read or written.

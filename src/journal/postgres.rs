@@ -485,6 +485,7 @@ impl PgJournal {
                                                ELSE lease_until_ms END \
                        WHERE guid = $1::text \
                          AND (cardinality($7::text[]) = 0 OR state = ANY($7)) \
+                         AND ($10::integer IS NULL OR attempts = $10) \
                          AND NOT ($2 = 'not_sent' AND owner IS DISTINCT FROM $8::text \
                                   AND coalesce(lease_until_ms, 0) >= {DB_NOW} \
                                   AND NOT {OWNER_DEAD}) \
@@ -508,6 +509,7 @@ impl PgJournal {
                         &only_if,
                         &self.hub_id,
                         &f.note,
+                        &f.attempt.map(|n| n as i32),
                     ],
                 )
                 .await?

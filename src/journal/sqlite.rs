@@ -238,14 +238,17 @@ impl SqliteJournal {
         self.call(true, move |c| {
             // The writer runs one command at a time, so nothing changes the row
             // between this read and the update.
-            let current: Option<String> = c
-                .prepare_cached("SELECT state FROM journal WHERE guid = ?1")?
-                .query_row([&guid], |r| r.get(0))
+            let current: Option<(String, u32)> = c
+                .prepare_cached("SELECT state, attempts FROM journal WHERE guid = ?1")?
+                .query_row([&guid], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?;
-            let Some(current) = current else {
+            let Some((current, attempts)) = current else {
                 return Ok(false);
             };
             if !only_if.is_empty() && !only_if.iter().any(|s| s.as_str() == current) {
+                return Ok(false);
+            }
+            if f.attempt.is_some_and(|n| n != attempts) {
                 return Ok(false);
             }
             c.prepare_cached(

@@ -105,6 +105,7 @@ pub(super) async fn run(
                     answer: body,
                     error: error_of(&outcome),
                     note: "settled by an inquiry telegram".into(),
+                    attempt: None,
                 };
                 let from: &'static [State] = if orphaned {
                     &[State::Sending]

@@ -79,6 +79,7 @@ pub(super) fn finish_of(reply: &Reply, outcome: &Outcome, note: String) -> Finis
         answer: (!reply.body.is_empty()).then(|| reply.body.clone()),
         error: error_of(outcome),
         note,
+        attempt: None,
     }
 }
 

@@ -178,7 +178,10 @@ pub(super) async fn after_unknown(
     let (reply, outcome) = reply_for(outcome, &route.layout, &rules.codes);
     let note = format!("inquiry after unknown: {}", describe(&outcome, 0));
     if reply.code != Code::UNKNOWN {
-        let finish = finish_of(&reply, &outcome, note.clone());
+        let mut finish = finish_of(&reply, &outcome, note.clone());
+        // Judged from `row`: it applies only if the row is still at that
+        // attempt (a reconcile may work from a list read minutes ago).
+        finish.attempt = Some(row.attempts);
         settle_write(&hub.journal, guid, from, finish, deadline).await;
     }
     (reply, note)
@@ -249,6 +252,7 @@ pub(super) fn record_late(
             answer: (!reply.body.is_empty()).then_some(reply.body),
             error: error_of(&outcome),
             note: format!("late answer: {}", describe(&outcome, 0)),
+            attempt: None,
         };
         let written = journal
             .finish_if(&guid, &[State::Sending, State::Unknown], finish, now_ms())
@@ -286,6 +290,7 @@ pub(super) fn release_late_claim(
                 answer: None,
                 error: Some("journal slower than the budget".into()),
                 note: "claimed after the budget ran out; nothing sent".into(),
+                attempt: None,
             };
             if let Err(e) = journal
                 .finish_if(&guid, &[State::Sending], finish, now_ms())

@@ -419,8 +419,10 @@ impl Transfer<'_> {
         tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
         let (reply, outcome) = reply_for(outcome, &self.route.layout, &self.rules.codes);
         let note = describe(&outcome, attempt);
-        self.journal_outcome(finish_of(&reply, &outcome, note.clone()))
-            .await;
+        let mut finish = finish_of(&reply, &outcome, note.clone());
+        // Only onto this attempt, even when retried in the background.
+        finish.attempt = Some(attempt);
+        self.journal_outcome(finish).await;
         (reply, note)
     }
 

@@ -257,6 +257,7 @@ async fn resend_after_e904_posts_again_after_the_cooldown() {
     const GRACE: u64 = 400;
     let core = start_core().await;
     let hub = HubSpec::new(&core.url())
+        .budget_ms(GRACE)
         .toml(&format!(
             "{}[[target]]\nname = \"core\"\nlate_answer_window_ms = 0\nwire_grace_ms = {GRACE}\n",
             resend_policy(3, COOLDOWN)

@@ -454,6 +454,7 @@ async fn show_and_list_print_local_iso_times() {
             answer: None,
             error: Some("read timeout".into()),
             note: "attempt 1: unknown".into(),
+            attempt: None,
         };
         j.finish(&g, f, updated).await.unwrap();
     }

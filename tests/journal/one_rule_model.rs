@@ -189,6 +189,7 @@ impl World {
             answer: None,
             error: None,
             note: "model".into(),
+            attempt: None,
         };
         self.journal.finish_if(guid, from, f, self.now).unwrap();
     }

@@ -24,7 +24,7 @@ use serde_json::Value;
 
 const TOKEN: &str = "console-test-token-7f3a";
 /// The wire grace of the hub under test: past it, "never received" is proof (E904).
-const GRACE_MS: u64 = 150;
+const GRACE_MS: u64 = 800;
 
 /// A GET with optional bearer token: status and body.
 fn get(url: &str, bearer: Option<&str>) -> (u16, String) {

@@ -296,6 +296,7 @@ async fn journal_commands_work_on_a_postgres_url() {
         answer: None,
         error: Some("read timeout".into()),
         note: "attempt 1: unknown".into(),
+        attempt: None,
     };
     assert!(j.finish_if(&g, &[State::Sending], e901, 2).await.unwrap());
     raw_client(&url)

@@ -23,6 +23,7 @@ fn finish(state: State, code: &str, note: &str) -> Finish {
         answer: (code == "0000").then(|| b"answer body".to_vec()),
         error: (state != State::Done).then(|| format!("{code} reason")),
         note: note.into(),
+        attempt: None,
     }
 }
 

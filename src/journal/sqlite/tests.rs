@@ -29,6 +29,7 @@ fn finish(
         answer: answer.map(<[u8]>::to_vec),
         error: error.map(str::to_owned),
         note: note.into(),
+        attempt: None,
     }
 }
 
@@ -1227,4 +1228,37 @@ async fn the_checkpoint_thread_moves_the_wal_into_the_file_not_the_writer() {
     // And the read-only journal has no checkpoint thread.
     let ro = SqliteJournal::open_read_only(&db(&dir)).unwrap();
     assert_eq!(ro.checkpoints(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outcome_of_an_older_attempt_never_lands_on_a_newer_one() {
+    let (_dir, j) = fresh();
+    j.claim("g", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
+    let mut not_sent = finish(State::NotSent, "E902", None, None, "refused");
+    not_sent.attempt = Some(1);
+    assert!(
+        j.finish_if("g", &[State::Sending], not_sent.clone(), 110)
+            .await
+            .unwrap()
+    );
+    // Attempt 2 is on its way; attempt 1's outcome, written again (a retried
+    // write whose first try had landed), must not turn it into `not_sent`.
+    assert!(j.claim_resend("g", 1, "http://core", 120).await.unwrap());
+    assert!(
+        !j.finish_if("g", &[State::Sending], not_sent, 130)
+            .await
+            .unwrap()
+    );
+    let row = j.get("g").await.unwrap().unwrap();
+    assert_eq!((row.state, row.attempts), (State::Sending, 2));
+    // Its own attempt's outcome lands.
+    let mut unknown = finish(State::Unknown, "E901", None, None, "timeout");
+    unknown.attempt = Some(2);
+    assert!(
+        j.finish_if("g", &[State::Sending], unknown, 140)
+            .await
+            .unwrap()
+    );
 }
