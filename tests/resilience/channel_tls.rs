@@ -106,7 +106,14 @@ fn connector(ca: &Path, client: Option<&Leaf>) -> TlsConnector {
 /// `hub.pem`/`hub.key` in the hub's dir, so it can be rotated there), client
 /// certificates `required` from the CA, channels IBANK and CORP by
 /// certificate, PLAIN without one.
-fn config(dir: &TempDir, core_url: &str, ca: &Path, admin: &str, handshake_ms: u64) -> String {
+fn config(
+    dir: &TempDir,
+    core_url: &str,
+    target_extra: &str,
+    ca: &Path,
+    admin: &str,
+    handshake_ms: u64,
+) -> String {
     format!(
         "[server]\nadmin_listen = \"{admin}\"\ntls_listen = \"127.0.0.1:0\"\n\
          tls_cert_file = {:?}\ntls_key_file = {:?}\ntls_client_ca_file = {:?}\n\
@@ -118,7 +125,7 @@ fn config(dir: &TempDir, core_url: &str, ca: &Path, admin: &str, handshake_ms: u
         dir.join("hub.pem"),
         dir.join("hub.key"),
         ca,
-        target_toml("core", &[core_url], ""),
+        target_toml("core", &[core_url], target_extra),
         default_routes_toml("core"),
     )
 }
@@ -129,13 +136,25 @@ fn install_hub_cert(dir: &TempDir, leaf: &Leaf) {
 }
 
 async fn start(pki: &Pki, core_url: &str, handshake_ms: u64) -> TlsHub {
+    start_with(pki, core_url, "", handshake_ms).await
+}
+
+/// [`start`], with `target_extra` lines in the target's table (its TLS files).
+async fn start_with(pki: &Pki, core_url: &str, target_extra: &str, handshake_ms: u64) -> TlsHub {
     let dir = TempDir::new("tlshub");
     install_hub_cert(&dir, &pki.hub);
     let admin = format!("127.0.0.1:{}", free_port());
     let path = dir.join("relayhub.toml");
     std::fs::write(
         &path,
-        config(&dir, core_url, &pki.ca.cert, &admin, handshake_ms),
+        config(
+            &dir,
+            core_url,
+            target_extra,
+            &pki.ca.cert,
+            &admin,
+            handshake_ms,
+        ),
     )
     .unwrap();
     let process = HubProcess::spawn(&["--config", &path.display().to_string()]);
@@ -233,6 +252,38 @@ async fn tls_and_plain_side_by_side_and_a_certificate_is_its_channel() {
         log.contains("is channel ibank")
             || log.contains("is channel IBANK's, not this channel_id's"),
         "the E103 says whose certificate it was:\n{log}"
+    );
+}
+
+/// TLS on both sides at once: a channel with its client certificate, a core
+/// over HTTPS that requires the hub's client certificate. 0000, one POST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_over_tls_on_both_sides_answers_0000_with_one_post() {
+    let core_tls = CoreTls::new();
+    let hub_client = core_tls
+        .ca
+        .client("hub-client", "relayhub", &["hub.test"], Validity::Current);
+    let core = start_core_https(&core_tls.server, Some(&core_tls.ca.cert)).await;
+    assert!(core.url().starts_with("https://"), "{}", core.url());
+    let pki = pki();
+    let hub = start_with(
+        &pki,
+        &core.url(),
+        &target_tls_lines(Some(&core_tls.ca.cert), Some(&hub_client)),
+        5_000,
+    )
+    .await;
+    let ibank = connector(&pki.ca.cert, Some(&pki.ibank));
+    let mut ch = hub.tls_channel(&ibank).await.expect("TLS connect");
+    let g = guid("TLS2S");
+    assert_eq!(
+        code_on(&mut ch, &transfer_as("TRF001", &g, "IBANK", 1_000)).await,
+        "0000"
+    );
+    assert_eq!(posts(&core, &g), 1);
+    assert!(
+        core.tls_handshakes().0 >= 1,
+        "the core was reached over TLS"
     );
 }
 
