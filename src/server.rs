@@ -6,15 +6,22 @@
 //! the handshake timeout, then is served by the same code as a plain one,
 //! which is generic over the stream ([`ChannelStream`]).
 //!
-//! Each connection has a reader (framing, timeouts) and a writer. The reader
-//! spawns one task per complete telegram and queues its handle to the writer,
-//! which writes the answers in the order the telegrams came; the queue's size is
-//! the per-connection in-flight limit.
+//! A connection's task reads (framing, timeouts). While the channel has one
+//! telegram at a time in flight, that task also handles it and writes its
+//! answer, still reading meanwhile: no hand-off between tasks on the way. Once
+//! a second telegram arrives before the first is answered (pipelining), the
+//! connection gets a writer task for good: each telegram is handled in a task
+//! of its own whose handle is queued to the writer, which writes the answers in
+//! the order the telegrams came; the queue's size is the per-connection
+//! in-flight limit. A telegram whose handling panics is answered E901 either way.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -310,13 +317,178 @@ struct Link {
     stop: Notify,
 }
 
+/// What ended a telegram's handling early: the payload of its panic.
+type Panic = Box<dyn std::any::Any + Send>;
+
+/// A telegram's handling: the hub's answer, or the panic that ended it. It
+/// runs on its connection's task while the channel sends one telegram at a
+/// time, and is moved into a task of its own once the channel pipelines.
+type Handling = CatchUnwind<Pin<Box<dyn Future<Output = (Echo, Reply)> + Send>>>;
+
+fn handling<H: Answerer>(
+    hub: Arc<H>,
+    telegram: Bytes,
+    peer: IpAddr,
+    cert: Option<Arc<ClientCert>>,
+    read_at: Instant,
+) -> Handling {
+    CatchUnwind(Box::pin(async move {
+        hub.answer(telegram, peer, cert, read_at).await
+    }))
+}
+
+/// Turns a panic while polling the inner future into an `Err`, as a task's
+/// `JoinHandle` does: a telegram handled on its connection's task must not
+/// take the connection (and the other telegrams on it) down with it.
+struct CatchUnwind<F>(F);
+
+impl<F: Future + Unpin> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Panic>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = &mut self.0;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(inner).poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(answer)) => Poll::Ready(Ok(answer)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+fn panic_message(panic: &Panic) -> String {
+    let message = (**panic)
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| (**panic).downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)");
+    format!("panicked with message {message:?}")
+}
+
 /// What the writer sends next.
 enum Answer {
     /// A telegram being handled; answered when its task ends. The echo is
     /// taken before the task starts, for an answer should the task fail.
-    Telegram(JoinHandle<(Echo, Reply)>, Echo, InFlightGuard),
+    Telegram(
+        JoinHandle<Result<(Echo, Reply), Panic>>,
+        Echo,
+        InFlightGuard,
+    ),
     /// A framing error: E102 with a blank header, then close.
     Unframeable,
+}
+
+/// A telegram handled on the connection's own task, and what its answer needs.
+struct Inline {
+    handling: Handling,
+    echo: Echo,
+    guard: InFlightGuard,
+}
+
+/// The writing half of a connection and its buffers: answers are framed and
+/// written one at a time, each within the write timeout.
+struct AnswerWriter<W> {
+    writer: W,
+    codec: FrameCodec,
+    write_timeout: Duration,
+    telegram: Vec<u8>,
+    framed: BytesMut,
+}
+
+impl<W: AsyncWrite + Unpin> AnswerWriter<W> {
+    fn new(writer: W, codec: FrameCodec, write_timeout: Duration) -> Self {
+        AnswerWriter {
+            writer,
+            codec,
+            write_timeout,
+            telegram: Vec::with_capacity(128),
+            framed: BytesMut::with_capacity(160),
+        }
+    }
+
+    /// Writes one answer. `false`: the connection cannot go on (the answer
+    /// cannot be framed, the channel is gone, or it does not read).
+    async fn write(&mut self, echo: &Echo, code: &str, body: &[u8]) -> bool {
+        self.telegram.clear();
+        self.framed.clear();
+        write_response(echo, &local_timestamp(), code, body, &mut self.telegram);
+        if let Err(e) = self.codec.encode(&self.telegram, &mut self.framed) {
+            tracing::error!(%e, "answer cannot be framed");
+            return false;
+        }
+        // A channel that does not read its answers must not keep its slot, nor
+        // hold a drain up, for ever.
+        let written =
+            tokio::time::timeout(self.write_timeout, self.writer.write_all(&self.framed)).await;
+        match written {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                debug!(%e, "write failed; channel gone");
+                false
+            }
+            Err(_) => {
+                metrics::counter!(crate::metric_names::ANSWER_WRITE_TIMEOUTS).increment(1);
+                warn!(
+                    write_timeout_ms = self.write_timeout.as_millis() as u64,
+                    "answer not written within the write timeout (the channel does not read); closing the connection"
+                );
+                false
+            }
+        }
+    }
+
+    /// Writes the answer to a telegram whose handling ended. `false`: the
+    /// connection ends here (closing answer, or the write failed).
+    async fn answer(
+        &mut self,
+        echo: Echo,
+        done: Result<(Echo, Reply), String>,
+        link: &Link,
+    ) -> bool {
+        let (echo, reply) = match done {
+            Ok(answer) => answer,
+            Err(why) => failed_task(echo, &why),
+        };
+        let written = self.write(&echo, reply.code.as_str(), &reply.body).await;
+        link.pending.fetch_sub(1, Ordering::SeqCst);
+        written && !reply.close
+    }
+}
+
+/// The writer task, started when a connection first has a second telegram
+/// in flight (or a framing error to answer behind one); from then on the
+/// connection's answers go through its queue, in the order the telegrams came.
+struct Queue {
+    tx: mpsc::Sender<Answer>,
+    task: JoinHandle<()>,
+}
+
+/// The queue to the writer task, started (with the writing half) on first
+/// use; a telegram handled inline until now goes first. `None`: the writer
+/// has stopped.
+async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
+    direct: &mut Option<AnswerWriter<W>>,
+    queue: &'q mut Option<Queue>,
+    inline: &mut Option<Inline>,
+    capacity: usize,
+    link: &Arc<Link>,
+) -> Option<&'q mpsc::Sender<Answer>> {
+    if let Some(writer) = direct.take() {
+        let (tx, rx) = mpsc::channel(capacity);
+        let task = tokio::spawn(write_answers(writer, rx, link.clone()));
+        let queue = queue.insert(Queue { tx, task });
+        if let Some(Inline {
+            handling,
+            echo,
+            guard,
+        }) = inline.take()
+        {
+            let task = tokio::spawn(handling.in_current_span());
+            // A fresh queue has room; a writer that already stopped is seen
+            // by the caller's next send.
+            let _ = queue.tx.send(Answer::Telegram(task, echo, guard)).await;
+        }
+    }
+    queue.as_ref().map(|q| &q.tx)
 }
 
 async fn serve_connection<S: ChannelStream, H: Answerer>(
@@ -328,20 +500,21 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
     in_flight: Arc<InFlight>,
 ) {
     let (mut reader, writer) = stream.split();
-    let (tx, rx) = mpsc::channel(limits.max_in_flight_per_connection);
     let link = Arc::new(Link::default());
     let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
-    let writer_task = tokio::spawn(write_answers(
-        writer,
-        rx,
-        codec,
-        limits.write_timeout,
-        link.clone(),
-    ));
+    let capacity = limits.max_in_flight_per_connection;
+    // While the channel sends one telegram at a time, this task handles it
+    // and writes its answer (still reading, to see a next telegram or the
+    // channel going away); a second telegram in flight moves the connection
+    // to a writer task and a task per telegram, for good.
+    let mut direct = Some(AnswerWriter::new(writer, codec, limits.write_timeout));
+    let mut queue: Option<Queue> = None;
+    let mut inline: Option<Inline> = None;
     let mut buf = BytesMut::with_capacity(512);
     let mut started: Option<Instant> = None;
     'read: loop {
-        // Hand every complete telegram in the buffer to its own task.
+        // Every complete telegram in the buffer: handled here when it is the
+        // only one in flight, otherwise in a task of its own.
         loop {
             match codec.decode(&mut buf) {
                 Ok(Some(telegram)) => {
@@ -350,12 +523,22 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     let guard = in_flight.enter();
                     link.pending.fetch_add(1, Ordering::SeqCst);
                     let echo = Echo::from_telegram(&telegram);
-                    let hub = hub.clone();
-                    let cert = cert.clone();
-                    let task = tokio::spawn(
-                        async move { hub.answer(telegram, peer.ip(), cert, read_at).await }
-                            .in_current_span(),
-                    );
+                    let handling =
+                        handling(hub.clone(), telegram, peer.ip(), cert.clone(), read_at);
+                    if direct.is_some() && inline.is_none() && buf.is_empty() {
+                        inline = Some(Inline {
+                            handling,
+                            echo,
+                            guard,
+                        });
+                        break;
+                    }
+                    let Some(tx) =
+                        queue_up(&mut direct, &mut queue, &mut inline, capacity, &link).await
+                    else {
+                        break 'read;
+                    };
+                    let task = tokio::spawn(handling.in_current_span());
                     if tx.send(Answer::Telegram(task, echo, guard)).await.is_err() {
                         break 'read;
                     }
@@ -363,7 +546,11 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                 Ok(None) => break,
                 Err(e) => {
                     warn!(error = %e, "unframeable input; answering E102 and closing");
-                    let _ = tx.send(Answer::Unframeable).await;
+                    if let Some(tx) =
+                        queue_up(&mut direct, &mut queue, &mut inline, capacity, &link).await
+                    {
+                        let _ = tx.send(Answer::Unframeable).await;
+                    }
                     break 'read;
                 }
             }
@@ -375,7 +562,26 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             Some(t) => later(t, limits.read_timeout),
             None => later(Instant::now(), limits.idle_timeout),
         };
+        let queued = queue.is_some();
         tokio::select! {
+            done = async {
+                match inline.as_mut() {
+                    Some(i) => Some((&mut i.handling).await),
+                    None => None,
+                }
+            }, if inline.is_some() => {
+                if let (Some(done), Some(Inline { echo, guard, .. }), Some(writer)) =
+                    (done, inline.take(), direct.as_mut())
+                {
+                    let go_on = writer
+                        .answer(echo, done.map_err(|p| panic_message(&p)), &link)
+                        .await;
+                    drop(guard);
+                    if !go_on {
+                        break;
+                    }
+                }
+            }
             read = tokio::time::timeout_at(deadline, reader.read_buf(&mut buf)) => match read {
                 Ok(Ok(0)) => {
                     if !buf.is_empty() {
@@ -400,20 +606,41 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                 }
             },
             // An answer went out: the idle time counts from now.
-            _ = link.answered.notified() => {}
-            _ = link.stop.notified() => break,
+            _ = link.answered.notified(), if queued => {}
+            _ = link.stop.notified(), if queued => break,
         }
     }
-    drop(tx);
-    let _ = writer_task.await;
+    // The telegram in flight still gets its answer, as the queued ones do.
+    if let Some(mut writer) = direct {
+        if let Some(Inline {
+            handling,
+            echo,
+            guard,
+        }) = inline.take()
+        {
+            let done = handling.await.map_err(|p| panic_message(&p));
+            writer.answer(echo, done, &link).await;
+            drop(guard);
+        }
+        let _ = writer.writer.shutdown().await;
+    }
+    if let Some(Queue { tx, task }) = queue {
+        drop(tx);
+        let _ = task.await;
+    }
 }
 
 /// The answer to a telegram whose task failed (a panic: a bug, not an input).
 /// The channel still gets its own header back and a truthful "don't know":
 /// E901, since a POST may have gone before the task failed. The connection
 /// stays open; the answer is counted like any other.
-fn failed_task(echo: Echo, e: &tokio::task::JoinError) -> (Echo, Reply) {
-    tracing::error!(%e, guid = echo.guid_str(), tx = echo.tx_code_str(), "telegram task failed; answered E901");
+fn failed_task(echo: Echo, e: &str) -> (Echo, Reply) {
+    tracing::error!(
+        e,
+        guid = echo.guid_str(),
+        tx = echo.tx_code_str(),
+        "telegram task failed; answered E901"
+    );
     metrics::counter!(
         crate::metric_names::TELEGRAMS,
         "tx_code" => crate::metric_names::UNROUTED_TX,
@@ -431,31 +658,24 @@ fn failed_task(echo: Echo, e: &tokio::task::JoinError) -> (Echo, Reply) {
 }
 
 async fn write_answers<W: AsyncWrite + Unpin>(
-    mut writer: W,
+    mut writer: AnswerWriter<W>,
     mut rx: mpsc::Receiver<Answer>,
-    codec: FrameCodec,
-    write_timeout: Duration,
     link: Arc<Link>,
 ) {
-    let mut telegram = Vec::with_capacity(128);
-    let mut framed = BytesMut::with_capacity(160);
     while let Some(answer) = rx.recv().await {
-        telegram.clear();
-        framed.clear();
-        let (close, guard) = match answer {
+        match answer {
             Answer::Telegram(task, echo, guard) => {
-                let (echo, reply) = match task.await {
-                    Ok(x) => x,
-                    Err(e) => failed_task(echo, &e),
+                let done = match task.await {
+                    Ok(Ok(answer)) => Ok(answer),
+                    Ok(Err(panic)) => Err(panic_message(&panic)),
+                    Err(e) => Err(e.to_string()),
                 };
-                write_response(
-                    &echo,
-                    &local_timestamp(),
-                    reply.code.as_str(),
-                    &reply.body,
-                    &mut telegram,
-                );
-                (reply.close, Some(guard))
+                let go_on = writer.answer(echo, done, &link).await;
+                link.answered.notify_one();
+                drop(guard);
+                if !go_on {
+                    break;
+                }
             }
             Answer::Unframeable => {
                 // Counted like every answer; no tx code could be read.
@@ -465,47 +685,14 @@ async fn write_answers<W: AsyncWrite + Unpin>(
                     "code" => Code::FORMAT.as_str().to_string()
                 )
                 .increment(1);
-                write_response(
-                    &Echo::blank(),
-                    &local_timestamp(),
-                    Code::FORMAT.as_str(),
-                    &[],
-                    &mut telegram,
-                );
-                (true, None)
-            }
-        };
-        if let Err(e) = codec.encode(&telegram, &mut framed) {
-            tracing::error!(%e, "answer cannot be framed");
-            break;
-        }
-        // A channel that does not read its answers must not keep its slot, nor
-        // hold a drain up, for ever.
-        let written = tokio::time::timeout(write_timeout, writer.write_all(&framed)).await;
-        if guard.is_some() {
-            link.pending.fetch_sub(1, Ordering::SeqCst);
-            link.answered.notify_one();
-        }
-        match written {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                debug!(%e, "write failed; channel gone");
+                writer
+                    .write(&Echo::blank(), Code::FORMAT.as_str(), &[])
+                    .await;
                 break;
             }
-            Err(_) => {
-                metrics::counter!(crate::metric_names::ANSWER_WRITE_TIMEOUTS).increment(1);
-                warn!(
-                    write_timeout_ms = write_timeout.as_millis() as u64,
-                    "answer not written within the write timeout (the channel does not read); closing the connection"
-                );
-                break;
-            }
-        }
-        if close {
-            break;
         }
     }
-    let _ = writer.shutdown().await;
+    let _ = writer.writer.shutdown().await;
     link.stop.notify_one();
 }
 
@@ -544,12 +731,24 @@ mod tests {
         format!("{tx}{guid}IBANK   20261129132000    ").into_bytes()
     }
 
-    /// Writes a telegram and reads one answer (bounded).
-    async fn exchange(stream: &mut TcpStream, telegram: &[u8]) -> Vec<u8> {
+    /// Writes telegrams in one write (pipelined when several).
+    async fn send(stream: &mut TcpStream, telegrams: &[&[u8]]) {
         let codec = FrameCodec::new(PrefixMode::Ascii, 4096);
         let mut framed = BytesMut::new();
-        codec.encode(telegram, &mut framed).unwrap();
+        for telegram in telegrams {
+            codec.encode(telegram, &mut framed).unwrap();
+        }
         stream.write_all(&framed).await.unwrap();
+    }
+
+    /// Writes a telegram and reads one answer (bounded).
+    async fn exchange(stream: &mut TcpStream, telegram: &[u8]) -> Vec<u8> {
+        send(stream, &[telegram]).await;
+        read_answer(stream).await
+    }
+
+    /// Reads one answer (bounded).
+    async fn read_answer(stream: &mut TcpStream) -> Vec<u8> {
         let mut prefix = [0u8; 4];
         let read = async {
             stream.read_exact(&mut prefix).await?;
@@ -602,6 +801,59 @@ mod tests {
         let next = "20261129IBANK0000000000000000NXT";
         let answer = exchange(&mut channel, &header("TRF001", next)).await;
         assert_eq!(&answer[..38], format!("TRF001{next}").as_bytes());
+        assert_eq!(&answer[60..64], b"0000");
+
+        drop(channel);
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the connection ends with the channel's close")
+            .unwrap();
+        assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
+    }
+
+    /// The same with both telegrams in one write: the first is handled in a
+    /// task of its own (pipelined), and the answers keep their order.
+    #[tokio::test]
+    async fn a_pipelined_telegram_that_panics_is_answered_e901_in_its_place() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits::from(&ServerConfig::default());
+        let in_flight = Arc::new(InFlight::default());
+        let server = tokio::spawn({
+            let in_flight = in_flight.clone();
+            async move {
+                let (stream, peer) = listener.accept().await.unwrap();
+                serve_connection(
+                    stream,
+                    peer,
+                    None,
+                    Arc::new(PanicsOnPanic1),
+                    limits,
+                    in_flight,
+                )
+                .await;
+            }
+        });
+        let mut channel = TcpStream::connect(addr).await.unwrap();
+
+        let guid = "20261129IBANK0000000000000000PNC";
+        let next = "20261129IBANK0000000000000000NXT";
+        send(
+            &mut channel,
+            &[&header("PANIC1", guid), &header("TRF001", next)],
+        )
+        .await;
+        let first = read_answer(&mut channel).await;
+        assert_eq!(&first[..38], format!("PANIC1{guid}").as_bytes());
+        assert_eq!(&first[60..64], b"E901");
+        let second = read_answer(&mut channel).await;
+        assert_eq!(&second[..38], format!("TRF001{next}").as_bytes());
+        assert_eq!(&second[60..64], b"0000");
+
+        // And on, with one at a time again.
+        let last = "20261129IBANK0000000000000000LST";
+        let answer = exchange(&mut channel, &header("TRF001", last)).await;
+        assert_eq!(&answer[..38], format!("TRF001{last}").as_bytes());
         assert_eq!(&answer[60..64], b"0000");
 
         drop(channel);
