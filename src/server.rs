@@ -763,8 +763,10 @@ mod tests {
             .expect("an answer, not a closed connection")
     }
 
-    #[tokio::test]
-    async fn a_telegram_task_that_panics_is_answered_e901_with_its_own_header() {
+    /// One channel connection served by `serve_connection` with the
+    /// [`PanicsOnPanic1`] hub, on a port of its own: the channel's end, the
+    /// in-flight count, and the task that ends with the connection.
+    async fn one_connection() -> (TcpStream, Arc<InFlight>, tokio::task::JoinHandle<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let limits = Limits::from(&ServerConfig::default());
@@ -784,7 +786,13 @@ mod tests {
                 .await;
             }
         });
-        let mut channel = TcpStream::connect(addr).await.unwrap();
+        let channel = TcpStream::connect(addr).await.unwrap();
+        (channel, in_flight, server)
+    }
+
+    #[tokio::test]
+    async fn a_telegram_task_that_panics_is_answered_e901_with_its_own_header() {
+        let (mut channel, in_flight, server) = one_connection().await;
 
         let guid = "20261129IBANK0000000000000000PNC";
         let answer = exchange(&mut channel, &header("PANIC1", guid)).await;
@@ -815,26 +823,7 @@ mod tests {
     /// task of its own (pipelined), and the answers keep their order.
     #[tokio::test]
     async fn a_pipelined_telegram_that_panics_is_answered_e901_in_its_place() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let limits = Limits::from(&ServerConfig::default());
-        let in_flight = Arc::new(InFlight::default());
-        let server = tokio::spawn({
-            let in_flight = in_flight.clone();
-            async move {
-                let (stream, peer) = listener.accept().await.unwrap();
-                serve_connection(
-                    stream,
-                    peer,
-                    None,
-                    Arc::new(PanicsOnPanic1),
-                    limits,
-                    in_flight,
-                )
-                .await;
-            }
-        });
-        let mut channel = TcpStream::connect(addr).await.unwrap();
+        let (mut channel, in_flight, server) = one_connection().await;
 
         let guid = "20261129IBANK0000000000000000PNC";
         let next = "20261129IBANK0000000000000000NXT";
