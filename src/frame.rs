@@ -89,6 +89,17 @@ impl FrameCodec {
     /// buffered, before its telegram arrives, so the hub never waits for bytes it
     /// will refuse anyway.
     pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Bytes>, FrameError> {
+        let Some(total) = self.complete_len(buf)? else {
+            return Ok(None);
+        };
+        buf.advance(PREFIX_LEN);
+        Ok(Some(buf.split_to(total - PREFIX_LEN).freeze()))
+    }
+
+    /// The size (prefix included) of the whole frame at the front of `buf`,
+    /// when it is all there; the same errors as [`FrameCodec::decode`], which
+    /// would take that frame. Consumes nothing.
+    pub fn complete_len(&self, buf: &[u8]) -> Result<Option<usize>, FrameError> {
         let Some(len) = self.peek_len(buf)? else {
             return Ok(None);
         };
@@ -101,11 +112,7 @@ impl FrameCodec {
                 max: self.max_len,
             });
         }
-        if buf.len() - PREFIX_LEN < len {
-            return Ok(None);
-        }
-        buf.advance(PREFIX_LEN);
-        Ok(Some(buf.split_to(len).freeze()))
+        Ok((buf.len() - PREFIX_LEN >= len).then_some(PREFIX_LEN + len))
     }
 
     /// Reads the length from a complete prefix; `Ok(None)` when it is not all there.
@@ -242,6 +249,27 @@ mod tests {
         let t = binary().decode(&mut buf).unwrap().unwrap();
         assert_eq!(t.len(), 258);
         assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn complete_len_agrees_with_decode_at_every_cut() {
+        let codec = ascii();
+        let mut whole = BytesMut::new();
+        codec.encode(b"ABCDEFG", &mut whole).unwrap();
+        codec.encode(b"HIJ", &mut whole).unwrap();
+        for cut in 0..=whole.len() {
+            let part = &whole[..cut];
+            let len = codec.complete_len(part).unwrap();
+            let mut buf = BytesMut::from(part);
+            let decoded = codec.decode(&mut buf).unwrap();
+            assert_eq!(len.is_some(), decoded.is_some(), "cut {cut}");
+            if let (Some(len), Some(t)) = (len, decoded) {
+                assert_eq!(len, 4 + t.len(), "cut {cut}");
+                assert_eq!(buf.len(), cut - len, "cut {cut}");
+            }
+        }
+        assert!(codec.complete_len(b"00x1").is_err());
+        assert!(codec.complete_len(b"0000").is_err());
     }
 
     #[test]
