@@ -38,11 +38,11 @@ use ureq::unversioned::transport::{
 
 use crate::config::TargetConfig;
 
-mod caller;
+pub(crate) mod caller;
 mod resolver;
 pub mod tls;
 
-use caller::Callers;
+use caller::{Callers, Work};
 use resolver::CachedResolver;
 
 /// The header carrying the hub's remaining budget in milliseconds, so a core (or
@@ -560,14 +560,15 @@ impl Target {
             trace: TraceId::current().unwrap_or_default(),
             gate: gate.clone(),
         };
-        let started = self.callers.run(Box::new(move || {
+        let work: Work = Box::new(move || {
             let _permit = permit;
             if !job.gate.start() {
                 return;
             }
             let result = job.run();
             let _ = tx.send(result);
-        }));
+        });
+        let started = self.callers.run_or_stash(work, deadline);
         if started.is_err() {
             // Dropped unrun: the gate never left `QUEUED`.
             return CallEnd::Done(Err(CallFailure::NoCapacity(

@@ -14,6 +14,10 @@
 //! of its own whose handle is queued to the writer, which writes the answers in
 //! the order the telegrams came; the queue's size is the per-connection
 //! in-flight limit. A telegram whose handling panics is answered E901 either way.
+//!
+//! A plain TCP connection busy with one telegram at a time is lent to a thread
+//! of its own, which handles, calls the core, answers and reads in place, until
+//! the connection idles, pipelines or meets a slow core (`adoption.rs`).
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -31,6 +35,10 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
+
+mod adoption;
+
+use adoption::{Adopters, Back, Carry};
 
 use crate::channel_tls::{self, Acceptor};
 use crate::config::ServerConfig;
@@ -100,6 +108,19 @@ pub trait ChannelStream: Send + 'static {
     type Reader: AsyncRead + Unpin + Send + 'static;
     type Writer: AsyncWrite + Unpin + Send + 'static;
     fn split(self) -> (Self::Reader, Self::Writer);
+    /// Whether a connection of this kind can be lent to an adopter
+    /// (`adoption.rs`): plain TCP only.
+    const LENDABLE: bool = false;
+    /// The halves joined again as a socket, to lend to an adopter; called
+    /// only when [`ChannelStream::LENDABLE`].
+    fn into_std(
+        _reader: Self::Reader,
+        _writer: Self::Writer,
+    ) -> std::io::Result<std::net::TcpStream> {
+        Err(std::io::Error::other(
+            "only a plain TCP connection can be lent",
+        ))
+    }
 }
 
 impl ChannelStream for TcpStream {
@@ -107,6 +128,16 @@ impl ChannelStream for TcpStream {
     type Writer = tokio::net::tcp::OwnedWriteHalf;
     fn split(self) -> (Self::Reader, Self::Writer) {
         self.into_split()
+    }
+    const LENDABLE: bool = true;
+    fn into_std(
+        reader: Self::Reader,
+        writer: Self::Writer,
+    ) -> std::io::Result<std::net::TcpStream> {
+        reader
+            .reunite(writer)
+            .map_err(std::io::Error::other)?
+            .into_std()
     }
 }
 
@@ -191,6 +222,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) {
     let in_flight = Arc::new(InFlight::default());
+    let adopters = Arc::new(Adopters::new());
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
@@ -227,6 +259,7 @@ pub async fn run(
         }
         let hub = hub.clone();
         let in_flight = in_flight.clone();
+        let adopters = adopters.clone();
         // The configuration in force now: a reload changes the next one only.
         let acceptor = match (&tls, is_tls) {
             (Some(t), true) => Some(t.acceptor.current()),
@@ -242,12 +275,16 @@ pub async fn run(
                 let _permit = permit;
                 metrics::gauge!(crate::metric_names::OPEN_CONNECTIONS).increment(1.0);
                 match acceptor {
-                    None => serve_connection(stream, peer, None, hub, limits, in_flight).await,
+                    None => {
+                        serve_plain(stream, peer, hub, limits, in_flight, Some(adopters)).await;
+                    }
                     Some(acceptor) => {
                         if let Some((tls, cert)) =
                             handshake(acceptor, stream, limits.tls_handshake_timeout).await
                         {
-                            serve_connection(tls, peer, cert, hub, limits, in_flight).await;
+                            let carry = Carry::empty();
+                            serve_connection(tls, peer, cert, hub, limits, in_flight, carry, None)
+                                .await;
                         }
                     }
                 }
@@ -382,6 +419,7 @@ struct Inline {
     handling: Handling,
     echo: Echo,
     guard: InFlightGuard,
+    read_at: Instant,
 }
 
 /// The writing half of a connection and its buffers: answers are framed and
@@ -408,11 +446,14 @@ impl<W: AsyncWrite + Unpin> AnswerWriter<W> {
     /// Writes one answer. `false`: the connection cannot go on (the answer
     /// cannot be framed, the channel is gone, or it does not read).
     async fn write(&mut self, echo: &Echo, code: &str, body: &[u8]) -> bool {
-        self.telegram.clear();
-        self.framed.clear();
-        write_response(echo, &local_timestamp(), code, body, &mut self.telegram);
-        if let Err(e) = self.codec.encode(&self.telegram, &mut self.framed) {
-            tracing::error!(%e, "answer cannot be framed");
+        if !frame_answer(
+            &self.codec,
+            echo,
+            code,
+            body,
+            &mut self.telegram,
+            &mut self.framed,
+        ) {
             return false;
         }
         // A channel that does not read its answers must not keep its slot, nor
@@ -426,11 +467,7 @@ impl<W: AsyncWrite + Unpin> AnswerWriter<W> {
                 false
             }
             Err(_) => {
-                metrics::counter!(crate::metric_names::ANSWER_WRITE_TIMEOUTS).increment(1);
-                warn!(
-                    write_timeout_ms = self.write_timeout.as_millis() as u64,
-                    "answer not written within the write timeout (the channel does not read); closing the connection"
-                );
+                write_timed_out(self.write_timeout);
                 false
             }
         }
@@ -452,6 +489,36 @@ impl<W: AsyncWrite + Unpin> AnswerWriter<W> {
         link.pending.fetch_sub(1, Ordering::SeqCst);
         written && !reply.close
     }
+}
+
+/// Frames one answer into `framed` (`telegram` is scratch); `false` (logged)
+/// when it cannot be framed.
+fn frame_answer(
+    codec: &FrameCodec,
+    echo: &Echo,
+    code: &str,
+    body: &[u8],
+    telegram: &mut Vec<u8>,
+    framed: &mut BytesMut,
+) -> bool {
+    telegram.clear();
+    framed.clear();
+    write_response(echo, &local_timestamp(), code, body, telegram);
+    if let Err(e) = codec.encode(telegram, framed) {
+        tracing::error!(%e, "answer cannot be framed");
+        return false;
+    }
+    true
+}
+
+/// Counts and logs an answer the channel did not take within the write
+/// timeout (the connection closes).
+fn write_timed_out(write_timeout: Duration) {
+    metrics::counter!(crate::metric_names::ANSWER_WRITE_TIMEOUTS).increment(1);
+    warn!(
+        write_timeout_ms = write_timeout.as_millis() as u64,
+        "answer not written within the write timeout (the channel does not read); closing the connection"
+    );
 }
 
 /// The writer task, started when a connection first has a second telegram
@@ -480,6 +547,7 @@ async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
             handling,
             echo,
             guard,
+            ..
         }) = inline.take()
         {
             let task = tokio::spawn(handling.in_current_span());
@@ -491,6 +559,77 @@ async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
     queue.as_ref().map(|q| &q.tx)
 }
 
+/// How a connection's task ended.
+enum Served {
+    /// The connection is closed.
+    Ended,
+    /// Lent to an adopter with the telegram just read (plain TCP only).
+    Lend(std::net::TcpStream, Bytes, Instant, InFlightGuard),
+}
+
+/// A plain TCP connection: served here, and lent to an adopter thread while
+/// it is busy with one telegram at a time and the core answers quickly
+/// (`adoption.rs`); this task owns it throughout and resumes it when it comes
+/// back.
+async fn serve_plain<H: Answerer>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    hub: Arc<H>,
+    limits: Limits,
+    in_flight: Arc<InFlight>,
+    adopters: Option<Arc<Adopters>>,
+) {
+    let start: adoption::Start = {
+        let hub = hub.clone();
+        Arc::new(move |telegram, read_at| handling(hub.clone(), telegram, peer.ip(), None, read_at))
+    };
+    let mut stream = stream;
+    let mut carry = Carry::empty();
+    loop {
+        let served = serve_connection(
+            stream,
+            peer,
+            None,
+            hub.clone(),
+            limits,
+            in_flight.clone(),
+            carry,
+            adopters.as_deref(),
+        )
+        .await;
+        let (Served::Lend(lent, telegram, read_at, guard), Some(adopters)) = (served, &adopters)
+        else {
+            return;
+        };
+        let back = adopters.lend(adoption::Lent {
+            stream: lent,
+            telegram,
+            read_at,
+            guard,
+            start: start.clone(),
+            in_flight: in_flight.clone(),
+            limits,
+            span: tracing::Span::current(),
+        });
+        let Ok(Back::Resume(lent, resumed)) = back.await else {
+            return;
+        };
+        match lent
+            .set_nonblocking(true)
+            .and_then(|()| TcpStream::from_std(lent))
+        {
+            Ok(s) => (stream, carry) = (s, resumed),
+            Err(e) => {
+                debug!(%e, "a connection could not return to the reactor; closed");
+                return;
+            }
+        }
+    }
+}
+
+/// Serves a connection until it closes, or (plain TCP with `adopters`)
+/// until it is lent. `carry` is where an earlier part of its service left it.
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection<S: ChannelStream, H: Answerer>(
     stream: S,
     peer: SocketAddr,
@@ -498,7 +637,9 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
     hub: Arc<H>,
     limits: Limits,
     in_flight: Arc<InFlight>,
-) {
+    carry: Carry,
+    adopters: Option<&Adopters>,
+) -> Served {
     let (mut reader, writer) = stream.split();
     let link = Arc::new(Link::default());
     let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
@@ -509,9 +650,19 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
     // to a writer task and a task per telegram, for good.
     let mut direct = Some(AnswerWriter::new(writer, codec, limits.write_timeout));
     let mut queue: Option<Queue> = None;
-    let mut inline: Option<Inline> = None;
-    let mut buf = BytesMut::with_capacity(512);
-    let mut started: Option<Instant> = None;
+    let Carry {
+        mut buf,
+        mut started,
+        mut idle_from,
+        mut inline,
+    } = carry;
+    buf.reserve(512);
+    // The last telegram outlasted an adopter's patience: not lent again
+    // until one is quick.
+    let mut slow = inline.is_some();
+    if inline.is_some() {
+        link.pending.fetch_add(1, Ordering::SeqCst);
+    }
     'read: loop {
         // Every complete telegram in the buffer: handled here when it is the
         // only one in flight, otherwise in a task of its own.
@@ -521,15 +672,27 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     let read_at = Instant::now();
                     started = None;
                     let guard = in_flight.enter();
+                    let alone = direct.is_some() && inline.is_none() && buf.is_empty();
+                    if alone && S::LENDABLE && !slow && adopters.is_some_and(Adopters::has_room) {
+                        let writer = direct.take().expect("checked above").writer;
+                        return match S::into_std(reader, writer) {
+                            Ok(lent) => Served::Lend(lent, telegram, read_at, guard),
+                            Err(e) => {
+                                debug!(%e, "a connection could not leave the reactor; closed");
+                                Served::Ended
+                            }
+                        };
+                    }
                     link.pending.fetch_add(1, Ordering::SeqCst);
                     let echo = Echo::from_telegram(&telegram);
                     let handling =
                         handling(hub.clone(), telegram, peer.ip(), cert.clone(), read_at);
-                    if direct.is_some() && inline.is_none() && buf.is_empty() {
+                    if alone {
                         inline = Some(Inline {
                             handling,
                             echo,
                             guard,
+                            read_at,
                         });
                         break;
                     }
@@ -560,7 +723,10 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
         }
         let deadline = match started {
             Some(t) => later(t, limits.read_timeout),
-            None => later(Instant::now(), limits.idle_timeout),
+            None => later(
+                idle_from.take().unwrap_or_else(Instant::now),
+                limits.idle_timeout,
+            ),
         };
         let queued = queue.is_some();
         tokio::select! {
@@ -570,13 +736,14 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     None => None,
                 }
             }, if inline.is_some() => {
-                if let (Some(done), Some(Inline { echo, guard, .. }), Some(writer)) =
+                if let (Some(done), Some(Inline { echo, guard, read_at, .. }), Some(writer)) =
                     (done, inline.take(), direct.as_mut())
                 {
                     let go_on = writer
                         .answer(echo, done.map_err(|p| panic_message(&p)), &link)
                         .await;
                     drop(guard);
+                    slow = read_at.elapsed() >= adoption::PATIENCE;
                     if !go_on {
                         break;
                     }
@@ -616,6 +783,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             handling,
             echo,
             guard,
+            ..
         }) = inline.take()
         {
             let done = handling.await.map_err(|p| panic_message(&p));
@@ -628,6 +796,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
         drop(tx);
         let _ = task.await;
     }
+    Served::Ended
 }
 
 /// The answer to a telegram whose task failed (a panic: a bug, not an input).
@@ -727,6 +896,42 @@ mod tests {
         }
     }
 
+    /// Answers like [`PanicsOnPanic1`], except that a `BLOCK1` telegram
+    /// makes a "core call" through a caller pool (so, on an adopter, in
+    /// place) that blocks until the test releases it, and reports the name
+    /// of the thread it ran on.
+    struct Scripted {
+        calls: crate::core_client::caller::Callers,
+        release: Arc<std::sync::Mutex<std::sync::mpsc::Receiver<()>>>,
+        ran_on: std::sync::mpsc::Sender<String>,
+    }
+
+    impl Answerer for Scripted {
+        async fn answer(
+            &self,
+            telegram: Bytes,
+            peer: IpAddr,
+            cert: Option<Arc<ClientCert>>,
+            read_at: Instant,
+        ) -> (Echo, Reply) {
+            if telegram.starts_with(b"BLOCK1") {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let release = self.release.clone();
+                let ran_on = self.ran_on.clone();
+                let work: crate::core_client::caller::Work = Box::new(move || {
+                    let name = std::thread::current().name().unwrap_or("").to_string();
+                    let _ = ran_on.send(name);
+                    let _ = release.lock().unwrap().recv();
+                    let _ = tx.send(());
+                });
+                let due = Instant::now() + Duration::from_secs(30);
+                assert!(self.calls.run_or_stash(work, due).is_ok());
+                rx.await.unwrap();
+            }
+            PanicsOnPanic1.answer(telegram, peer, cert, read_at).await
+        }
+    }
+
     fn header(tx: &str, guid: &str) -> Vec<u8> {
         format!("{tx}{guid}IBANK   20261129132000    ").into_bytes()
     }
@@ -782,12 +987,141 @@ mod tests {
                     Arc::new(PanicsOnPanic1),
                     limits,
                     in_flight,
+                    Carry::empty(),
+                    None,
                 )
                 .await;
             }
         });
         let channel = TcpStream::connect(addr).await.unwrap();
         (channel, in_flight, server)
+    }
+
+    /// One channel connection served by `serve_plain` with adopters, on a
+    /// port of its own: the channel's end, the in-flight count, the task.
+    async fn one_lent_connection<H: Answerer>(
+        hub: H,
+    ) -> (TcpStream, Arc<InFlight>, tokio::task::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits::from(&ServerConfig::default());
+        let in_flight = Arc::new(InFlight::default());
+        let adopters = Arc::new(Adopters::new());
+        let server = tokio::spawn({
+            let in_flight = in_flight.clone();
+            async move {
+                let (stream, peer) = listener.accept().await.unwrap();
+                stream.set_nodelay(true).unwrap();
+                serve_plain(
+                    stream,
+                    peer,
+                    Arc::new(hub),
+                    limits,
+                    in_flight,
+                    Some(adopters),
+                )
+                .await;
+            }
+        });
+        let channel = TcpStream::connect(addr).await.unwrap();
+        (channel, in_flight, server)
+    }
+
+    /// Waits (bounded) until `in_flight` telegrams are read and unanswered.
+    async fn until_in_flight(in_flight: &InFlight, n: usize) {
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            while in_flight.count.load(Ordering::SeqCst) != n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        waited.await.unwrap_or_else(|_| {
+            panic!(
+                "{n} in flight never seen (now {})",
+                in_flight.count.load(Ordering::SeqCst)
+            )
+        });
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lent_connection_answers_in_order_and_a_panic_is_e901() {
+        let (mut channel, in_flight, server) = one_lent_connection(PanicsOnPanic1).await;
+        let guid = "20261129IBANK0000000000000000PNC";
+        let answer = exchange(&mut channel, &header("PANIC1", guid)).await;
+        assert_eq!(&answer[..38], format!("PANIC1{guid}").as_bytes());
+        assert_eq!(&answer[60..64], b"E901");
+        for i in 0..20 {
+            let g = format!("20261129IBANK00000000000000000{i:02}");
+            let answer = exchange(&mut channel, &header("TRF001", &g)).await;
+            assert_eq!(&answer[..38], format!("TRF001{g}").as_bytes());
+            assert_eq!(&answer[60..64], b"0000");
+        }
+        // Pipelined: back to the reactor, answered in order.
+        let (a, b) = (
+            "20261129IBANK0000000000000000AAA",
+            "20261129IBANK0000000000000000BBB",
+        );
+        send(&mut channel, &[&header("PANIC1", a), &header("TRF001", b)]).await;
+        let first = read_answer(&mut channel).await;
+        assert_eq!(&first[..38], format!("PANIC1{a}").as_bytes());
+        assert_eq!(&first[60..64], b"E901");
+        let second = read_answer(&mut channel).await;
+        assert_eq!(&second[..38], format!("TRF001{b}").as_bytes());
+        assert_eq!(&second[60..64], b"0000");
+        // And lent again.
+        let answer = exchange(&mut channel, &header("TRF001", a)).await;
+        assert_eq!(&answer[60..64], b"0000");
+
+        drop(channel);
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the connection ends with the channel's close")
+            .unwrap();
+        assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_that_outlasts_the_patience_gives_the_connection_back_to_the_reactor() {
+        let (release, released) = std::sync::mpsc::channel();
+        let (ran_on, call_thread) = std::sync::mpsc::channel();
+        let hub = Scripted {
+            calls: crate::core_client::caller::Callers::new("test-caller"),
+            release: Arc::new(std::sync::Mutex::new(released)),
+            ran_on,
+        };
+        let (mut channel, in_flight, server) = one_lent_connection(hub).await;
+        // A quick one first, so that the connection is lent.
+        let quick = "20261129IBANK0000000000000000QCK";
+        let answer = exchange(&mut channel, &header("TRF001", quick)).await;
+        assert_eq!(&answer[60..64], b"0000");
+
+        let held = "20261129IBANK0000000000000000HLD";
+        send(&mut channel, &[&header("BLOCK1", held)]).await;
+        let thread = tokio::task::spawn_blocking(move || call_thread.recv().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            thread, "relayhub-conn",
+            "the call runs in place, on the connection's adopter"
+        );
+        // The call blocks its adopter; the reactor reads the next telegram
+        // meanwhile (the clock took the connection back).
+        let next = "20261129IBANK0000000000000000NXT";
+        send(&mut channel, &[&header("TRF001", next)]).await;
+        until_in_flight(&in_flight, 2).await;
+        release.send(()).unwrap();
+        let first = read_answer(&mut channel).await;
+        assert_eq!(&first[..38], format!("BLOCK1{held}").as_bytes());
+        assert_eq!(&first[60..64], b"0000");
+        let second = read_answer(&mut channel).await;
+        assert_eq!(&second[..38], format!("TRF001{next}").as_bytes());
+        assert_eq!(&second[60..64], b"0000");
+
+        drop(channel);
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the connection ends with the channel's close")
+            .unwrap();
+        assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]

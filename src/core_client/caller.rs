@@ -17,7 +17,14 @@
 //!   how many calls, hence threads, there are at once);
 //! * the threads only block on sockets, so their stacks are small
 //!   ([`STACK_SIZE`]).
+//!
+//! A call made while a connection's own thread polls its telegram (a busy
+//! plain-TCP connection adopted by a thread, `server/adoption.rs`) is not
+//! handed to a pool thread at all: it is left in that thread's stash
+//! ([`stashing`]), and the thread runs it itself right after the poll, as a
+//! pool thread would, with no wake-up on either side.
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::Thread;
@@ -36,6 +43,38 @@ pub(crate) const KEEP_IDLE: Duration = Duration::from_secs(10);
 /// One call to make on a caller thread.
 pub(crate) type Work = Box<dyn FnOnce() + Send + 'static>;
 
+/// A call left in a thread's stash, and when its caller stops waiting for it.
+pub(crate) type Stashed = (Work, tokio::time::Instant);
+
+thread_local! {
+    /// `Some` while [`stashing`] runs on this thread: the first call made
+    /// meanwhile is left here instead of going to a pool thread.
+    static STASH: RefCell<Option<Option<Stashed>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` (a poll of a telegram's future) with this thread's stash open:
+/// the first call that `f` starts on any target is left in the stash, not
+/// handed to a caller thread, and returned with `f`'s result. The caller
+/// must run it (or drop it, which leaves its gate unstarted: "not sent").
+pub(crate) fn stashing<R>(f: impl FnOnce() -> R) -> (R, Option<Stashed>) {
+    STASH.with(|s| *s.borrow_mut() = Some(None));
+    let result = f();
+    let stashed = STASH.with(|s| s.borrow_mut().take().flatten());
+    (result, stashed)
+}
+
+/// Leaves `work` in this thread's stash if it is open and empty; otherwise
+/// hands it back.
+fn stash(work: Work, due: tokio::time::Instant) -> Option<Work> {
+    STASH.with(|s| match &mut *s.borrow_mut() {
+        Some(slot @ None) => {
+            *slot = Some((work, due));
+            None
+        }
+        _ => Some(work),
+    })
+}
+
 /// A thread's mailbox: the next call, and whether one is there.
 struct Slot {
     work: Mutex<Option<Work>>,
@@ -51,6 +90,7 @@ struct Shared {
     /// The pool is gone: idle threads end now.
     closed: AtomicBool,
     name: String,
+    stack: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -75,12 +115,18 @@ impl std::fmt::Debug for Callers {
 impl Callers {
     /// A pool whose threads are named `name`; none is started yet.
     pub(crate) fn new(name: &str) -> Callers {
+        Callers::with_stack(name, STACK_SIZE)
+    }
+
+    /// The same with threads of `stack` bytes of stack.
+    pub(crate) fn with_stack(name: &str, stack: usize) -> Callers {
         Callers {
             shared: Arc::new(Shared {
                 idle: Mutex::new(Vec::new()),
                 threads: AtomicUsize::new(0),
                 closed: AtomicBool::new(false),
                 name: name.to_string(),
+                stack,
             }),
         }
     }
@@ -88,6 +134,17 @@ impl Callers {
     /// Threads alive (idle or calling).
     pub(crate) fn threads(&self) -> usize {
         self.shared.threads.load(Ordering::Relaxed)
+    }
+
+    /// Runs `work` on an idle thread, or on a new one; or leaves it in this
+    /// thread's stash when one is open ([`stashing`]), for a caller that
+    /// waits for it until `due`. Fails, handing `work` back untouched, only
+    /// when no thread can be started.
+    pub(crate) fn run_or_stash(&self, work: Work, due: tokio::time::Instant) -> Result<(), Work> {
+        match stash(work, due) {
+            None => Ok(()),
+            Some(work) => self.run(work),
+        }
     }
 
     /// Runs `work` on an idle thread, or on a new one. Fails, handing `work`
@@ -111,7 +168,7 @@ impl Callers {
         shared.threads.fetch_add(1, Ordering::Relaxed);
         let spawned = std::thread::Builder::new()
             .name(shared.name.clone())
-            .stack_size(STACK_SIZE)
+            .stack_size(shared.stack)
             .spawn(move || {
                 // Counted out however the thread ends (a call that panics
                 // included: its caller then hears "ended without a result").

@@ -1,0 +1,589 @@
+//! Busy plain-TCP connections served by a thread of their own.
+//!
+//! A core call is a blocking ureq exchange, so it needs a thread. Handing each
+//! telegram from the reactor to a caller thread and its answer back costs two
+//! thread wake-ups per telegram, which measured as more CPU than the call
+//! itself. So a connection that has a telegram and nothing else in flight is
+//! *lent* to a thread (an "adopter"), which then, like a thread-per-connection
+//! server:
+//!
+//! * handles the telegram by polling the same future the reactor would, in
+//!   place; the core call the future starts is left in the thread's stash
+//!   (`core_client::caller::stashing`) and run right there;
+//! * writes the answer with a blocking write (within the write timeout);
+//! * reads the next telegram with a blocking read.
+//!
+//! The connection goes back to its reactor task, which owns it throughout
+//! (its permit, its gauge, the drain), whenever serving it here could change
+//! what the channel sees:
+//!
+//! * a read that would wait longer than [`IDLE_HANDBACK`], the connection's
+//!   idle timeout or a slow sender's read timeout: idle connections cost only
+//!   the reactor's bytes, and the reactor applies the timeouts;
+//! * more than one telegram in the buffer (pipelining: the reactor runs them
+//!   side by side), unframeable bytes, the end of the stream or a read error:
+//!   the reactor answers and logs them as it always does;
+//! * a telegram still unanswered after [`PATIENCE`] (a slow core): its
+//!   future moves to the reactor, which keeps reading the connection meanwhile
+//!   and answers at the budget as always. While the thread is blocked in the
+//!   core call, a clock thread makes that move, at the patience or at the
+//!   call's own deadline, whichever comes first. The call itself goes on on
+//!   the thread and hands its result to the future wherever it is, exactly as
+//!   from a caller thread, so the budget, the late-answer window and the send
+//!   gate keep their meaning.
+//!
+//! A connection whose last telegram took longer than the patience stays with
+//! the reactor (and the caller threads) until one is quick again.
+
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream as StdStream;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::{
+    Handling, InFlight, InFlightGuard, Inline, Limits, failed_task, frame_answer, panic_message,
+    write_timed_out,
+};
+use crate::core_client::caller::{self, Callers};
+use crate::frame::FrameCodec;
+use crate::header::Echo;
+
+/// How long a telegram may take on an adopter before its connection goes
+/// back to the reactor. Far above a healthy core's answer time, far below any
+/// sensible budget (a shorter budget moves it at the call's deadline).
+pub(super) const PATIENCE: Duration = Duration::from_millis(20);
+
+/// How long an adopter waits for a connection's next telegram before it
+/// gives the connection back to the reactor.
+pub(super) const IDLE_HANDBACK: Duration = Duration::from_millis(250);
+
+/// Connections lent at once, at most; more busy connections are served by
+/// the reactor and the caller threads.
+pub(super) const MAX_LENT: usize = 512;
+
+/// An adopter's stack: it polls a telegram's future (whose state is on the
+/// heap) and makes ureq calls, TLS handshakes included, like a caller thread;
+/// only the pages used are resident.
+const STACK_SIZE: usize = 1024 * 1024;
+
+/// Makes the future that handles one telegram of this connection.
+pub(super) type Start = Arc<dyn Fn(Bytes, Instant) -> Handling + Send + Sync>;
+
+/// A connection handed to an adopter, with the telegram it just read.
+pub(super) struct Lent {
+    pub stream: StdStream,
+    pub telegram: Bytes,
+    pub read_at: Instant,
+    pub guard: InFlightGuard,
+    pub start: Start,
+    pub in_flight: Arc<InFlight>,
+    pub limits: Limits,
+    pub span: tracing::Span,
+}
+
+/// What the reactor resumes with when a connection comes back.
+pub(super) struct Carry {
+    /// Bytes read and not yet a telegram.
+    pub buf: BytesMut,
+    /// When the first byte of an incomplete telegram in `buf` came.
+    pub started: Option<Instant>,
+    /// Since when the connection has been idle (the last answer).
+    pub idle_from: Option<Instant>,
+    /// A telegram still being handled (it took longer than the patience).
+    pub inline: Option<Inline>,
+}
+
+impl Carry {
+    pub(super) fn empty() -> Carry {
+        Carry {
+            buf: BytesMut::new(),
+            started: None,
+            idle_from: None,
+            inline: None,
+        }
+    }
+}
+
+/// How a lent connection comes back.
+pub(super) enum Back {
+    /// Closed here after a closing answer or a failed write.
+    Closed,
+    /// To be served by the reactor from where the adopter stopped.
+    Resume(StdStream, Carry),
+}
+
+/// The adopters of one listener: a pool of threads, the count of
+/// connections lent, and the clock that takes a slow telegram back.
+pub(super) struct Adopters {
+    threads: Callers,
+    lent: Arc<AtomicUsize>,
+    clock: Arc<Clock>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Adopters {
+    /// Adopters for connections served by the current runtime.
+    pub(super) fn new() -> Adopters {
+        Adopters {
+            threads: Callers::with_stack("relayhub-conn", STACK_SIZE),
+            lent: Arc::new(AtomicUsize::new(0)),
+            clock: Clock::start(),
+            runtime: tokio::runtime::Handle::current(),
+        }
+    }
+
+    /// Whether a connection could be lent now.
+    pub(super) fn has_room(&self) -> bool {
+        self.lent.load(Ordering::Relaxed) < MAX_LENT
+    }
+
+    /// Lends a connection; the receiver gets it back. When no thread can take
+    /// it, it comes straight back with its telegram framed again in the
+    /// buffer, for the reactor to handle as if just read.
+    pub(super) fn lend(&self, lent: Lent) -> oneshot::Receiver<Back> {
+        let (back, rx) = oneshot::channel();
+        self.lent.fetch_add(1, Ordering::Relaxed);
+        let lent_count = self.lent.clone();
+        let clock = self.clock.clone();
+        let runtime = self.runtime.clone();
+        // The lent connection travels through a cell so that a failed start
+        // can hand it back.
+        let cell = Arc::new(Mutex::new(Some((lent, back))));
+        let inside = cell.clone();
+        let started = self.threads.run(Box::new(move || {
+            let _lent = Counted(lent_count);
+            let _runtime = runtime.enter();
+            if let Some((lent, back)) = lock(&inside).take() {
+                serve(lent, back, &clock);
+            }
+        }));
+        if started.is_err() {
+            self.lent.fetch_sub(1, Ordering::Relaxed);
+            if let Some((lent, back)) = lock(&cell).take() {
+                let codec = FrameCodec::new(lent.limits.prefix, lent.limits.max_telegram_len);
+                let mut buf = BytesMut::new();
+                // It was framed when read, so it frames again.
+                let _ = codec.encode(&lent.telegram, &mut buf);
+                let _ = back.send(Back::Resume(
+                    lent.stream,
+                    Carry {
+                        buf,
+                        ..Carry::empty()
+                    },
+                ));
+            }
+        }
+        rx
+    }
+}
+
+impl Drop for Adopters {
+    fn drop(&mut self) {
+        self.clock.stop();
+    }
+}
+
+/// Takes a lent connection off the count when its adopter is done with it.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A connection while its telegram is being handled: the part the clock can
+/// take back to the reactor.
+struct Held {
+    stream: StdStream,
+    back: oneshot::Sender<Back>,
+    flight: Inline,
+}
+
+type Slot = Arc<Mutex<Option<Held>>>;
+
+/// A telegram's handling as it ended: its answer, or why its task failed.
+type Handled = Result<(Echo, crate::relay::Reply), String>;
+
+/// Serves a lent connection until it goes back or closes.
+fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
+    let Lent {
+        stream,
+        telegram,
+        read_at,
+        guard,
+        start,
+        in_flight,
+        limits,
+        span,
+    } = lent;
+    let _span = span.enter();
+    let resume = |stream: StdStream, back: oneshot::Sender<Back>, carry: Carry| {
+        let _ = back.send(Back::Resume(stream, carry));
+    };
+    if let Err(e) = prepare(&stream, &limits) {
+        debug!(%e, "could not make the socket blocking; the reactor keeps the connection");
+        let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
+        let mut buf = BytesMut::new();
+        let _ = codec.encode(&telegram, &mut buf);
+        drop(guard);
+        return resume(
+            stream,
+            back,
+            Carry {
+                buf,
+                ..Carry::empty()
+            },
+        );
+    }
+    let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut out = Answers {
+        telegram: Vec::with_capacity(128),
+        framed: BytesMut::with_capacity(160),
+        write_timeout: limits.write_timeout,
+    };
+    let mut next = Some((telegram, read_at, guard));
+    let mut stream = stream;
+    let mut back = back;
+    let mut buf = BytesMut::with_capacity(512);
+    let mut read_timeout = None;
+    loop {
+        if let Some((telegram, read_at, guard)) = next.take() {
+            let flight = Inline {
+                echo: Echo::from_telegram(&telegram),
+                handling: start(telegram, read_at),
+                guard,
+                read_at,
+            };
+            let slot: Slot = Arc::new(Mutex::new(Some(Held {
+                stream,
+                back,
+                flight,
+            })));
+            let Some((held, done)) = drive(&slot, &waker, clock, read_at + PATIENCE) else {
+                // Gone to the reactor, with its telegram.
+                return;
+            };
+            let Held {
+                stream: s,
+                back: b,
+                flight,
+            } = held;
+            (stream, back) = (s, b);
+            let (echo, reply) = match done {
+                Ok(answer) => answer,
+                Err(why) => failed_task(flight.echo, &why),
+            };
+            let written = out.write(&mut stream, &codec, &echo, reply.code.as_str(), &reply.body);
+            drop(flight.guard);
+            if !written || reply.close {
+                let _ = stream.shutdown(std::net::Shutdown::Write);
+                let _ = back.send(Back::Closed);
+                return;
+            }
+        }
+        // The next telegram: only a lone, whole one stays here.
+        let idle_from = Instant::now();
+        let mut started = None;
+        loop {
+            match codec.complete_len(&buf) {
+                Ok(Some(n)) if n == buf.len() => {
+                    let guard = in_flight.enter();
+                    match codec.decode(&mut buf) {
+                        Ok(Some(telegram)) => next = Some((telegram, Instant::now(), guard)),
+                        _ => unreachable!("a complete frame decodes"),
+                    }
+                    break;
+                }
+                Ok(None) => {}
+                // Pipelined, or unframeable: the reactor's business.
+                Ok(Some(_)) | Err(_) => {
+                    return resume(stream, back, carry(buf, started, idle_from));
+                }
+            }
+            let wait = if buf.is_empty() {
+                IDLE_HANDBACK.min(limits.idle_timeout)
+            } else {
+                // A telegram in pieces: the reactor times it out.
+                IDLE_HANDBACK.min(limits.read_timeout)
+            };
+            let wait = wait.max(Duration::from_millis(1));
+            if read_timeout != Some(wait) {
+                if stream.set_read_timeout(Some(wait)).is_err() {
+                    return resume(stream, back, carry(buf, started, idle_from));
+                }
+                read_timeout = Some(wait);
+            }
+            match read_into(&mut stream, &mut buf) {
+                // Bytes: a telegram yet?
+                Ok(n) if n > 0 => {
+                    started.get_or_insert_with(Instant::now);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                // Timed out, the end of the stream, an error: the reactor
+                // reads again and acts as it always does.
+                _ => return resume(stream, back, carry(buf, started, idle_from)),
+            }
+        }
+    }
+}
+
+/// Where the reactor takes over between telegrams: `started` counts only
+/// for bytes that are not a whole telegram yet.
+fn carry(buf: BytesMut, started: Option<Instant>, idle_from: Instant) -> Carry {
+    Carry {
+        started: started.filter(|_| !buf.is_empty()),
+        buf,
+        idle_from: Some(idle_from),
+        inline: None,
+    }
+}
+
+/// Makes a lent socket blocking, with the write timeout.
+fn prepare(stream: &StdStream, limits: &Limits) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    let write_timeout = limits.write_timeout.max(Duration::from_millis(1));
+    stream.set_write_timeout(Some(write_timeout))
+}
+
+/// One blocking read appended to `buf`.
+fn read_into(stream: &mut StdStream, buf: &mut BytesMut) -> std::io::Result<usize> {
+    let mut chunk = [0u8; 4096];
+    let n = stream.read(&mut chunk)?;
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(n)
+}
+
+/// Polls the telegram's future in `slot` to the end on this thread, running
+/// the core call it starts in place. `None`: the connection went back to the
+/// reactor with the telegram still being handled (past `patience`).
+fn drive(
+    slot: &Slot,
+    waker: &Waker,
+    clock: &Arc<Clock>,
+    patience: Instant,
+) -> Option<(Held, Handled)> {
+    let mut cx = Context::from_waker(waker);
+    loop {
+        let mut held = lock(slot);
+        let h = held.as_mut()?;
+        let (poll, stashed) = caller::stashing(|| Pin::new(&mut h.flight.handling).poll(&mut cx));
+        match poll {
+            Poll::Ready(done) => {
+                let h = held.take().expect("held while polled");
+                drop(held);
+                if let Some((work, _)) = stashed {
+                    run(work);
+                }
+                return Some((h, done.map_err(|p| panic_message(&p))));
+            }
+            Poll::Pending => match stashed {
+                Some((work, due)) => {
+                    drop(held);
+                    // Blocked in the call: the clock takes the connection
+                    // back if the call outlasts the patience or its deadline.
+                    let lease = clock.lease(patience.min(due), slot.clone());
+                    run(work);
+                    clock.cancel(lease);
+                }
+                None if Instant::now() >= patience => {
+                    let h = held.take().expect("held while polled");
+                    drop(held);
+                    hand_back(h);
+                    return None;
+                }
+                None => {
+                    drop(held);
+                    std::thread::park_timeout(patience.saturating_duration_since(Instant::now()));
+                }
+            },
+        }
+    }
+}
+
+/// Runs a core call; a panic in it ends the call only (its caller hears
+/// "ended without a result"), as on a caller thread.
+fn run(work: caller::Work) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+}
+
+/// Gives a connection whose telegram is still being handled back to the
+/// reactor.
+fn hand_back(held: Held) {
+    let Held {
+        stream,
+        back,
+        flight,
+    } = held;
+    let _ = back.send(Back::Resume(
+        stream,
+        Carry {
+            inline: Some(flight),
+            ..Carry::empty()
+        },
+    ));
+}
+
+/// Wakes the adopter that polls a future.
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// An adopter's answer buffers.
+struct Answers {
+    telegram: Vec<u8>,
+    framed: BytesMut,
+    write_timeout: Duration,
+}
+
+impl Answers {
+    /// Writes one answer; `false` when the connection cannot go on.
+    fn write(
+        &mut self,
+        stream: &mut StdStream,
+        codec: &FrameCodec,
+        echo: &Echo,
+        code: &str,
+        body: &[u8],
+    ) -> bool {
+        if !frame_answer(
+            codec,
+            echo,
+            code,
+            body,
+            &mut self.telegram,
+            &mut self.framed,
+        ) {
+            return false;
+        }
+        match stream.write_all(&self.framed) {
+            Ok(()) => true,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                write_timed_out(self.write_timeout);
+                false
+            }
+            Err(e) => {
+                debug!(%e, "write failed; channel gone");
+                false
+            }
+        }
+    }
+}
+
+/// Takes connections whose telegram outlasts its patience back to the
+/// reactor while their adopter is blocked in a core call. One thread for
+/// all adopters; a lease costs an insert and a remove in a sorted map, and
+/// the thread wakes only when a lease is due (or every [`PATIENCE`] when
+/// there is none, so that a new lease never has to wake it).
+pub(super) struct Clock {
+    state: Mutex<ClockState>,
+    due: Condvar,
+}
+
+struct ClockState {
+    leases: BTreeMap<(Instant, u64), Slot>,
+    next_id: u64,
+    /// When the clock thread wakes next on its own.
+    wakes_at: Instant,
+    stopped: bool,
+}
+
+/// A lease's key, to cancel it.
+pub(super) type Lease = (Instant, u64);
+
+impl Clock {
+    fn start() -> Arc<Clock> {
+        let clock = Arc::new(Clock {
+            state: Mutex::new(ClockState {
+                leases: BTreeMap::new(),
+                next_id: 0,
+                wakes_at: Instant::now(),
+                stopped: false,
+            }),
+            due: Condvar::new(),
+        });
+        let inside = clock.clone();
+        let started = std::thread::Builder::new()
+            .name("relayhub-clock".into())
+            .stack_size(64 * 1024)
+            .spawn(move || inside.run());
+        if let Err(e) = started {
+            // Without it a slow call keeps its connection on the adopter
+            // until the call ends; the budget is still answered, late.
+            tracing::error!(%e, "cannot start the adopters' clock thread");
+        }
+        clock
+    }
+
+    fn lease(&self, at: Instant, slot: Slot) -> Lease {
+        let mut state = lock(&self.state);
+        let id = state.next_id;
+        state.next_id += 1;
+        state.leases.insert((at, id), slot);
+        if at < state.wakes_at {
+            self.due.notify_one();
+        }
+        (at, id)
+    }
+
+    fn cancel(&self, lease: Lease) {
+        lock(&self.state).leases.remove(&lease);
+    }
+
+    fn stop(&self) {
+        lock(&self.state).stopped = true;
+        self.due.notify_one();
+    }
+
+    fn run(&self) {
+        let mut state = lock(&self.state);
+        loop {
+            if state.stopped {
+                return;
+            }
+            let now = Instant::now();
+            if let Some(entry) = state.leases.first_entry()
+                && entry.key().0 <= now
+            {
+                let slot = entry.remove();
+                drop(state);
+                if let Some(held) = lock(&slot).take() {
+                    hand_back(held);
+                }
+                state = lock(&self.state);
+                continue;
+            }
+            let until = match state.leases.first_key_value() {
+                Some(((at, _), _)) => *at,
+                None => now + PATIENCE,
+            };
+            state.wakes_at = until;
+            let (s, _) = self
+                .due
+                .wait_timeout(state, until.saturating_duration_since(now))
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            state = s;
+        }
+    }
+}
