@@ -1124,6 +1124,162 @@ mod tests {
         assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
     }
 
+    /// A channel connection served by `serve_plain` with `limits` and
+    /// `adopters`: the channel's end and the task.
+    async fn one_plain_connection<H: Answerer>(
+        hub: H,
+        limits: Limits,
+        adopters: Option<Arc<Adopters>>,
+    ) -> (TcpStream, tokio::task::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let in_flight = Arc::new(InFlight::default());
+        let server = tokio::spawn(async move {
+            let (stream, peer) = listener.accept().await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            serve_plain(stream, peer, Arc::new(hub), limits, in_flight, adopters).await;
+        });
+        let channel = TcpStream::connect(addr).await.unwrap();
+        (channel, server)
+    }
+
+    /// Sends a telegram one byte every 20 ms (about 1.4 s in all) after a
+    /// quick exchange, with a 300 ms read timeout; what the channel then
+    /// reads: `None` for a closed connection, else the answer's bytes.
+    async fn trickle_past_the_read_timeout(adopters: Option<Arc<Adopters>>) -> Option<Vec<u8>> {
+        let limits = Limits {
+            read_timeout: Duration::from_millis(300),
+            ..Limits::from(&ServerConfig::default())
+        };
+        let (mut channel, server) = one_plain_connection(PanicsOnPanic1, limits, adopters).await;
+        let quick = "20261129IBANK0000000000000000QCK";
+        let answer = exchange(&mut channel, &header("TRF001", quick)).await;
+        assert_eq!(&answer[60..64], b"0000");
+        let codec = FrameCodec::new(PrefixMode::Ascii, 4096);
+        let mut framed = BytesMut::new();
+        let slow = "20261129IBANK0000000000000000SLW";
+        codec.encode(&header("TRF001", slow), &mut framed).unwrap();
+        let began = Instant::now();
+        for byte in framed.iter() {
+            if channel.write_all(&[*byte]).await.is_err() {
+                // Closed under the channel's feet.
+                server.abort();
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(began.elapsed() > Duration::from_millis(900));
+        let mut got = vec![0u8; 256];
+        let read = tokio::time::timeout(Duration::from_secs(5), channel.read(&mut got)).await;
+        server.abort();
+        match read {
+            Ok(Ok(0)) | Ok(Err(_)) => None,
+            Ok(Ok(n)) => Some(got[..n].to_vec()),
+            Err(_) => panic!("neither closed nor answered within 5 s"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_reactor_closes_a_telegram_that_trickles_past_the_read_timeout() {
+        let got = trickle_past_the_read_timeout(None).await;
+        assert!(
+            got.is_none(),
+            "answered: {:?}",
+            got.map(|b| String::from_utf8_lossy(&b).into_owned())
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lent_connection_closes_a_telegram_that_trickles_past_the_read_timeout() {
+        let got = trickle_past_the_read_timeout(Some(Arc::new(Adopters::new()))).await;
+        assert!(
+            got.is_none(),
+            "a telegram that took 1.4 s to arrive (read timeout 300 ms) was answered: {:?}",
+            got.map(|b| String::from_utf8_lossy(&b).into_owned())
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_telegram_is_answered_when_no_adopter_thread_can_start() {
+        // A stack no thread can have: every lend fails to start its adopter.
+        let adopters = Arc::new(Adopters::with_stack(1 << 62));
+        let limits = Limits::from(&ServerConfig::default());
+        let (mut channel, server) =
+            one_plain_connection(PanicsOnPanic1, limits, Some(adopters)).await;
+        let guid = "20261129IBANK0000000000000000NTH";
+        send(&mut channel, &[&header("TRF001", guid)]).await;
+        let mut prefix = [0u8; 4];
+        let read =
+            tokio::time::timeout(Duration::from_secs(5), channel.read_exact(&mut prefix)).await;
+        server.abort();
+        assert!(
+            matches!(read, Ok(Ok(_))),
+            "no answer within 5 s when no adopter can start: {read:?}"
+        );
+    }
+
+    /// Starts a "core call" (left in the stash on an adopter) that blocks
+    /// until released, then panics in the same poll: the call's future is
+    /// gone, nobody waits for the call.
+    struct StashThenPanic {
+        calls: crate::core_client::caller::Callers,
+        release: Arc<std::sync::Mutex<std::sync::mpsc::Receiver<()>>>,
+        ran: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Answerer for StashThenPanic {
+        async fn answer(
+            &self,
+            telegram: Bytes,
+            peer: IpAddr,
+            cert: Option<Arc<ClientCert>>,
+            read_at: Instant,
+        ) -> (Echo, Reply) {
+            if telegram.starts_with(b"STPNC1") {
+                let release = self.release.clone();
+                let ran = self.ran.clone();
+                let work: crate::core_client::caller::Work = Box::new(move || {
+                    ran.store(true, Ordering::SeqCst);
+                    let _ = release
+                        .lock()
+                        .unwrap()
+                        .recv_timeout(Duration::from_secs(30));
+                });
+                let due = Instant::now() + Duration::from_secs(30);
+                assert!(self.calls.run_or_stash(work, due).is_ok());
+                panic!("a bug after the call started");
+            }
+            PanicsOnPanic1.answer(telegram, peer, cert, read_at).await
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_on_an_adopter_does_not_wait_for_a_call_nobody_awaits() {
+        let (release, released) = std::sync::mpsc::channel();
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let hub = StashThenPanic {
+            calls: crate::core_client::caller::Callers::new("test-caller"),
+            release: Arc::new(std::sync::Mutex::new(released)),
+            ran: ran.clone(),
+        };
+        let limits = Limits::from(&ServerConfig::default());
+        let adopters = Some(Arc::new(Adopters::new()));
+        let (mut channel, server) = one_plain_connection(hub, limits, adopters).await;
+        let guid = "20261129IBANK0000000000000000STP";
+        send(&mut channel, &[&header("STPNC1", guid)]).await;
+        let mut prefix = [0u8; 4];
+        let read =
+            tokio::time::timeout(Duration::from_secs(3), channel.read_exact(&mut prefix)).await;
+        let ran_before_release = ran.load(Ordering::SeqCst);
+        let _ = release.send(());
+        server.abort();
+        assert!(
+            matches!(read, Ok(Ok(_))),
+            "the E901 was not written within 3 s (the adopter ran the orphaned call first: {ran_before_release})"
+        );
+        assert!(!ran_before_release, "a call whose future is gone was run");
+    }
+
     #[tokio::test]
     async fn a_telegram_task_that_panics_is_answered_e901_with_its_own_header() {
         let (mut channel, in_flight, server) = one_connection().await;

@@ -141,6 +141,15 @@ impl Adopters {
         }
     }
 
+    /// The same with adopter threads of `stack` bytes (a test makes them
+    /// impossible to start).
+    #[cfg(test)]
+    pub(super) fn with_stack(stack: usize) -> Adopters {
+        let mut adopters = Adopters::new();
+        adopters.threads = Callers::with_stack("relayhub-conn", stack);
+        adopters
+    }
+
     /// Whether a connection could be lent now.
     pub(super) fn has_room(&self) -> bool {
         self.lent.load(Ordering::Relaxed) < MAX_LENT
