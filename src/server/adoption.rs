@@ -178,21 +178,36 @@ impl Adopters {
         if started.is_err() {
             self.lent.fetch_sub(1, Ordering::Relaxed);
             if let Some((lent, back)) = lock(&cell).take() {
-                let codec = FrameCodec::new(lent.limits.prefix, lent.limits.max_telegram_len);
-                let mut buf = BytesMut::new();
-                // It was framed when read, so it frames again.
-                let _ = codec.encode(&lent.telegram, &mut buf);
-                let _ = back.send(Back::Resume(
-                    lent.stream,
-                    Carry {
-                        buf,
-                        ..Carry::empty()
-                    },
-                ));
+                let (stream, carry) = kept(lent);
+                let _ = back.send(Back::Resume(stream, carry));
             }
         }
         rx
     }
+}
+
+/// A connection that could not be lent, as the reactor takes it back: its
+/// telegram already being handled (from when it was read, still counted in
+/// flight), so that it is not lent again for that telegram.
+fn kept(lent: Lent) -> (StdStream, Carry) {
+    let Lent {
+        stream,
+        telegram,
+        read_at,
+        guard,
+        start,
+        ..
+    } = lent;
+    let carry = Carry {
+        inline: Some(Inline {
+            echo: Echo::from_telegram(&telegram),
+            handling: start(telegram, read_at),
+            guard,
+            read_at,
+        }),
+        ..Carry::empty()
+    };
+    (stream, carry)
 }
 
 impl Drop for Adopters {
@@ -245,18 +260,16 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
     };
     if let Err(e) = prepare(&stream, &limits) {
         debug!(%e, "could not make the socket blocking; the reactor keeps the connection");
-        let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
-        let mut buf = BytesMut::new();
-        let _ = codec.encode(&telegram, &mut buf);
-        drop(guard);
-        return resume(
-            stream,
-            back,
-            Carry {
-                buf,
-                ..Carry::empty()
-            },
-        );
+        let carry = Carry {
+            inline: Some(Inline {
+                echo: Echo::from_telegram(&telegram),
+                handling: start(telegram, read_at),
+                guard,
+                read_at,
+            }),
+            ..Carry::empty()
+        };
+        return resume(stream, back, carry);
     }
     let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
@@ -324,11 +337,18 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
                     return resume(stream, back, carry(buf, started, idle_from));
                 }
             }
-            let wait = if buf.is_empty() {
-                IDLE_HANDBACK.min(limits.idle_timeout)
-            } else {
-                // A telegram in pieces: the reactor times it out.
-                IDLE_HANDBACK.min(limits.read_timeout)
+            let wait = match started {
+                Some(t) if !buf.is_empty() => {
+                    // A telegram in pieces: its read timeout counts from its
+                    // first byte; the reactor closes it when it is over.
+                    let left = super::later(t, limits.read_timeout)
+                        .saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return resume(stream, back, carry(buf, started, idle_from));
+                    }
+                    IDLE_HANDBACK.min(left)
+                }
+                _ => IDLE_HANDBACK.min(limits.idle_timeout),
             };
             let wait = wait.max(Duration::from_millis(1));
             if read_timeout != Some(wait) {
@@ -395,9 +415,9 @@ fn drive(
             Poll::Ready(done) => {
                 let h = held.take().expect("held while polled");
                 drop(held);
-                if let Some((work, _)) = stashed {
-                    run(work);
-                }
+                // Nobody waits for a call left in the stash by a future that
+                // ended: dropped unrun, its gate never leaves `QUEUED`.
+                drop(stashed);
                 return Some((h, done.map_err(|p| panic_message(&p))));
             }
             Poll::Pending => match stashed {
