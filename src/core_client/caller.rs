@@ -57,9 +57,18 @@ thread_local! {
 /// handed to a caller thread, and returned with `f`'s result. The caller
 /// must run it (or drop it, which leaves its gate unstarted: "not sent").
 pub(crate) fn stashing<R>(f: impl FnOnce() -> R) -> (R, Option<Stashed>) {
+    /// Closes the stash however `f` ends, a panic included.
+    struct Close;
+    impl Drop for Close {
+        fn drop(&mut self) {
+            STASH.with(|s| *s.borrow_mut() = None);
+        }
+    }
     STASH.with(|s| *s.borrow_mut() = Some(None));
+    let close = Close;
     let result = f();
     let stashed = STASH.with(|s| s.borrow_mut().take().flatten());
+    drop(close);
     (result, stashed)
 }
 

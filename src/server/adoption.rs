@@ -127,16 +127,21 @@ pub(super) struct Adopters {
     threads: Callers,
     lent: Arc<AtomicUsize>,
     clock: Arc<Clock>,
+    /// The clock's thread runs: without it a slow call would keep its
+    /// connection (and its answer) until the call ends, so nothing is lent.
+    ticking: bool,
     runtime: tokio::runtime::Handle,
 }
 
 impl Adopters {
     /// Adopters for connections served by the current runtime.
     pub(super) fn new() -> Adopters {
+        let (clock, ticking) = Clock::start();
         Adopters {
             threads: Callers::with_stack("relayhub-conn", STACK_SIZE),
             lent: Arc::new(AtomicUsize::new(0)),
-            clock: Clock::start(),
+            clock,
+            ticking,
             runtime: tokio::runtime::Handle::current(),
         }
     }
@@ -152,7 +157,7 @@ impl Adopters {
 
     /// Whether a connection could be lent now.
     pub(super) fn has_room(&self) -> bool {
-        self.lent.load(Ordering::Relaxed) < MAX_LENT
+        self.ticking && self.lent.load(Ordering::Relaxed) < MAX_LENT
     }
 
     /// Lends a connection; the receiver gets it back. When no thread can take
@@ -244,6 +249,14 @@ type Handled = Result<(Echo, crate::relay::Reply), String>;
 
 /// Serves a lent connection until it goes back or closes.
 fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
+    let span = lent.span.clone();
+    let _span = span.enter();
+    if let Err(e) = prepare(&lent.stream, &lent.limits) {
+        debug!(%e, "could not make the socket blocking; the reactor keeps the connection");
+        let (stream, carry) = kept(lent);
+        let _ = back.send(Back::Resume(stream, carry));
+        return;
+    }
     let Lent {
         stream,
         telegram,
@@ -252,31 +265,19 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
         start,
         in_flight,
         limits,
-        span,
+        span: _,
     } = lent;
-    let _span = span.enter();
     let resume = |stream: StdStream, back: oneshot::Sender<Back>, carry: Carry| {
         let _ = back.send(Back::Resume(stream, carry));
     };
-    if let Err(e) = prepare(&stream, &limits) {
-        debug!(%e, "could not make the socket blocking; the reactor keeps the connection");
-        let carry = Carry {
-            inline: Some(Inline {
-                echo: Echo::from_telegram(&telegram),
-                handling: start(telegram, read_at),
-                guard,
-                read_at,
-            }),
-            ..Carry::empty()
-        };
-        return resume(stream, back, carry);
-    }
     let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut out = Answers {
         telegram: Vec::with_capacity(128),
         framed: BytesMut::with_capacity(160),
         write_timeout: limits.write_timeout,
+        // As `prepare` set it.
+        socket_timeout: limits.write_timeout.max(Duration::from_millis(1)),
     };
     let mut next = Some((telegram, read_at, guard));
     let mut stream = stream;
@@ -484,6 +485,8 @@ struct Answers {
     telegram: Vec<u8>,
     framed: BytesMut,
     write_timeout: Duration,
+    /// The socket's write timeout as last set.
+    socket_timeout: Duration,
 }
 
 impl Answers {
@@ -506,7 +509,7 @@ impl Answers {
         ) {
             return false;
         }
-        match stream.write_all(&self.framed) {
+        match self.write_within(stream) {
             Ok(()) => true,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                 write_timed_out(self.write_timeout);
@@ -517,6 +520,35 @@ impl Answers {
                 false
             }
         }
+    }
+}
+
+impl Answers {
+    /// Writes the framed answer within the write timeout as a whole (the
+    /// socket's own timeout bounds each write only).
+    fn write_within(&mut self, stream: &mut StdStream) -> std::io::Result<()> {
+        let deadline = std::time::Instant::now() + self.write_timeout;
+        let mut rest = &self.framed[..];
+        while !rest.is_empty() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(ErrorKind::TimedOut.into());
+            }
+            // The socket keeps the whole timeout for a first write; a part
+            // written leaves only what is left.
+            let want = left.max(Duration::from_millis(1));
+            if self.socket_timeout.abs_diff(want) > Duration::from_millis(1) {
+                stream.set_write_timeout(Some(want))?;
+                self.socket_timeout = want;
+            }
+            match stream.write(rest) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => rest = &rest[n..],
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -542,7 +574,8 @@ struct ClockState {
 pub(super) type Lease = (Instant, u64);
 
 impl Clock {
-    fn start() -> Arc<Clock> {
+    /// The clock, and whether its thread runs.
+    fn start() -> (Arc<Clock>, bool) {
         let clock = Arc::new(Clock {
             state: Mutex::new(ClockState {
                 leases: BTreeMap::new(),
@@ -557,12 +590,10 @@ impl Clock {
             .name("relayhub-clock".into())
             .stack_size(64 * 1024)
             .spawn(move || inside.run());
-        if let Err(e) = started {
-            // Without it a slow call keeps its connection on the adopter
-            // until the call ends; the budget is still answered, late.
-            tracing::error!(%e, "cannot start the adopters' clock thread");
+        if let Err(e) = &started {
+            tracing::error!(%e, "cannot start the adopters' clock thread; no connection is lent to a thread");
         }
-        clock
+        (clock, started.is_ok())
     }
 
     fn lease(&self, at: Instant, slot: Slot) -> Lease {
@@ -597,7 +628,16 @@ impl Clock {
             {
                 let slot = entry.remove();
                 drop(state);
-                if let Some(held) = lock(&slot).take() {
+                // An adopter polling its telegram now is not blocked in a
+                // call: it sees the patience itself (or leases again for
+                // its next call, already due), so the clock never waits
+                // behind a poll.
+                let taken = match slot.try_lock() {
+                    Ok(mut held) => held.take(),
+                    Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().take(),
+                    Err(std::sync::TryLockError::WouldBlock) => None,
+                };
+                if let Some(held) = taken {
                     hand_back(held);
                 }
                 state = lock(&self.state);
