@@ -914,7 +914,14 @@ mod tests {
             cert: Option<Arc<ClientCert>>,
             read_at: Instant,
         ) -> (Echo, Reply) {
-            if telegram.starts_with(b"BLOCK1") {
+            // BLOCK1 waits for its call; BLOCKD gives up at a deadline 300 ms
+            // away and answers E901, as the hub does at the budget.
+            let deadline = match &telegram[..6] {
+                b"BLOCK1" => Some(Duration::from_secs(30)),
+                b"BLOCKD" => Some(Duration::from_millis(300)),
+                _ => None,
+            };
+            if let Some(deadline) = deadline {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 let release = self.release.clone();
                 let ran_on = self.ran_on.clone();
@@ -924,9 +931,18 @@ mod tests {
                     let _ = release.lock().unwrap().recv();
                     let _ = tx.send(());
                 });
-                let due = Instant::now() + Duration::from_secs(30);
+                let due = Instant::now() + deadline;
                 assert!(self.calls.run_or_stash(work, due).is_ok());
-                rx.await.unwrap();
+                if tokio::time::timeout_at(due, rx).await.is_err() {
+                    return (
+                        Echo::from_telegram(&telegram),
+                        Reply {
+                            code: Code::UNKNOWN,
+                            body: Vec::new(),
+                            close: false,
+                        },
+                    );
+                }
             }
             PanicsOnPanic1.answer(telegram, peer, cert, read_at).await
         }
@@ -1080,7 +1096,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_call_that_outlasts_the_patience_gives_the_connection_back_to_the_reactor() {
+    async fn a_telegram_sent_during_a_long_call_takes_the_connection_back_to_the_reactor() {
         let (release, released) = std::sync::mpsc::channel();
         let (ran_on, call_thread) = std::sync::mpsc::channel();
         let hub = Scripted {
@@ -1103,8 +1119,8 @@ mod tests {
             thread, "relayhub-conn",
             "the call runs in place, on the connection's adopter"
         );
-        // The call blocks its adopter; the reactor reads the next telegram
-        // meanwhile (the clock took the connection back).
+        // The call blocks its adopter; the next telegram makes the watched
+        // connection readable, and the reactor reads it meanwhile.
         let next = "20261129IBANK0000000000000000NXT";
         send(&mut channel, &[&header("TRF001", next)]).await;
         until_in_flight(&in_flight, 2).await;
@@ -1278,6 +1294,44 @@ mod tests {
             "the E901 was not written within 3 s (the adopter ran the orphaned call first: {ran_before_release})"
         );
         assert!(!ran_before_release, "a call whose future is gone was run");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_past_its_deadline_is_answered_by_the_reactor_while_it_goes_on() {
+        let (release, released) = std::sync::mpsc::channel();
+        let (ran_on, call_thread) = std::sync::mpsc::channel();
+        let hub = Scripted {
+            calls: crate::core_client::caller::Callers::new("test-caller"),
+            release: Arc::new(std::sync::Mutex::new(released)),
+            ran_on,
+        };
+        let (mut channel, in_flight, server) = one_lent_connection(hub).await;
+        let quick = "20261129IBANK0000000000000000QCK";
+        let answer = exchange(&mut channel, &header("TRF001", quick)).await;
+        assert_eq!(&answer[60..64], b"0000");
+
+        // The call blocks its adopter past its deadline, and nothing else
+        // comes from the channel: the deadline alone takes the telegram back.
+        let held = "20261129IBANK0000000000000000DUE";
+        let answer = exchange(&mut channel, &header("BLOCKD", held)).await;
+        assert_eq!(&answer[..38], format!("BLOCKD{held}").as_bytes());
+        assert_eq!(&answer[60..64], b"E901", "answered at the deadline");
+        let thread = tokio::task::spawn_blocking(move || call_thread.recv().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(thread, "relayhub-conn");
+        // The connection goes on while the call still blocks its adopter.
+        let next = "20261129IBANK0000000000000000NXT";
+        let answer = exchange(&mut channel, &header("TRF001", next)).await;
+        assert_eq!(&answer[60..64], b"0000");
+        release.send(()).unwrap();
+
+        drop(channel);
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the connection ends with the channel's close")
+            .unwrap();
+        assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]

@@ -23,17 +23,20 @@
 //! * more than one telegram in the buffer (pipelining: the reactor runs them
 //!   side by side), unframeable bytes, the end of the stream or a read error:
 //!   the reactor answers and logs them as it always does;
-//! * a telegram still unanswered after [`PATIENCE`] (a slow core): its
-//!   future moves to the reactor, which keeps reading the connection meanwhile
-//!   and answers at the budget as always. While the thread is blocked in the
-//!   core call, a clock thread makes that move, at the patience or at the
-//!   call's own deadline, whichever comes first. The call itself goes on on
-//!   the thread and hands its result to the future wherever it is, exactly as
-//!   from a caller thread, so the budget, the late-answer window and the send
-//!   gate keep their meaning.
+//! * a core call that outlasts [`PATIENCE`] keeps the connection on its
+//!   adopter, like a thread-per-connection server, but from then on the
+//!   reactor watches the connection: bytes from the channel (a pipelined
+//!   telegram, its close) or the call's deadline move the telegram's future to
+//!   the reactor, which reads them and answers at the budget as always. A
+//!   clock thread starts the watch, so a quick call costs no task. The call
+//!   itself goes on on the adopter and hands its result to the future
+//!   wherever it is, exactly as from a caller thread, so the budget, the
+//!   late-answer window and the send gate keep their meaning;
+//! * a telegram that waits on anything else (the journal, a retry's pause)
+//!   past the patience moves to the reactor.
 //!
-//! A connection whose last telegram took longer than the patience stays with
-//! the reactor (and the caller threads) until one is quick again.
+//! A connection that came back with a telegram still being handled stays
+//! with the reactor (and the caller threads) until a telegram is quick again.
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
@@ -68,7 +71,7 @@ pub(super) const IDLE_HANDBACK: Duration = Duration::from_millis(250);
 
 /// Connections lent at once, at most; more busy connections are served by
 /// the reactor and the caller threads.
-pub(super) const MAX_LENT: usize = 512;
+pub(super) const MAX_LENT: usize = 4096;
 
 /// An adopter's stack: it polls a telegram's future (whose state is on the
 /// heap) and makes ureq calls, TLS handshakes included, like a caller thread;
@@ -136,13 +139,14 @@ pub(super) struct Adopters {
 impl Adopters {
     /// Adopters for connections served by the current runtime.
     pub(super) fn new() -> Adopters {
-        let (clock, ticking) = Clock::start();
+        let runtime = tokio::runtime::Handle::current();
+        let (clock, ticking) = Clock::start(runtime.clone());
         Adopters {
             threads: Callers::with_stack("relayhub-conn", STACK_SIZE),
             lent: Arc::new(AtomicUsize::new(0)),
             clock,
             ticking,
-            runtime: tokio::runtime::Handle::current(),
+            runtime,
         }
     }
 
@@ -242,7 +246,27 @@ struct Held {
     flight: Inline,
 }
 
-type Slot = Arc<Mutex<Option<Held>>>;
+/// A telegram's connection while an adopter handles it: whoever takes `held`
+/// out owns the connection.
+struct Slot {
+    held: Mutex<Option<Held>>,
+    /// Woken when the adopter's core call returns: a watch on the
+    /// connection ([`watch`]) ends.
+    call_ended: tokio::sync::Notify,
+}
+
+impl Slot {
+    /// Takes the connection unless its adopter is polling it right now (an
+    /// adopter that polls is not blocked in a call, and sees the patience
+    /// and the deadlines itself).
+    fn try_take(&self) -> Option<Held> {
+        match self.held.try_lock() {
+            Ok(mut held) => held.take(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().take(),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+}
 
 /// A telegram's handling as it ended: its answer, or why its task failed.
 type Handled = Result<(Echo, crate::relay::Reply), String>;
@@ -292,11 +316,14 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
                 guard,
                 read_at,
             };
-            let slot: Slot = Arc::new(Mutex::new(Some(Held {
-                stream,
-                back,
-                flight,
-            })));
+            let slot = Arc::new(Slot {
+                held: Mutex::new(Some(Held {
+                    stream,
+                    back,
+                    flight,
+                })),
+                call_ended: tokio::sync::Notify::new(),
+            });
             let Some((held, done)) = drive(&slot, &waker, clock, read_at + PATIENCE) else {
                 // Gone to the reactor, with its telegram.
                 return;
@@ -402,14 +429,14 @@ fn read_into(stream: &mut StdStream, buf: &mut BytesMut) -> std::io::Result<usiz
 /// the core call it starts in place. `None`: the connection went back to the
 /// reactor with the telegram still being handled (past `patience`).
 fn drive(
-    slot: &Slot,
+    slot: &Arc<Slot>,
     waker: &Waker,
     clock: &Arc<Clock>,
     patience: Instant,
 ) -> Option<(Held, Handled)> {
     let mut cx = Context::from_waker(waker);
     loop {
-        let mut held = lock(slot);
+        let mut held = lock(&slot.held);
         let h = held.as_mut()?;
         let (poll, stashed) = caller::stashing(|| Pin::new(&mut h.flight.handling).poll(&mut cx));
         match poll {
@@ -425,10 +452,12 @@ fn drive(
                 Some((work, due)) => {
                     drop(held);
                     // Blocked in the call: the clock takes the connection
-                    // back if the call outlasts the patience or its deadline.
-                    let lease = clock.lease(patience.min(due), slot.clone());
+                    // back at the call's deadline, and watches it from the
+                    // patience on.
+                    let lease = clock.lease(patience.min(due), due, slot.clone());
                     run(work);
                     clock.cancel(lease);
+                    slot.call_ended.notify_waiters();
                 }
                 None if Instant::now() >= patience => {
                     let h = held.take().expect("held while polled");
@@ -466,6 +495,33 @@ fn hand_back(held: Held) {
             ..Carry::empty()
         },
     ));
+}
+
+/// Watches a lent connection (`stream`: a second handle on its socket, only
+/// asked whether it is readable) while its adopter is blocked in a core call
+/// that outlasted the patience: readable bytes, or the call's deadline, take
+/// the connection back to the reactor; the call's end stops the watch.
+async fn watch(stream: StdStream, slot: Arc<Slot>, due: Instant) {
+    let ended = slot.call_ended.notified();
+    // SAFETY: the `AsyncFd` owns `stream`, a `std::net::TcpStream`, whose
+    // file descriptor stays open and the same for as long as it lives.
+    let readable = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(stream, tokio::io::Interest::READABLE)
+    };
+    let take_back = match readable {
+        Ok(fd) => tokio::select! {
+            _ = fd.readable() => true,
+            _ = tokio::time::sleep_until(due) => true,
+            _ = ended => false,
+        },
+        Err(e) => {
+            debug!(%e, "cannot watch a lent connection; it goes back to the reactor");
+            true
+        }
+    };
+    if take_back && let Some(held) = slot.try_take() {
+        hand_back(held);
+    }
 }
 
 /// Wakes the adopter that polls a future.
@@ -560,10 +616,12 @@ impl Answers {
 pub(super) struct Clock {
     state: Mutex<ClockState>,
     due: Condvar,
+    runtime: tokio::runtime::Handle,
 }
 
 struct ClockState {
-    leases: BTreeMap<(Instant, u64), Slot>,
+    /// Each lease: the connection, and its call's deadline.
+    leases: BTreeMap<(Instant, u64), (Arc<Slot>, Instant)>,
     next_id: u64,
     /// When the clock thread wakes next on its own.
     wakes_at: Instant,
@@ -575,7 +633,7 @@ pub(super) type Lease = (Instant, u64);
 
 impl Clock {
     /// The clock, and whether its thread runs.
-    fn start() -> (Arc<Clock>, bool) {
+    fn start(runtime: tokio::runtime::Handle) -> (Arc<Clock>, bool) {
         let clock = Arc::new(Clock {
             state: Mutex::new(ClockState {
                 leases: BTreeMap::new(),
@@ -584,6 +642,7 @@ impl Clock {
                 stopped: false,
             }),
             due: Condvar::new(),
+            runtime,
         });
         let inside = clock.clone();
         let started = std::thread::Builder::new()
@@ -596,11 +655,11 @@ impl Clock {
         (clock, started.is_ok())
     }
 
-    fn lease(&self, at: Instant, slot: Slot) -> Lease {
+    fn lease(&self, at: Instant, due: Instant, slot: Arc<Slot>) -> Lease {
         let mut state = lock(&self.state);
         let id = state.next_id;
         state.next_id += 1;
-        state.leases.insert((at, id), slot);
+        state.leases.insert((at, id), (slot, due));
         if at < state.wakes_at {
             self.due.notify_one();
         }
@@ -609,6 +668,33 @@ impl Clock {
 
     fn cancel(&self, lease: Lease) {
         lock(&self.state).leases.remove(&lease);
+    }
+
+    /// A call that outlasts the patience keeps its connection on its
+    /// adopter, like a thread-per-connection server, while the reactor
+    /// watches the connection: bytes from the channel (a pipelined telegram,
+    /// its close) or the call's deadline take it back to the reactor, which
+    /// reads them and answers at the budget as always.
+    fn watch(&self, slot: Arc<Slot>, due: Instant) {
+        let Ok(held) = slot.held.try_lock() else {
+            // Its adopter polls it: not blocked in the call.
+            return;
+        };
+        let Some(stream) = held.as_ref().map(|h| h.stream.try_clone()) else {
+            return;
+        };
+        drop(held);
+        match stream {
+            Ok(stream) => {
+                self.runtime.spawn(watch(stream, slot, due));
+            }
+            Err(e) => {
+                debug!(%e, "cannot watch a lent connection; it goes back to the reactor");
+                if let Some(held) = slot.try_take() {
+                    hand_back(held);
+                }
+            }
+        }
     }
 
     fn stop(&self) {
@@ -626,19 +712,14 @@ impl Clock {
             if let Some(entry) = state.leases.first_entry()
                 && entry.key().0 <= now
             {
-                let slot = entry.remove();
+                let (slot, due) = entry.remove();
                 drop(state);
-                // An adopter polling its telegram now is not blocked in a
-                // call: it sees the patience itself (or leases again for
-                // its next call, already due), so the clock never waits
-                // behind a poll.
-                let taken = match slot.try_lock() {
-                    Ok(mut held) => held.take(),
-                    Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().take(),
-                    Err(std::sync::TryLockError::WouldBlock) => None,
-                };
-                if let Some(held) = taken {
-                    hand_back(held);
+                if now >= due {
+                    if let Some(held) = slot.try_take() {
+                        hand_back(held);
+                    }
+                } else {
+                    self.watch(slot, due);
                 }
                 state = lock(&self.state);
                 continue;
