@@ -13,7 +13,7 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use relayhub::config::LogFormat;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::field::RecordFields;
@@ -71,61 +71,142 @@ pub fn init(format: LogFormat, filter: EnvFilter) -> Result<Logging, String> {
 /// The span field whose JSON-object text is embedded as an object.
 const OBJECT_FIELD: &str = "fields";
 
-fn json_object(field: &Field, text: &str) -> Option<Value> {
-    if field.name() != OBJECT_FIELD {
-        return None;
-    }
-    match serde_json::from_str::<Value>(text) {
-        Ok(v @ Value::Object(_)) => Some(v),
-        _ => None,
-    }
+/// Whether `text` is one JSON object: checked without building it (the
+/// telegram span's `fields` is recorded on every telegram).
+fn is_json_object(text: &str) -> bool {
+    text.trim_start().starts_with('{')
+        && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
 }
 
 /// Span fields as a JSON object, `fields` embedded as an object.
+///
+/// The text is written field by field, never parsed and built again: a field
+/// recorded later is appended to the object (`add_fields`), so a field
+/// recorded twice appears twice, and the JSON formatter, which reads the
+/// object into a map when it writes an event, keeps the last value. Strings
+/// are escaped here only as far as JSON needs; the formatter writes them out
+/// again in its own way.
 pub struct JsonObjectFields;
 
-struct JsonVisitor<'a>(&'a mut Map<String, Value>);
+/// Writes `"name":value` entries after `first` (whether one came before).
+struct JsonVisitor<'a, W: fmt::Write> {
+    out: &'a mut W,
+    first: bool,
+    result: fmt::Result,
+}
 
-impl JsonVisitor<'_> {
-    fn put(&mut self, field: &Field, value: Value) {
-        self.0.insert(field.name().to_string(), value);
+impl<W: fmt::Write> JsonVisitor<'_, W> {
+    fn key(&mut self, field: &Field) -> bool {
+        if self.result.is_err() {
+            return false;
+        }
+        let sep = if self.first { "" } else { "," };
+        self.first = false;
+        self.result = self
+            .out
+            .write_str(sep)
+            .and_then(|()| json_string(self.out, field.name()))
+            .and_then(|()| self.out.write_char(':'));
+        self.result.is_ok()
+    }
+
+    fn raw(&mut self, field: &Field, value: fmt::Arguments<'_>) {
+        if self.key(field) {
+            self.result = self.out.write_fmt(value);
+        }
     }
 }
 
-impl Visit for JsonVisitor<'_> {
+impl<W: fmt::Write> Visit for JsonVisitor<'_, W> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        let v = json_object(field, value).unwrap_or_else(|| Value::from(value));
-        self.put(field, v);
+        if self.key(field) {
+            self.result = if field.name() == OBJECT_FIELD && is_json_object(value) {
+                self.out.write_str(value)
+            } else {
+                json_string(self.out, value)
+            };
+        }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        let text = format!("{value:?}");
-        let v = json_object(field, &text).unwrap_or(Value::String(text));
-        self.put(field, v);
+        if field.name() == OBJECT_FIELD {
+            let text = format!("{value:?}");
+            return self.record_str(field, &text);
+        }
+        if self.key(field) {
+            self.result = self
+                .out
+                .write_char('"')
+                .and_then(|()| write!(JsonEscaped(&mut *self.out), "{value:?}"))
+                .and_then(|()| self.out.write_char('"'));
+        }
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.put(field, Value::from(value));
+        self.raw(field, format_args!("{value}"));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.put(field, Value::from(value));
+        self.raw(field, format_args!("{value}"));
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.put(field, Value::from(value));
+        // As serde_json writes it (`null` when not finite).
+        let text = Value::from(value).to_string();
+        self.raw(field, format_args!("{text}"));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.put(field, Value::from(value));
+        self.raw(field, format_args!("{value}"));
+    }
+}
+
+/// `text` as a JSON string, quotes included.
+fn json_string<W: fmt::Write + ?Sized>(out: &mut W, text: &str) -> fmt::Result {
+    out.write_char('"')?;
+    JsonEscaped(out).write_str(text)?;
+    out.write_char('"')
+}
+
+/// Writes through, escaped as the inside of a JSON string.
+struct JsonEscaped<'a, W: fmt::Write + ?Sized>(&'a mut W);
+
+impl<W: fmt::Write + ?Sized> fmt::Write for JsonEscaped<'_, W> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let mut start = 0;
+        for (i, b) in s.bytes().enumerate() {
+            let escaped = match b {
+                b'"' => "\\\"",
+                b'\\' => "\\\\",
+                b'\n' => "\\n",
+                b'\r' => "\\r",
+                b'\t' => "\\t",
+                0..0x20 => "",
+                _ => continue,
+            };
+            self.0.write_str(&s[start..i])?;
+            if escaped.is_empty() {
+                write!(self.0, "\\u{b:04x}")?;
+            } else {
+                self.0.write_str(escaped)?;
+            }
+            start = i + 1;
+        }
+        self.0.write_str(&s[start..])
     }
 }
 
 impl<'w> FormatFields<'w> for JsonObjectFields {
     fn format_fields<R: RecordFields>(&self, mut writer: Writer<'w>, fields: R) -> fmt::Result {
-        let mut map = Map::new();
-        fields.record(&mut JsonVisitor(&mut map));
-        writer.write_str(&Value::Object(map).to_string())
+        writer.write_char('{')?;
+        let mut v = JsonVisitor {
+            out: &mut writer,
+            first: true,
+            result: Ok(()),
+        };
+        fields.record(&mut v);
+        v.result?;
+        writer.write_char('}')
     }
 
     fn add_fields(
@@ -133,19 +214,29 @@ impl<'w> FormatFields<'w> for JsonObjectFields {
         current: &'w mut FormattedFields<Self>,
         fields: &tracing::span::Record<'_>,
     ) -> fmt::Result {
-        let mut map = match serde_json::from_str::<Value>(&current.fields) {
-            Ok(Value::Object(m)) => m,
-            _ => Map::new(),
+        let text = &mut current.fields;
+        if !(text.starts_with('{') && text.ends_with('}')) {
+            text.clear();
+            text.push_str("{}");
+        }
+        text.pop();
+        let mut v = JsonVisitor {
+            first: text.len() == 1,
+            out: &mut *text,
+            result: Ok(()),
         };
-        fields.record(&mut JsonVisitor(&mut map));
-        current.fields = Value::Object(map).to_string();
-        Ok(())
+        fields.record(&mut v);
+        let result = v.result;
+        text.push('}');
+        result
     }
 }
 
 /// Fields as `name=value`, the message bare, every value on one line.
 pub struct OneLineFields;
 
+/// Writes `name=value` (the message bare) after a space unless `empty`,
+/// straight into the line: no text of its own per field.
 struct LineVisitor<'a, 'w> {
     writer: &'a mut Writer<'w>,
     empty: bool,
@@ -153,31 +244,32 @@ struct LineVisitor<'a, 'w> {
 }
 
 impl LineVisitor<'_, '_> {
-    fn write(&mut self, field: &Field, value: &str) {
+    fn write(&mut self, field: &Field, value: fmt::Arguments<'_>) {
         if self.result.is_err() {
             return;
         }
         let sep = if self.empty { "" } else { " " };
         self.empty = false;
         self.result = if field.name() == "message" {
-            write!(self.writer, "{sep}{}", one_line(value))
+            write!(self.writer, "{sep}")
         } else {
-            write!(self.writer, "{sep}{}={}", field.name(), one_line(value))
-        };
+            write!(self.writer, "{sep}{}=", field.name())
+        }
+        .and_then(|()| OneLine(&mut *self.writer).write_fmt(value));
     }
 }
 
 impl Visit for LineVisitor<'_, '_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" || json_object(field, value).is_some() {
-            self.write(field, value);
+        if field.name() == "message" || (field.name() == OBJECT_FIELD && is_json_object(value)) {
+            self.write(field, format_args!("{value}"));
         } else {
-            self.write(field, &format!("{value:?}"));
+            self.write(field, format_args!("{value:?}"));
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.write(field, &format!("{value:?}"));
+        self.write(field, format_args!("{value:?}"));
     }
 }
 
@@ -193,31 +285,63 @@ impl<'w> FormatFields<'w> for OneLineFields {
     }
 }
 
-/// `text` with line breaks and other control characters escaped, so that
-/// a value (a TOML error, a peer's bytes) can neither split an event into
-/// several lines nor forge one.
-pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(|c| c.is_control() && c != '\t') {
-        return text.into();
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push('\t'),
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+/// Writes through, with line breaks and other control characters escaped
+/// (`\n`, `\r`, `\u{1b}`; a tab stays), so that a value (a TOML error, a
+/// peer's bytes) can neither split an event into several lines nor forge one.
+struct OneLine<'a, W: fmt::Write + ?Sized>(&'a mut W);
+
+impl<W: fmt::Write + ?Sized> fmt::Write for OneLine<'_, W> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        // Control characters (`char::is_control`) are U+0000 to U+001F and
+        // U+007F to U+009F: in UTF-8 a byte below 0x20, 0x7F, or 0xC2 followed
+        // by 0x80 to 0x9F. Most text has none: one pass over the bytes.
+        let bytes = s.as_bytes();
+        let mut start = 0;
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
+            let len = match b {
+                b'\t' => 0,
+                0..0x20 | 0x7f => 1,
+                0xc2 if matches!(bytes.get(i + 1), Some(0x80..=0x9f)) => 2,
+                _ => 0,
+            };
+            if len == 0 {
+                i += 1;
+                continue;
             }
-            c => out.push(c),
+            self.0.write_str(&s[start..i])?;
+            match b {
+                b'\n' => self.0.write_str("\\n")?,
+                b'\r' => self.0.write_str("\\r")?,
+                _ => {
+                    let c = s[i..].chars().next().unwrap_or_default();
+                    write!(self.0, "\\u{{{:x}}}", c as u32)?;
+                }
+            }
+            i += len;
+            start = i;
         }
+        self.0.write_str(&s[start..])
     }
-    out.into()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::one_line;
+    use std::fmt::Write as _;
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::{Value, json};
+    use tracing::{Span, field::Empty, info, info_span, warn};
+    use tracing_subscriber::fmt::MakeWriter;
+
+    use super::{JsonObjectFields, OneLine, OneLineFields};
+
+    fn one_line(text: &str) -> String {
+        let mut out = String::new();
+        OneLine(&mut out).write_str(text).unwrap();
+        out
+    }
 
     #[test]
     fn values_stay_on_one_line() {
@@ -227,5 +351,143 @@ mod tests {
             "TOML parse error\\n  |\\n1 | [server\\r\\n"
         );
         assert_eq!(one_line("a\u{1b}[31mb"), "a\\u{1b}[31mb");
+        // Every control character, and only those, escaped; tabs and
+        // other text (two-byte characters next to C1 controls) kept.
+        let text = "\t\u{0}x\u{7f}é\u{80}\u{85}\u{9f}\u{a0}ü한\u{1f}";
+        assert_eq!(
+            one_line(text),
+            "\t\\u{0}x\\u{7f}é\\u{80}\\u{85}\\u{9f}\u{a0}ü한\\u{1f}"
+        );
+        for c in (0..0x800u32).filter_map(char::from_u32) {
+            let want = if c.is_control() && c != '\t' {
+                match c {
+                    '\n' => "\\n".to_string(),
+                    '\r' => "\\r".to_string(),
+                    c => format!("\\u{{{:x}}}", c as u32),
+                }
+            } else {
+                c.to_string()
+            };
+            assert_eq!(one_line(&format!("a{c}b")), format!("a{want}b"), "{c:?}");
+        }
+    }
+
+    /// A writer the test reads.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl MakeWriter<'_> for Lines {
+        type Writer = Lines;
+        fn make_writer(&self) -> Lines {
+            self.clone()
+        }
+    }
+
+    /// What the hub logs of one telegram: its span built and recorded into as
+    /// `Hub::handle` does, a warning inside it, the summary line.
+    fn telegram() {
+        let conn = info_span!("conn", peer = %"10.1.2.3:5000");
+        let _conn = conn.enter();
+        let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let span = info_span!("telegram", guid = "G1", tx = "TRF001", channel = Empty, core_ms = Empty, fields = Empty, peer = %"10.1.2.3", %trace);
+        span.in_scope(|| {
+            Span::current().record("channel", "IBANK");
+            let masked =
+                json!({"amount": 50000, "from_account": "*********4001", "memo": "<2 \"q\">"});
+            Span::current().record("fields", masked.to_string().as_str());
+            Span::current().record("core_ms", 11u64);
+            warn!(stage = "outcome", "could not journal the outcome");
+            Span::current().record("core_ms", 12u64);
+        });
+        span.in_scope(|| info!(code = %"0000", ms = 14u64, "attempt 1: processed\nforged"));
+        // A header that could not be read: nothing recorded; a `fields`
+        // that is not an object stays a string.
+        let bad = info_span!("telegram", guid = "bad\tguid", tx = "T\u{1b}", channel = Empty, core_ms = Empty, fields = Empty, peer = %"10.1.2.3", %trace);
+        bad.in_scope(|| {
+            Span::current().record("fields", "[1]");
+            info!(code = %"E102", ms = 0u64, f = 1.5f64, n = -2i64, "header")
+        });
+    }
+
+    fn output(json: bool) -> String {
+        let lines = Lines::default();
+        let builder = tracing_subscriber::fmt()
+            .with_writer(lines.clone())
+            .with_ansi(false)
+            .without_time();
+        if json {
+            let s = builder
+                .json()
+                .with_current_span(true)
+                .with_span_list(false)
+                .fmt_fields(JsonObjectFields)
+                .finish();
+            tracing::subscriber::with_default(s, telegram);
+        } else {
+            let s = builder.fmt_fields(OneLineFields).finish();
+            tracing::subscriber::with_default(s, telegram);
+        }
+        String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn json_lines_carry_the_telegram_span_with_fields_as_an_object() {
+        let text = output(true);
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        let span = json!({
+            "name": "telegram", "guid": "G1", "tx": "TRF001", "channel": "IBANK",
+            "peer": "10.1.2.3", "trace": "4bf92f3577b34da6a3ce929d0e0e4736",
+            "fields": {"amount": 50000, "from_account": "*********4001", "memo": "<2 \"q\">"},
+        });
+        let mut warning = span.clone();
+        warning["core_ms"] = json!(11);
+        assert_eq!(lines[0]["span"], warning, "{text}");
+        assert_eq!(lines[0]["fields"]["stage"], "outcome");
+        // core_ms recorded again: the last value.
+        let mut summary = span;
+        summary["core_ms"] = json!(12);
+        assert_eq!(lines[1]["span"], summary, "{text}");
+        assert_eq!(
+            lines[1]["fields"],
+            json!({"message": "attempt 1: processed\nforged", "code": "0000", "ms": 14})
+        );
+        assert_eq!(
+            lines[2]["span"],
+            json!({"name": "telegram", "guid": "bad\tguid", "tx": "T\u{1b}", "fields": "[1]",
+                "peer": "10.1.2.3", "trace": "4bf92f3577b34da6a3ce929d0e0e4736"}),
+            "{text}"
+        );
+        assert_eq!(lines[2]["fields"]["f"], 1.5);
+        assert_eq!(lines[2]["fields"]["n"], -2);
+    }
+
+    #[test]
+    fn human_lines_carry_the_telegram_span_on_one_line() {
+        let text = output(false);
+        let lines: Vec<&str> = text.lines().collect();
+        let span = r#"conn{peer=10.1.2.3:5000}:telegram{guid="G1" tx="TRF001" peer=10.1.2.3 trace=4bf92f3577b34da6a3ce929d0e0e4736 channel="IBANK" fields={"amount":50000,"from_account":"*********4001","memo":"<2 \"q\">"} core_ms=11"#;
+        assert_eq!(
+            lines,
+            [
+                format!(r#" WARN {span}}}: relayhub::logging::tests: could not journal the outcome stage="outcome""#),
+                format!(" INFO {span} core_ms=12}}: relayhub::logging::tests: attempt 1: processed\\nforged code=0000 ms=14"),
+                r#" INFO conn{peer=10.1.2.3:5000}:telegram{guid="bad\tguid" tx="T\u{1b}" peer=10.1.2.3 trace=4bf92f3577b34da6a3ce929d0e0e4736 fields="[1]"}: relayhub::logging::tests: header code=E102 ms=0 f=1.5 n=-2"#.to_string(),
+            ],
+            "{text}"
+        );
     }
 }
