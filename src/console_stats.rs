@@ -107,6 +107,34 @@ pub struct Traces {
 /// Telegrams by GUID, and the GUIDs in the order they were first seen.
 type TraceMap = (HashMap<String, Vec<Traced>>, VecDeque<String>);
 
+/// A trace id's text (32 lowercase hex digits, as `TraceId` displays it),
+/// written without the formatting machinery: every telegram's log span and
+/// console entry carry one.
+#[derive(Clone, Copy)]
+pub struct TraceText([u8; 32]);
+
+impl TraceText {
+    pub fn of(trace: TraceId) -> TraceText {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut text = [0u8; 32];
+        for (i, c) in text.iter_mut().enumerate() {
+            *c = HEX[(trace.0 >> (4 * (31 - i)) & 0xf) as usize];
+        }
+        TraceText(text)
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII hex digits were written.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for TraceText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The process-wide trace store.
 pub fn traces() -> &'static Traces {
     static TRACES: OnceLock<Traces> = OnceLock::new();
@@ -118,7 +146,7 @@ impl Traces {
         let t = Traced {
             at_ms: crate::journal::now_ms(),
             code: code.to_string(),
-            trace_id: trace.to_string(),
+            trace_id: TraceText::of(trace).as_str().to_string(),
         };
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let (map, order) = &mut *g;
@@ -366,5 +394,20 @@ mod tests {
         assert_eq!(percentile(&lat, 0, 0.5), None);
         lat[BUCKETS - 1] = 1000;
         assert_eq!(percentile(&lat, 1100, 0.99), None, "past the last bound");
+    }
+
+    #[test]
+    fn trace_text_is_the_trace_ids_display() {
+        for id in [
+            1u128,
+            0x0af7651916cd43dd8448eb211c80319c,
+            u128::MAX,
+            0xf << 124,
+        ] {
+            assert_eq!(
+                TraceText::of(TraceId(id)).to_string(),
+                TraceId(id).to_string()
+            );
+        }
     }
 }

@@ -174,7 +174,8 @@ impl Hub {
         let deadline = Deadline::new(read_at, self.budget);
         let echo = Echo::from_telegram(telegram);
         let trace = crate::core_client::TraceId::new();
-        let span = info_span!("telegram", guid = echo.guid_str(), tx = echo.tx_code_str(), channel = tracing::field::Empty, core_ms = tracing::field::Empty, fields = tracing::field::Empty, %peer, %trace);
+        let trace_text = crate::console_stats::TraceText::of(trace);
+        let span = info_span!("telegram", guid = echo.guid_str(), tx = echo.tx_code_str(), channel = tracing::field::Empty, core_ms = tracing::field::Empty, fields = tracing::field::Empty, %peer, trace = %trace_text);
         // One version of the rules for the whole telegram, its metrics included.
         let rules = self.rules();
         let (reply, note) = trace
@@ -237,10 +238,12 @@ impl Hub {
             );
         }
         // On the span, so the one summary line carries them (masked by the layout).
-        // A JSON object: the JSON log format embeds it as one. The console
-        // shows the same masked view of an unknown transfer.
+        // A JSON object: the JSON log format embeds it as one. Recorded as
+        // its display, so its text is written once, into the span's own,
+        // and not at all when INFO is off. The console shows the same
+        // masked view of an unknown transfer.
         let masked = serde_json::Value::Object(route.layout.masked_request(&fields));
-        tracing::Span::current().record("fields", masked.to_string().as_str());
+        tracing::Span::current().record("fields", tracing::field::display(&masked));
         crate::console_stats::traces().note_fields(&header.guid, masked);
         match route.operation {
             Operation::Transfer => {
