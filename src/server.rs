@@ -948,6 +948,38 @@ mod tests {
         }
     }
 
+    /// A [`Scripted`] hub, the sender that releases its blocked calls, and
+    /// the receiver of the names of the threads they ran on.
+    fn scripted() -> (
+        Scripted,
+        std::sync::mpsc::Sender<()>,
+        std::sync::mpsc::Receiver<String>,
+    ) {
+        let (release, released) = std::sync::mpsc::channel();
+        let (ran_on, call_thread) = std::sync::mpsc::channel();
+        let hub = Scripted {
+            calls: crate::core_client::caller::Callers::new("test-caller"),
+            release: Arc::new(std::sync::Mutex::new(released)),
+            ran_on,
+        };
+        (hub, release, call_thread)
+    }
+
+    /// Closes the channel's end; the connection's task must end with it and
+    /// leave nothing in flight.
+    async fn ends_with_the_channel(
+        channel: TcpStream,
+        server: tokio::task::JoinHandle<()>,
+        in_flight: &InFlight,
+    ) {
+        drop(channel);
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the connection ends with the channel's close")
+            .unwrap();
+        assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
+    }
+
     fn header(tx: &str, guid: &str) -> Vec<u8> {
         format!("{tx}{guid}IBANK   20261129132000    ").into_bytes()
     }
@@ -1087,23 +1119,12 @@ mod tests {
         let answer = exchange(&mut channel, &header("TRF001", a)).await;
         assert_eq!(&answer[60..64], b"0000");
 
-        drop(channel);
-        tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("the connection ends with the channel's close")
-            .unwrap();
-        assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
+        ends_with_the_channel(channel, server, &in_flight).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_telegram_sent_during_a_long_call_takes_the_connection_back_to_the_reactor() {
-        let (release, released) = std::sync::mpsc::channel();
-        let (ran_on, call_thread) = std::sync::mpsc::channel();
-        let hub = Scripted {
-            calls: crate::core_client::caller::Callers::new("test-caller"),
-            release: Arc::new(std::sync::Mutex::new(released)),
-            ran_on,
-        };
+        let (hub, release, call_thread) = scripted();
         let (mut channel, in_flight, server) = one_lent_connection(hub).await;
         // A quick one first, so that the connection is lent.
         let quick = "20261129IBANK0000000000000000QCK";
@@ -1132,12 +1153,7 @@ mod tests {
         assert_eq!(&second[..38], format!("TRF001{next}").as_bytes());
         assert_eq!(&second[60..64], b"0000");
 
-        drop(channel);
-        tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("the connection ends with the channel's close")
-            .unwrap();
-        assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
+        ends_with_the_channel(channel, server, &in_flight).await;
     }
 
     /// A channel connection served by `serve_plain` with `limits` and
@@ -1298,13 +1314,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_past_its_deadline_is_answered_by_the_reactor_while_it_goes_on() {
-        let (release, released) = std::sync::mpsc::channel();
-        let (ran_on, call_thread) = std::sync::mpsc::channel();
-        let hub = Scripted {
-            calls: crate::core_client::caller::Callers::new("test-caller"),
-            release: Arc::new(std::sync::Mutex::new(released)),
-            ran_on,
-        };
+        let (hub, release, call_thread) = scripted();
         let (mut channel, in_flight, server) = one_lent_connection(hub).await;
         let quick = "20261129IBANK0000000000000000QCK";
         let answer = exchange(&mut channel, &header("TRF001", quick)).await;
@@ -1326,12 +1336,7 @@ mod tests {
         assert_eq!(&answer[60..64], b"0000");
         release.send(()).unwrap();
 
-        drop(channel);
-        tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("the connection ends with the channel's close")
-            .unwrap();
-        assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
+        ends_with_the_channel(channel, server, &in_flight).await;
     }
 
     #[tokio::test]
@@ -1355,12 +1360,7 @@ mod tests {
         assert_eq!(&answer[..38], format!("TRF001{next}").as_bytes());
         assert_eq!(&answer[60..64], b"0000");
 
-        drop(channel);
-        tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("the connection ends with the channel's close")
-            .unwrap();
-        assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
+        ends_with_the_channel(channel, server, &in_flight).await;
     }
 
     /// The same with both telegrams in one write: the first is handled in a
@@ -1389,11 +1389,6 @@ mod tests {
         assert_eq!(&answer[..38], format!("TRF001{last}").as_bytes());
         assert_eq!(&answer[60..64], b"0000");
 
-        drop(channel);
-        tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("the connection ends with the channel's close")
-            .unwrap();
-        assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
+        ends_with_the_channel(channel, server, &in_flight).await;
     }
 }
