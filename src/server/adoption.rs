@@ -60,9 +60,11 @@ use crate::core_client::caller::{self, Callers};
 use crate::frame::FrameCodec;
 use crate::header::Echo;
 
-/// How long a telegram may take on an adopter before its connection goes
-/// back to the reactor. Far above a healthy core's answer time, far below any
-/// sensible budget (a shorter budget moves it at the call's deadline).
+/// How long a telegram may wait on an adopter for anything but its core call
+/// before it goes back to the reactor, and how long a core call runs before
+/// the reactor watches its connection. Far above a healthy core's answer
+/// time, far below any sensible budget (a call's deadline acts sooner when it
+/// comes first).
 pub(super) const PATIENCE: Duration = Duration::from_millis(20);
 
 /// How long an adopter waits for a connection's next telegram before it
@@ -101,7 +103,8 @@ pub(super) struct Carry {
     pub started: Option<Instant>,
     /// Since when the connection has been idle (the last answer).
     pub idle_from: Option<Instant>,
-    /// A telegram still being handled (it took longer than the patience).
+    /// A telegram still being handled (past its call's deadline, with bytes
+    /// from the channel during a long call, or waiting past the patience).
     pub inline: Option<Inline>,
 }
 
@@ -351,14 +354,15 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
         let mut started = None;
         loop {
             match codec.complete_len(&buf) {
-                Ok(Some(n)) if n == buf.len() => {
-                    let guard = in_flight.enter();
-                    match codec.decode(&mut buf) {
-                        Ok(Some(telegram)) => next = Some((telegram, Instant::now(), guard)),
-                        _ => unreachable!("a complete frame decodes"),
+                Ok(Some(n)) if n == buf.len() => match codec.decode(&mut buf) {
+                    Ok(Some(telegram)) => {
+                        next = Some((telegram, Instant::now(), in_flight.enter()));
+                        break;
                     }
-                    break;
-                }
+                    // A complete frame decodes; were it not so, the reactor
+                    // would answer it.
+                    _ => return resume(stream, back, carry(buf, started, idle_from)),
+                },
                 Ok(None) => {}
                 // Pipelined, or unframeable: the reactor's business.
                 Ok(Some(_)) | Err(_) => {
