@@ -916,10 +916,16 @@ mod tests {
         ) -> (Echo, Reply) {
             // BLOCK1 waits for its call; BLOCKD gives up at a deadline 300 ms
             // away and answers E901, as the hub does at the budget.
-            let deadline = match &telegram[..6] {
-                b"BLOCK1" => Some(Duration::from_secs(30)),
-                b"BLOCKD" => Some(Duration::from_millis(300)),
-                _ => None,
+            // SLOWDL's call takes 400 ms (a slow core) against a 200 ms
+            // deadline, releases or not.
+            let (deadline, slow_core) = match &telegram[..6] {
+                b"BLOCK1" => (Some(Duration::from_secs(30)), None),
+                b"BLOCKD" => (Some(Duration::from_millis(300)), None),
+                b"SLOWDL" => (
+                    Some(Duration::from_millis(200)),
+                    Some(Duration::from_millis(400)),
+                ),
+                _ => (None, None),
             };
             if let Some(deadline) = deadline {
                 let (tx, rx) = tokio::sync::oneshot::channel();
@@ -928,7 +934,12 @@ mod tests {
                 let work: crate::core_client::caller::Work = Box::new(move || {
                     let name = std::thread::current().name().unwrap_or("").to_string();
                     let _ = ran_on.send(name);
-                    let _ = release.lock().unwrap().recv();
+                    match slow_core {
+                        Some(takes) => std::thread::sleep(takes),
+                        None => {
+                            let _ = release.lock().unwrap().recv();
+                        }
+                    }
                     let _ = tx.send(());
                 });
                 let due = Instant::now() + deadline;
@@ -1390,5 +1401,98 @@ mod tests {
         assert_eq!(&answer[60..64], b"0000");
 
         ends_with_the_channel(channel, server, &in_flight).await;
+    }
+
+    /// What a channel does in one step of [`a_lent_connection_answers_every_telegram_once_in_order`].
+    #[derive(Debug, Clone, Copy)]
+    enum Kind {
+        Quick,
+        Panics,
+        Blocked,
+        SlowCore,
+    }
+
+    impl Kind {
+        fn tx(self) -> &'static str {
+            match self {
+                Kind::Quick => "TRF001",
+                Kind::Panics => "PANIC1",
+                Kind::Blocked => "BLOCK1",
+                Kind::SlowCore => "SLOWDL",
+            }
+        }
+        fn code(self) -> &'static [u8] {
+            match self {
+                Kind::Quick | Kind::Blocked => b"0000",
+                Kind::Panics | Kind::SlowCore => b"E901",
+            }
+        }
+    }
+
+    fn kind() -> impl proptest::strategy::Strategy<Value = Kind> {
+        use proptest::prelude::*;
+        prop_oneof![
+            6 => Just(Kind::Quick),
+            2 => Just(Kind::Panics),
+            2 => Just(Kind::Blocked),
+            1 => Just(Kind::SlowCore),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 12,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// Random batches of telegrams (one at a time, pipelined, split
+        /// across writes; quick, panicking, blocked until released, or slower
+        /// than their deadline) on one connection lent and taken back as they
+        /// come: every telegram is answered exactly once, in order, with its
+        /// own GUID and the code its kind gives, and nothing stays in flight.
+        #[test]
+        fn a_lent_connection_answers_every_telegram_once_in_order(
+            batches in proptest::collection::vec(
+                (proptest::collection::vec(kind(), 1..4), 0usize..200),
+                1..7,
+            ),
+        ) {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let (hub, release, _call_thread) = scripted();
+                let (mut channel, in_flight, server) = one_lent_connection(hub).await;
+                let codec = FrameCodec::new(PrefixMode::Ascii, 4096);
+                let mut n = 0u32;
+                for (kinds, cut) in batches {
+                    let mut sent = Vec::new();
+                    let mut bytes = BytesMut::new();
+                    for kind in kinds {
+                        n += 1;
+                        let guid = format!("20261129IBANK{n:019}");
+                        codec.encode(&header(kind.tx(), &guid), &mut bytes).unwrap();
+                        sent.push((kind, guid));
+                    }
+                    // In one write, or in two cut anywhere.
+                    let cut = cut.min(bytes.len());
+                    channel.write_all(&bytes[..cut]).await.unwrap();
+                    channel.write_all(&bytes[cut..]).await.unwrap();
+                    for (kind, _) in &sent {
+                        if matches!(kind, Kind::Blocked) {
+                            release.send(()).unwrap();
+                        }
+                    }
+                    for (kind, guid) in &sent {
+                        let answer = read_answer(&mut channel).await;
+                        assert_eq!(&answer[..38], format!("{}{guid}", kind.tx()).as_bytes());
+                        assert_eq!(&answer[60..64], kind.code(), "{kind:?} {guid}");
+                    }
+                }
+                ends_with_the_channel(channel, server, &in_flight).await;
+            });
+        }
     }
 }
