@@ -97,6 +97,8 @@ fn unit_file_stops_reloads_and_keeps_state_as_documented() {
             .as_str()
     };
     assert_eq!(get("Restart"), "on-failure");
+    // Room for a thread per lent connection (4,096) and per core call.
+    assert_eq!(get("TasksMax"), "8192");
     assert_eq!(get("KillSignal"), "SIGTERM");
     assert_eq!(get("ExecReload"), "/bin/kill -HUP $MAINPID");
     assert_eq!(get("User"), "relayhub");
