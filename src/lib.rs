@@ -35,6 +35,7 @@
 
 pub mod admin;
 pub mod bench;
+pub mod catch_unwind;
 pub mod channel_tls;
 pub mod client;
 pub mod config;

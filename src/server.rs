@@ -21,11 +21,9 @@
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -40,6 +38,7 @@ mod adoption;
 
 use adoption::{Adopters, Back, Carry};
 
+use crate::catch_unwind::{CatchUnwind, Panic, panic_message};
 use crate::channel_tls::{self, Acceptor};
 use crate::config::ServerConfig;
 use crate::frame::{FrameCodec, PrefixMode};
@@ -282,7 +281,7 @@ pub async fn run(
                         if let Some((tls, cert)) =
                             handshake(acceptor, stream, limits.tls_handshake_timeout).await
                         {
-                            let carry = Carry::empty();
+                            let carry = Carry::default();
                             serve_connection(tls, peer, cert, hub, limits, in_flight, carry, None)
                                 .await;
                         }
@@ -354,9 +353,6 @@ struct Link {
     stop: Notify,
 }
 
-/// What ended a telegram's handling early: the payload of its panic.
-type Panic = Box<dyn std::any::Any + Send>;
-
 /// A telegram's handling: the hub's answer, or the panic that ended it. It
 /// runs on its connection's task while the channel sends one telegram at a
 /// time, and is moved into a task of its own once the channel pipelines.
@@ -372,33 +368,6 @@ fn handling<H: Answerer>(
     CatchUnwind(Box::pin(async move {
         hub.answer(telegram, peer, cert, read_at).await
     }))
-}
-
-/// Turns a panic while polling the inner future into an `Err`, as a task's
-/// `JoinHandle` does: a telegram handled on its connection's task must not
-/// take the connection (and the other telegrams on it) down with it.
-struct CatchUnwind<F>(F);
-
-impl<F: Future + Unpin> Future for CatchUnwind<F> {
-    type Output = Result<F::Output, Panic>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let inner = &mut self.0;
-        match std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(inner).poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(answer)) => Poll::Ready(Ok(answer)),
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
-    }
-}
-
-fn panic_message(panic: &Panic) -> String {
-    let message = (**panic)
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| (**panic).downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(not a string)");
-    format!("panicked with message {message:?}")
 }
 
 /// What the writer sends next.
@@ -426,40 +395,28 @@ struct Inline {
 /// written one at a time, each within the write timeout.
 struct AnswerWriter<W> {
     writer: W,
-    codec: FrameCodec,
+    framer: Framer,
     write_timeout: Duration,
-    telegram: Vec<u8>,
-    framed: BytesMut,
 }
 
 impl<W: AsyncWrite + Unpin> AnswerWriter<W> {
     fn new(writer: W, codec: FrameCodec, write_timeout: Duration) -> Self {
         AnswerWriter {
             writer,
-            codec,
+            framer: Framer::new(codec),
             write_timeout,
-            telegram: Vec::with_capacity(128),
-            framed: BytesMut::with_capacity(160),
         }
     }
 
     /// Writes one answer. `false`: the connection cannot go on (the answer
     /// cannot be framed, the channel is gone, or it does not read).
     async fn write(&mut self, echo: &Echo, code: &str, body: &[u8]) -> bool {
-        if !frame_answer(
-            &self.codec,
-            echo,
-            code,
-            body,
-            &mut self.telegram,
-            &mut self.framed,
-        ) {
+        let Some(framed) = self.framer.frame(echo, code, body) else {
             return false;
-        }
+        };
         // A channel that does not read its answers must not keep its slot, nor
         // hold a drain up, for ever.
-        let written =
-            tokio::time::timeout(self.write_timeout, self.writer.write_all(&self.framed)).await;
+        let written = tokio::time::timeout(self.write_timeout, self.writer.write_all(framed)).await;
         match written {
             Ok(Ok(())) => true,
             Ok(Err(e)) => {
@@ -491,24 +448,33 @@ impl<W: AsyncWrite + Unpin> AnswerWriter<W> {
     }
 }
 
-/// Frames one answer into `framed` (`telegram` is scratch); `false` (logged)
-/// when it cannot be framed.
-fn frame_answer(
-    codec: &FrameCodec,
-    echo: &Echo,
-    code: &str,
-    body: &[u8],
-    telegram: &mut Vec<u8>,
-    framed: &mut BytesMut,
-) -> bool {
-    telegram.clear();
-    framed.clear();
-    write_response(echo, &local_timestamp(), code, body, telegram);
-    if let Err(e) = codec.encode(telegram, framed) {
-        tracing::error!(%e, "answer cannot be framed");
-        return false;
+/// Frames answers, reusing its buffers from one answer to the next.
+struct Framer {
+    codec: FrameCodec,
+    telegram: Vec<u8>,
+    framed: BytesMut,
+}
+
+impl Framer {
+    fn new(codec: FrameCodec) -> Framer {
+        Framer {
+            codec,
+            telegram: Vec::with_capacity(128),
+            framed: BytesMut::with_capacity(160),
+        }
     }
-    true
+
+    /// One answer, framed; `None` (logged) when it cannot be framed.
+    fn frame(&mut self, echo: &Echo, code: &str, body: &[u8]) -> Option<&[u8]> {
+        self.telegram.clear();
+        self.framed.clear();
+        write_response(echo, &local_timestamp(), code, body, &mut self.telegram);
+        if let Err(e) = self.codec.encode(&self.telegram, &mut self.framed) {
+            tracing::error!(%e, "answer cannot be framed");
+            return None;
+        }
+        Some(&self.framed)
+    }
 }
 
 /// Counts and logs an answer the channel did not take within the write
@@ -584,7 +550,7 @@ async fn serve_plain<H: Answerer>(
         Arc::new(move |telegram, read_at| handling(hub.clone(), telegram, peer.ip(), None, read_at))
     };
     let mut stream = stream;
-    let mut carry = Carry::empty();
+    let mut carry = Carry::default();
     loop {
         let served = serve_connection(
             stream,
@@ -1046,7 +1012,7 @@ mod tests {
                     Arc::new(PanicsOnPanic1),
                     limits,
                     in_flight,
-                    Carry::empty(),
+                    Carry::default(),
                     None,
                 )
                 .await;
@@ -1084,6 +1050,24 @@ mod tests {
         });
         let channel = TcpStream::connect(addr).await.unwrap();
         (channel, in_flight, server)
+    }
+
+    /// A connection served with the [`Scripted`] hub and lent after a quick
+    /// telegram: the channel's end, the in-flight count, the task, the
+    /// releaser of blocked calls and the names of the threads they ran on.
+    async fn lent_scripted() -> (
+        TcpStream,
+        Arc<InFlight>,
+        tokio::task::JoinHandle<()>,
+        std::sync::mpsc::Sender<()>,
+        std::sync::mpsc::Receiver<String>,
+    ) {
+        let (hub, release, call_thread) = scripted();
+        let (mut channel, in_flight, server) = one_lent_connection(hub).await;
+        let quick = "20261129IBANK0000000000000000QCK";
+        let answer = exchange(&mut channel, &header("TRF001", quick)).await;
+        assert_eq!(&answer[60..64], b"0000");
+        (channel, in_flight, server, release, call_thread)
     }
 
     /// Waits (bounded) until `in_flight` telegrams are read and unanswered.
@@ -1135,12 +1119,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_telegram_sent_during_a_long_call_takes_the_connection_back_to_the_reactor() {
-        let (hub, release, call_thread) = scripted();
-        let (mut channel, in_flight, server) = one_lent_connection(hub).await;
-        // A quick one first, so that the connection is lent.
-        let quick = "20261129IBANK0000000000000000QCK";
-        let answer = exchange(&mut channel, &header("TRF001", quick)).await;
-        assert_eq!(&answer[60..64], b"0000");
+        let (mut channel, in_flight, server, release, call_thread) = lent_scripted().await;
 
         let held = "20261129IBANK0000000000000000HLD";
         send(&mut channel, &[&header("BLOCK1", held)]).await;
@@ -1325,11 +1304,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_past_its_deadline_is_answered_by_the_reactor_while_it_goes_on() {
-        let (hub, release, call_thread) = scripted();
-        let (mut channel, in_flight, server) = one_lent_connection(hub).await;
-        let quick = "20261129IBANK0000000000000000QCK";
-        let answer = exchange(&mut channel, &header("TRF001", quick)).await;
-        assert_eq!(&answer[60..64], b"0000");
+        let (mut channel, in_flight, server, release, call_thread) = lent_scripted().await;
 
         // The call blocks its adopter past its deadline, and nothing else
         // comes from the channel: the deadline alone takes the telegram back.

@@ -4,12 +4,11 @@
 //! background).
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::task::Poll;
 
 use tokio::time::Instant;
 
 use super::Reply;
+use crate::catch_unwind::{CatchUnwind, panic_message};
 use crate::metric_names;
 use crate::outcome::Code;
 
@@ -31,29 +30,14 @@ pub(super) async fn within<T: Send + 'static>(
     deadline: Instant,
     fut: impl Future<Output = T> + Send + 'static,
 ) -> Bounded<T> {
-    let mut fut = Box::pin(fut);
-    let polled = tokio::time::timeout_at(
-        deadline,
-        std::future::poll_fn(|cx| {
-            std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx)))
-                .map_or_else(|panic| Poll::Ready(Err(panic_text(&*panic))), |p| p.map(Ok))
-        }),
-    )
-    .await;
-    match polled {
+    let mut fut = CatchUnwind(Box::pin(fut));
+    match tokio::time::timeout_at(deadline, &mut fut).await {
         Ok(Ok(v)) => Bounded::Done(v),
-        Ok(Err(why)) => Bounded::Failed(format!("journal task failed: {why}")),
-        Err(_) => Bounded::Late(tokio::spawn(fut)),
+        Ok(Err(panic)) => {
+            Bounded::Failed(format!("journal task failed: {}", panic_message(&panic)))
+        }
+        Err(_) => Bounded::Late(tokio::spawn(fut.0)),
     }
-}
-
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    let message = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(not a string)");
-    format!("panicked with message {message:?}")
 }
 
 /// Counts a journal failure on the telegram path, by stage.

@@ -53,7 +53,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::{
-    Handling, InFlight, InFlightGuard, Inline, Limits, failed_task, frame_answer, panic_message,
+    Framer, Handling, InFlight, InFlightGuard, Inline, Limits, failed_task, panic_message,
     write_timed_out,
 };
 use crate::core_client::caller::{self, Callers};
@@ -96,6 +96,7 @@ pub(super) struct Lent {
 }
 
 /// What the reactor resumes with when a connection comes back.
+#[derive(Default)]
 pub(super) struct Carry {
     /// Bytes read and not yet a telegram.
     pub buf: BytesMut,
@@ -106,17 +107,6 @@ pub(super) struct Carry {
     /// A telegram still being handled (past its call's deadline, with bytes
     /// from the channel during a long call, or waiting past the patience).
     pub inline: Option<Inline>,
-}
-
-impl Carry {
-    pub(super) fn empty() -> Carry {
-        Carry {
-            buf: BytesMut::new(),
-            started: None,
-            idle_from: None,
-            inline: None,
-        }
-    }
 }
 
 /// How a lent connection comes back.
@@ -217,7 +207,7 @@ fn kept(lent: Lent) -> (StdStream, Carry) {
             guard,
             read_at,
         }),
-        ..Carry::empty()
+        ..Carry::default()
     };
     (stream, carry)
 }
@@ -300,8 +290,7 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
     let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut out = Answers {
-        telegram: Vec::with_capacity(128),
-        framed: BytesMut::with_capacity(160),
+        framer: Framer::new(codec),
         write_timeout: limits.write_timeout,
         // As `prepare` set it.
         socket_timeout: limits.write_timeout.max(Duration::from_millis(1)),
@@ -341,7 +330,7 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
                 Ok(answer) => answer,
                 Err(why) => failed_task(flight.echo, &why),
             };
-            let written = out.write(&mut stream, &codec, &echo, reply.code.as_str(), &reply.body);
+            let written = out.write(&mut stream, &echo, reply.code.as_str(), &reply.body);
             drop(flight.guard);
             if !written || reply.close {
                 let _ = stream.shutdown(std::net::Shutdown::Write);
@@ -496,7 +485,7 @@ fn hand_back(held: Held) {
         stream,
         Carry {
             inline: Some(flight),
-            ..Carry::empty()
+            ..Carry::default()
         },
     ));
 }
@@ -540,10 +529,10 @@ impl Wake for Unpark {
     }
 }
 
-/// An adopter's answer buffers.
+/// How an adopter writes answers: framed, then written within the write
+/// timeout as a whole.
 struct Answers {
-    telegram: Vec<u8>,
-    framed: BytesMut,
+    framer: Framer,
     write_timeout: Duration,
     /// The socket's write timeout as last set.
     socket_timeout: Duration,
@@ -551,25 +540,11 @@ struct Answers {
 
 impl Answers {
     /// Writes one answer; `false` when the connection cannot go on.
-    fn write(
-        &mut self,
-        stream: &mut StdStream,
-        codec: &FrameCodec,
-        echo: &Echo,
-        code: &str,
-        body: &[u8],
-    ) -> bool {
-        if !frame_answer(
-            codec,
-            echo,
-            code,
-            body,
-            &mut self.telegram,
-            &mut self.framed,
-        ) {
+    fn write(&mut self, stream: &mut StdStream, echo: &Echo, code: &str, body: &[u8]) -> bool {
+        let Some(framed) = self.framer.frame(echo, code, body) else {
             return false;
-        }
-        match self.write_within(stream) {
+        };
+        match write_within(stream, framed, self.write_timeout, &mut self.socket_timeout) {
             Ok(()) => true,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                 write_timed_out(self.write_timeout);
@@ -583,33 +558,36 @@ impl Answers {
     }
 }
 
-impl Answers {
-    /// Writes the framed answer within the write timeout as a whole (the
-    /// socket's own timeout bounds each write only).
-    fn write_within(&mut self, stream: &mut StdStream) -> std::io::Result<()> {
-        let deadline = std::time::Instant::now() + self.write_timeout;
-        let mut rest = &self.framed[..];
-        while !rest.is_empty() {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                return Err(ErrorKind::TimedOut.into());
-            }
-            // The socket keeps the whole timeout for a first write; a part
-            // written leaves only what is left.
-            let want = left.max(Duration::from_millis(1));
-            if self.socket_timeout.abs_diff(want) > Duration::from_millis(1) {
-                stream.set_write_timeout(Some(want))?;
-                self.socket_timeout = want;
-            }
-            match stream.write(rest) {
-                Ok(0) => return Err(ErrorKind::WriteZero.into()),
-                Ok(n) => rest = &rest[n..],
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+/// Writes `bytes` within `timeout` as a whole (the socket's own timeout,
+/// last set to `socket_timeout`, bounds each write only).
+fn write_within(
+    stream: &mut StdStream,
+    bytes: &[u8],
+    timeout: Duration,
+    socket_timeout: &mut Duration,
+) -> std::io::Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(ErrorKind::TimedOut.into());
         }
-        Ok(())
+        // The socket keeps the whole timeout for a first write; a part
+        // written leaves only what is left.
+        let want = left.max(Duration::from_millis(1));
+        if socket_timeout.abs_diff(want) > Duration::from_millis(1) {
+            stream.set_write_timeout(Some(want))?;
+            *socket_timeout = want;
+        }
+        match stream.write(rest) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
+    Ok(())
 }
 
 /// Takes connections whose telegram outlasts its patience back to the
