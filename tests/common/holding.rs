@@ -59,6 +59,8 @@ impl Hold {
 pub struct Proxy {
     pub addr: SocketAddr,
     mode: watch::Sender<ProxyMode>,
+    /// The mode the accept loop acts on now (it follows `mode`).
+    applied: watch::Receiver<ProxyMode>,
     shared: Arc<Shared>,
 }
 
@@ -98,6 +100,7 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy addr");
         let (mode, rx) = watch::channel(ProxyMode::Forward);
+        let (applied_tx, applied) = watch::channel(ProxyMode::Forward);
         let shared = Arc::new(Shared {
             upstream,
             hold: Mutex::new(None),
@@ -109,8 +112,13 @@ impl Proxy {
             posts: Mutex::new(HashMap::new()),
             holds: Mutex::new(HashMap::new()),
         });
-        tokio::spawn(accept_loop(listener, addr, rx, shared.clone()));
-        Proxy { addr, mode, shared }
+        tokio::spawn(accept_loop(listener, addr, rx, applied_tx, shared.clone()));
+        Proxy {
+            addr,
+            mode,
+            applied,
+            shared,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -123,6 +131,17 @@ impl Proxy {
 
     pub fn mode(&self) -> ProxyMode {
         *self.mode.borrow()
+    }
+
+    /// Waits (bounded) until the accept loop acts on the mode last set: after
+    /// `set_mode(Refuse)`, a connect is refused from then on.
+    pub async fn mode_applied(&self) {
+        let want = self.mode();
+        let mut applied = self.applied.clone();
+        tokio::time::timeout(PATIENCE, applied.wait_for(|m| *m == want))
+            .await
+            .expect("the proxy's accept loop applies its mode")
+            .expect("the proxy's accept loop is running");
     }
 
     /// From now on, a chunk of request bytes that starts a POST is held as
@@ -219,12 +238,14 @@ async fn accept_loop(
     mut listener: TcpListener,
     addr: SocketAddr,
     mut mode: watch::Receiver<ProxyMode>,
+    applied: watch::Sender<ProxyMode>,
     shared: Arc<Shared>,
 ) {
     loop {
         let current = *mode.borrow_and_update();
         if current == ProxyMode::Refuse {
             drop(listener);
+            applied.send_replace(current);
             // Wait for the mode to change (or the proxy to go away).
             loop {
                 if mode.changed().await.is_err() {
@@ -237,6 +258,7 @@ async fn accept_loop(
             listener = rebind(addr).await;
             continue;
         }
+        applied.send_replace(current);
         tokio::select! {
             changed = mode.changed() => if changed.is_err() { return },
             accepted = listener.accept() => {

@@ -181,6 +181,7 @@ fn one_debit() -> [(&'static str, &'static str, u64); 1] {
 async fn core_down_is_e902_with_no_call_and_the_resend_posts_once(scheme: CoreScheme) {
     let m = Matrix::new(scheme, 1_000).await;
     m.proxy.set_mode(ProxyMode::Refuse);
+    m.proxy.mode_applied().await;
     let g = guid("FMDOWN");
     let t = transfer(&g, AMOUNT);
 
@@ -192,6 +193,7 @@ async fn core_down_is_e902_with_no_call_and_the_resend_posts_once(scheme: CoreSc
 
     // The core is back: "not sent" means the resend may post, and it posts once.
     m.proxy.set_mode(ProxyMode::Forward);
+    m.proxy.mode_applied().await;
     let (a, _) = m.send(&t).await;
     assert_eq!(a.code, "0000", "resend after E902: {a:?}");
     assert_eq!(m.calls(&g), (1, 0));

@@ -425,6 +425,7 @@ async fn a_connection_closed_before_the_handshake_ends_is_e902() {
     let core = start_core_https(&server, None).await;
     let proxy = Proxy::start(core.addr()).await;
     proxy.set_mode(ProxyMode::CloseNew);
+    proxy.mode_applied().await;
     let dir = TempDir::new("tlsclose");
     let mut hub = hub(
         &dir,
