@@ -190,7 +190,7 @@ async fn code_on(ch: &mut Channel, telegram: &[u8]) -> String {
 async fn tls_and_plain_side_by_side_and_a_certificate_is_its_channel() {
     let core = start_core().await;
     let pki = pki();
-    let hub = start(&pki, &core.url(), 5_000).await;
+    let mut hub = start(&pki, &core.url(), 5_000).await;
     assert!(
         hub.ready_line
             .contains(&format!("listening on {}", hub.addr))
@@ -247,11 +247,15 @@ async fn tls_and_plain_side_by_side_and_a_certificate_is_its_channel() {
         "IBANK without its certificate"
     );
     assert_eq!(posts(&core, &spoof), 0);
-    let log = hub.stderr();
+    // The log is written off the telegram's path: wait for the line, do not
+    // read the file once right after the answer.
+    let line = hub
+        .wait_log(0, |l| l.contains(&other) && l.contains("E103"))
+        .await;
     assert!(
-        log.contains("is channel ibank")
-            || log.contains("is channel IBANK's, not this channel_id's"),
-        "the E103 says whose certificate it was:\n{log}"
+        line.contains("is channel ibank")
+            || line.contains("is channel IBANK's, not this channel_id's"),
+        "the E103 says whose certificate it was:\n{line}"
     );
 }
 
