@@ -286,7 +286,31 @@ fn put_fitted(out: &mut Vec<u8>, src: &[u8], width: usize) {
 
 /// The hub's local time as `YYYYMMDDhhmmss`, for `sent_at` in answers.
 pub fn local_timestamp() -> String {
-    chrono::Local::now().format("%Y%m%d%H%M%S").to_string()
+    timestamp_of(&chrono::Local::now().naive_local())
+}
+
+/// `YYYYMMDDhhmmss` of `t`, digit by digit (`format` would parse its
+/// pattern on every answer).
+fn timestamp_of(t: &chrono::NaiveDateTime) -> String {
+    use chrono::{Datelike, Timelike};
+    let mut text = String::with_capacity(14);
+    // A year outside 0..=9999 (chrono allows them) keeps its low four digits.
+    let year = t.year().rem_euclid(10_000) as u32;
+    for (value, digits) in [
+        (year, 4),
+        (t.month(), 2),
+        (t.day(), 2),
+        (t.hour(), 2),
+        (t.minute(), 2),
+        // A leap second reads as 60, as `%S` writes it.
+        (t.second() + t.nanosecond() / 1_000_000_000, 2),
+    ] {
+        for place in (0..digits).rev() {
+            let digit = value / 10u32.pow(place) % 10;
+            text.push(char::from(b'0' + digit as u8));
+        }
+    }
+    text
 }
 
 #[cfg(test)]
@@ -528,6 +552,30 @@ mod tests {
         put_fitted(&mut out, b"ab", 4);
         put_fitted(&mut out, b"abcdef", 4);
         assert_eq!(out, b"ab  abcd");
+    }
+
+    #[test]
+    fn timestamps_are_written_as_the_format_would() {
+        use chrono::{NaiveDate, NaiveDateTime};
+        let at = |y, mo, d, h, mi, s, ms| -> NaiveDateTime {
+            NaiveDate::from_ymd_opt(y, mo, d)
+                .unwrap()
+                .and_hms_milli_opt(h, mi, s, ms)
+                .unwrap()
+        };
+        for t in [
+            at(2026, 12, 1, 9, 5, 7, 0),
+            at(1999, 1, 31, 23, 59, 59, 999),
+            at(2026, 6, 30, 23, 59, 59, 1_500),
+            at(2000, 2, 29, 0, 0, 0, 0),
+            at(987, 10, 10, 10, 10, 10, 0),
+        ] {
+            assert_eq!(
+                timestamp_of(&t),
+                t.format("%Y%m%d%H%M%S").to_string(),
+                "{t:?}"
+            );
+        }
     }
 
     #[test]

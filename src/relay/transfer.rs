@@ -36,6 +36,43 @@ pub fn fingerprint(tx_code: &str, body: &[u8]) -> String {
     text
 }
 
+/// The JSON body of `POST /v1/transfers`: the request's fields with `guid`
+/// and `channel_id` from the header (a field of the same name wins), keys in
+/// order. Written straight from the fields, with no object of its own.
+fn transfer_body(guid: &str, channel_id: &str, fields: &Map<String, Value>) -> Vec<u8> {
+    struct Body<'a> {
+        header: [(&'a str, &'a str); 2],
+        fields: &'a Map<String, Value>,
+    }
+    impl serde::Serialize for Body<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut header = self
+                .header
+                .iter()
+                .filter(|(k, _)| !self.fields.contains_key(*k))
+                .peekable();
+            let mut map = s.serialize_map(None)?;
+            for (k, v) in self.fields {
+                while let Some((hk, hv)) = header.next_if(|(hk, _)| *hk < k.as_str()) {
+                    map.serialize_entry(hk, hv)?;
+                }
+                map.serialize_entry(k, v)?;
+            }
+            for (hk, hv) in header {
+                map.serialize_entry(hk, hv)?;
+            }
+            map.end()
+        }
+    }
+    // Sorted, as the keys of `fields` are.
+    let body = Body {
+        header: [("channel_id", channel_id), ("guid", guid)],
+        fields,
+    };
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
 /// Answers a transfer telegram.
 pub(super) async fn run(
     hub: &Hub,
@@ -349,18 +386,9 @@ impl Transfer<'_> {
         let guid = self.guid();
         let target = self.target;
         let deadline = self.deadline;
-        let mut json = Map::with_capacity(self.fields.len() + 2);
-        json.insert("guid".into(), Value::String(self.header.guid.clone()));
-        json.insert(
-            "channel_id".into(),
-            Value::String(self.header.channel_id.clone()),
-        );
-        for (k, v) in self.fields {
-            json.insert(k.clone(), v.clone());
-        }
         let request = CoreRequest::Transfer {
             guid: guid.to_string(),
-            json: serde_json::to_vec(&Value::Object(json)).unwrap_or_default(),
+            json: transfer_body(&self.header.guid, &self.header.channel_id, self.fields),
         };
         let started = Instant::now();
         let mut tries = 0u32;
@@ -513,6 +541,38 @@ enum Resend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The body as an object built and serialized whole: the header's two
+    /// keys, then the fields over them.
+    fn body_as_an_object(guid: &str, channel_id: &str, fields: &Map<String, Value>) -> Vec<u8> {
+        let mut json = Map::new();
+        json.insert("guid".into(), Value::String(guid.into()));
+        json.insert("channel_id".into(), Value::String(channel_id.into()));
+        for (k, v) in fields {
+            json.insert(k.clone(), v.clone());
+        }
+        serde_json::to_vec(&Value::Object(json)).unwrap()
+    }
+
+    proptest! {
+        #[test]
+        fn the_transfer_body_is_the_object_of_header_and_fields(
+            guid in "[ -~]{0,8}",
+            channel in "[ -~\\u{80}-\\u{ff}]{0,8}",
+            fields in proptest::collection::btree_map(
+                prop_oneof!["[a-z_]{1,12}", Just("guid".to_string()), Just("channel_id".to_string()), Just("a".to_string()), Just("z".to_string())],
+                prop_oneof![any::<i64>().prop_map(Value::from), "[ -~]{0,6}".prop_map(Value::from)],
+                0..8,
+            ),
+        ) {
+            let fields: Map<String, Value> = fields.into_iter().collect();
+            prop_assert_eq!(
+                String::from_utf8(transfer_body(&guid, &channel, &fields)).unwrap(),
+                String::from_utf8(body_as_an_object(&guid, &channel, &fields)).unwrap()
+            );
+        }
+    }
 
     #[test]
     fn fingerprint_depends_on_tx_and_body() {

@@ -263,6 +263,13 @@ impl Visit for LineVisitor<'_, '_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "message" || (field.name() == OBJECT_FIELD && is_json_object(value)) {
             self.write(field, format_args!("{value}"));
+        } else if value
+            .bytes()
+            .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\')
+        {
+            // What `{:?}` writes for printable ASCII with nothing to escape,
+            // without its character-by-character escaping.
+            self.write(field, format_args!("\"{value}\""));
         } else {
             self.write(field, format_args!("{value:?}"));
         }
@@ -473,6 +480,36 @@ mod tests {
         );
         assert_eq!(lines[2]["fields"]["f"], 1.5);
         assert_eq!(lines[2]["fields"]["n"], -2);
+    }
+
+    #[test]
+    fn a_string_field_is_written_as_its_debug_text() {
+        let samples = [
+            "",
+            "G1",
+            " ~",
+            "it's",
+            "a\"b",
+            "a\\b",
+            "tab\there",
+            "del\u{7f}",
+            "é",
+            "한글",
+            "\u{85}",
+        ];
+        for value in samples {
+            let lines = Lines::default();
+            let s = tracing_subscriber::fmt()
+                .with_writer(lines.clone())
+                .with_ansi(false)
+                .without_time()
+                .fmt_fields(OneLineFields)
+                .finish();
+            tracing::subscriber::with_default(s, || info!(x = value, "m"));
+            let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+            let want = format!(" x={}\n", one_line(&format!("{value:?}")));
+            assert!(text.ends_with(&want), "{value:?}: {text:?}");
+        }
     }
 
     #[test]
