@@ -169,6 +169,11 @@ pub enum JournalError {
 }
 
 /// The journal the hub uses, whatever its store.
+///
+/// The PostgreSQL calls on the telegram path are boxed: their futures are a
+/// few KB, and a telegram's future, which holds the journal call it awaits
+/// and is itself boxed (copied) once per telegram, would be that large
+/// whichever store runs. A network round trip dwarfs the allocation.
 #[derive(Clone)]
 pub enum Journal {
     Memory(memory::MemoryJournal),
@@ -325,7 +330,9 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.claim(guid, tx_code, fingerprint, url, now_ms),
             Journal::Sqlite(j) => j.claim(guid, tx_code, fingerprint, url, now_ms).await,
-            Journal::Postgres(j) => j.claim(guid, tx_code, fingerprint, url, now_ms).await,
+            Journal::Postgres(j) => {
+                Box::pin(j.claim(guid, tx_code, fingerprint, url, now_ms)).await
+            }
         }
     }
 
@@ -342,7 +349,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.claim_resend(guid, attempts, url, now_ms),
             Journal::Sqlite(j) => j.claim_resend(guid, attempts, url, now_ms).await,
-            Journal::Postgres(j) => j.claim_resend(guid, attempts, url, now_ms).await,
+            Journal::Postgres(j) => Box::pin(j.claim_resend(guid, attempts, url, now_ms)).await,
         }
     }
 
@@ -353,7 +360,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.note_url(guid, url, now_ms),
             Journal::Sqlite(j) => j.note_url(guid, url, now_ms).await,
-            Journal::Postgres(j) => j.note_url(guid, url, now_ms).await,
+            Journal::Postgres(j) => Box::pin(j.note_url(guid, url, now_ms)).await,
         }
     }
 
@@ -369,7 +376,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.finish(guid, f, now_ms),
             Journal::Sqlite(j) => j.finish(guid, f, now_ms).await,
-            Journal::Postgres(j) => j.finish(guid, f, now_ms).await,
+            Journal::Postgres(j) => Box::pin(j.finish(guid, f, now_ms)).await,
         }
     }
 
@@ -385,7 +392,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.finish_if(guid, only_if, f, now_ms),
             Journal::Sqlite(j) => j.finish_if(guid, only_if, f, now_ms).await,
-            Journal::Postgres(j) => j.finish_if(guid, only_if, f, now_ms).await,
+            Journal::Postgres(j) => Box::pin(j.finish_if(guid, only_if, f, now_ms)).await,
         }
     }
 
@@ -393,7 +400,7 @@ impl Journal {
         match self {
             Journal::Memory(j) => j.get(guid),
             Journal::Sqlite(j) => j.get(guid).await,
-            Journal::Postgres(j) => j.get(guid).await,
+            Journal::Postgres(j) => Box::pin(j.get(guid)).await,
         }
     }
 

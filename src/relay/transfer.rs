@@ -199,17 +199,20 @@ impl Transfer<'_> {
                         ),
                     );
                 }
+                // The rarer paths are boxed: a future holds the largest of
+                // the futures it awaits, and a telegram's is copied into its
+                // box once per telegram.
                 State::Unknown => {
-                    return self.settle(&row, &[State::Unknown]).await;
+                    return Box::pin(self.settle(&row, &[State::Unknown])).await;
                 }
                 // In a journal of one hub, a `sending` row nobody in this process
                 // works on was orphaned (an outcome write that failed): settle it
                 // as a restart would, by inquiry.
                 State::Sending if !self.hub.journal.is_shared() => {
-                    return self.settle(&row, &[State::Sending]).await;
+                    return Box::pin(self.settle(&row, &[State::Sending])).await;
                 }
-                State::Sending => return self.other_hubs_attempt(&row).await,
-                State::NotSent => match self.resend(&row, now).await {
+                State::Sending => return Box::pin(self.other_hubs_attempt(&row)).await,
+                State::NotSent => match Box::pin(self.resend(&row, now)).await {
                     Resend::Post(attempt) => return self.post(attempt).await,
                     Resend::Answer(reply, note) => return (reply, note),
                     Resend::LostRace => continue,

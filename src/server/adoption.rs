@@ -299,6 +299,8 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
     let mut stream = stream;
     let mut back = back;
     let mut buf = BytesMut::with_capacity(512);
+    // Zeroed once for the connection's stay, not per read.
+    let mut chunk = vec![0u8; 4096];
     let mut read_timeout = None;
     loop {
         if let Some((telegram, read_at, guard)) = next.take() {
@@ -378,7 +380,7 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
                 }
                 read_timeout = Some(wait);
             }
-            match read_into(&mut stream, &mut buf) {
+            match read_into(&mut stream, &mut chunk, &mut buf) {
                 // Bytes: a telegram yet?
                 Ok(n) if n > 0 => {
                     started.get_or_insert_with(Instant::now);
@@ -411,9 +413,12 @@ fn prepare(stream: &StdStream, limits: &Limits) -> std::io::Result<()> {
 }
 
 /// One blocking read appended to `buf`.
-fn read_into(stream: &mut StdStream, buf: &mut BytesMut) -> std::io::Result<usize> {
-    let mut chunk = [0u8; 4096];
-    let n = stream.read(&mut chunk)?;
+fn read_into(
+    stream: &mut StdStream,
+    chunk: &mut [u8],
+    buf: &mut BytesMut,
+) -> std::io::Result<usize> {
+    let n = stream.read(chunk)?;
     buf.extend_from_slice(&chunk[..n]);
     Ok(n)
 }
