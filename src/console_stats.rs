@@ -115,11 +115,8 @@ pub struct TraceText([u8; 32]);
 
 impl TraceText {
     pub fn of(trace: TraceId) -> TraceText {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut text = [0u8; 32];
-        for (i, c) in text.iter_mut().enumerate() {
-            *c = HEX[(trace.0 >> (4 * (31 - i)) & 0xf) as usize];
-        }
+        crate::hex::encode_into(&trace.0.to_be_bytes(), &mut text);
         TraceText(text)
     }
 

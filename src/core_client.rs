@@ -32,6 +32,8 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
+use ureq::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use ureq::http::{HeaderName, HeaderValue};
 use ureq::unversioned::transport::{
     Buffers, ConnectionDetails, Connector, NextTimeout, TcpConnector, Transport,
 };
@@ -52,6 +54,13 @@ pub const DEADLINE_HEADER: &str = "X-Expected-Timeout-Ms";
 /// The W3C Trace Context header every call carries: `00-TRACE-PARENT-01`,
 /// the trace id of the telegram being answered and a span id of the call's own.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
+
+// The request's header names, made once: a name given as text is parsed (and
+// a non-standard one copied) on every call. HTTP/1 writes them in lower case
+// whichever way they were given.
+const DEADLINE_NAME: HeaderName = HeaderName::from_static("x-expected-timeout-ms");
+const TRACEPARENT_NAME: HeaderName = HeaderName::from_static(TRACEPARENT_HEADER);
+const GUID_NAME: HeaderName = HeaderName::from_static("x-guid");
 
 /// A W3C trace id: one per telegram, random, never zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,7 +100,13 @@ impl TraceId {
                 break s;
             }
         };
-        format!("00-{self}-{span:016x}-01")
+        let mut text = String::with_capacity(55);
+        text.push_str("00-");
+        crate::hex::push(&mut text, &self.0.to_be_bytes());
+        text.push('-');
+        crate::hex::push(&mut text, &span.to_be_bytes());
+        text.push_str("-01");
+        text
     }
 }
 
@@ -338,6 +353,16 @@ pub enum CoreRequest {
     Inquiry { guid: String },
 }
 
+impl CoreRequest {
+    /// The request's URL at the base URL `base`.
+    fn url_at(&self, base: &str) -> String {
+        match self {
+            CoreRequest::Transfer { .. } => [base, "/v1/transfers"].concat(),
+            CoreRequest::Inquiry { guid } => [base, "/v1/transfers/", guid].concat(),
+        }
+    }
+}
+
 /// One configured target: its endpoints, agent, bulkhead and timeouts.
 pub struct Target {
     pub name: String,
@@ -551,7 +576,7 @@ impl Target {
         let job = Job {
             agent: self.agent.clone(),
             request: request.clone(),
-            base_url: base_url.to_string(),
+            url: request.url_at(base_url),
             connect,
             call_limit,
             remaining_ms: remaining.as_millis() as u64,
@@ -614,7 +639,8 @@ impl Target {
 struct Job {
     agent: ureq::Agent,
     request: CoreRequest,
-    base_url: String,
+    /// The request's whole URL.
+    url: String,
     connect: Duration,
     call_limit: Duration,
     remaining_ms: u64,
@@ -649,10 +675,10 @@ impl Job {
     /// timeouts of this call (connect within the budget; the whole exchange
     /// within the budget plus, for a transfer, the late-answer window).
     fn prepare<B>(&self, mut req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
-        req = req.header(DEADLINE_HEADER, self.remaining_ms.to_string());
-        req = req.header(TRACEPARENT_HEADER, self.trace.traceparent());
+        req = req.header(DEADLINE_NAME, HeaderValue::from(self.remaining_ms));
+        req = req.header(TRACEPARENT_NAME, self.trace.traceparent());
         if let Some(a) = &self.auth {
-            req = req.header("Authorization", a.as_str());
+            req = req.header(AUTHORIZATION, a.as_str());
         }
         req.config()
             .timeout_resolve(Some(self.connect))
@@ -664,16 +690,11 @@ impl Job {
     fn exchange(&self) -> Result<HttpAnswer, ureq::Error> {
         let mut response = match &self.request {
             CoreRequest::Transfer { guid, json } => self
-                .prepare(self.agent.post(format!("{}/v1/transfers", self.base_url)))
-                .header("Content-Type", "application/json")
-                .header("X-GUID", guid.as_str())
+                .prepare(self.agent.post(&self.url))
+                .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+                .header(GUID_NAME, guid.as_str())
                 .send(&json[..])?,
-            CoreRequest::Inquiry { guid } => self
-                .prepare(
-                    self.agent
-                        .get(format!("{}/v1/transfers/{guid}", self.base_url)),
-                )
-                .call()?,
+            CoreRequest::Inquiry { .. } => self.prepare(self.agent.get(&self.url)).call()?,
         };
         let status = response.status().as_u16();
         let header = |name: &str| {
@@ -767,6 +788,17 @@ mod tests {
     }
 
     #[test]
+    fn the_header_names_made_once_are_the_documented_ones() {
+        for (made, documented) in [
+            (DEADLINE_NAME, DEADLINE_HEADER),
+            (TRACEPARENT_NAME, TRACEPARENT_HEADER),
+            (GUID_NAME, "X-GUID"),
+        ] {
+            assert_eq!(made, HeaderName::from_bytes(documented.as_bytes()).unwrap());
+        }
+    }
+
+    #[test]
     fn traceparent_is_w3c_shaped() {
         let t = TraceId(0x0af7651916cd43dd8448eb211c80319c);
         let v = t.traceparent();
@@ -777,6 +809,11 @@ mod tests {
         assert_eq!(parts[2].len(), 16);
         assert_ne!(parts[2], "0000000000000000");
         assert_eq!(parts[3], "01");
+        assert!(
+            parts[2]
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
         assert_ne!(t.traceparent(), v, "each call has a span id of its own");
         assert_eq!(TraceId(1).to_string(), format!("{:032x}", 1));
     }

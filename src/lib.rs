@@ -45,6 +45,7 @@ pub mod core_client;
 pub mod daemon;
 pub mod frame;
 pub mod header;
+pub mod hex;
 pub mod journal;
 pub mod layout;
 pub mod metric_names;

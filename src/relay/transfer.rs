@@ -27,12 +27,8 @@ pub fn fingerprint(tx_code: &str, body: &[u8]) -> String {
     h.update(tx_code.as_bytes());
     h.update([0u8]);
     h.update(body);
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut text = String::with_capacity(64);
-    for b in h.finalize() {
-        text.push(char::from(HEX[usize::from(b >> 4)]));
-        text.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
+    crate::hex::push(&mut text, &h.finalize());
     text
 }
 

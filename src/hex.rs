@@ -1,0 +1,40 @@
+//! Lowercase hex from a table. Fingerprints, trace ids and span ids are
+//! written on every telegram; `format!` per byte cost more than the hashing.
+
+const DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// Writes `bytes` as hex into the start of `out`, which must hold twice as
+/// many bytes.
+pub fn encode_into(bytes: &[u8], out: &mut [u8]) {
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0xf)];
+    }
+}
+
+/// Appends `bytes` to `text` as hex.
+pub fn push(text: &mut String, bytes: &[u8]) {
+    text.reserve(2 * bytes.len());
+    for b in bytes {
+        text.push(char::from(DIGITS[usize::from(b >> 4)]));
+        text.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn hex_is_what_format_writes(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let want: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            let mut text = String::from("x");
+            super::push(&mut text, &bytes);
+            prop_assert_eq!(&text[1..], want.as_str());
+            let mut out = vec![0u8; 2 * bytes.len()];
+            super::encode_into(&bytes, &mut out);
+            prop_assert_eq!(String::from_utf8(out).unwrap(), want);
+        }
+    }
+}
