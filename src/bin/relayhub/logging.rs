@@ -18,6 +18,7 @@ use tracing::field::{Field, Visit};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::FormatTime;
 use tracing_subscriber::fmt::{FormatFields, FormattedFields};
 
 use crate::log_writer::{Dropped, FlushGuard, batched};
@@ -50,6 +51,7 @@ pub fn init(format: LogFormat, filter: EnvFilter) -> Result<Logging, String> {
         .map_err(|e| format!("cannot start the log writer thread: {e}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_timer(Utc)
         .with_writer(writer)
         .with_ansi(std::io::stderr().is_terminal());
     let result = match format {
@@ -65,6 +67,49 @@ pub fn init(format: LogFormat, filter: EnvFilter) -> Result<Logging, String> {
     Ok(Logging {
         _guard: guard,
         dropped,
+    })
+}
+
+/// The time of a line in UTC, RFC 3339 with microseconds
+/// (`2026-12-01T16:30:46.232574Z`), as tracing-subscriber's own timer
+/// writes it; the text up to the second is made once per second and thread.
+struct Utc;
+
+impl FormatTime for Utc {
+    fn format_time(&self, w: &mut Writer<'_>) -> fmt::Result {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        write_utc(now.as_secs(), now.subsec_micros(), w)
+    }
+}
+
+fn write_utc(secs: u64, micros: u32, w: &mut impl fmt::Write) -> fmt::Result {
+    thread_local! {
+        static SECOND: std::cell::RefCell<(u64, String)> = const {
+            std::cell::RefCell::new((u64::MAX, String::new()))
+        };
+    }
+    SECOND.with_borrow_mut(|(second, text)| {
+        if *second != secs {
+            text.clear();
+            let at = i64::try_from(secs)
+                .ok()
+                .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
+                .unwrap_or_default();
+            write!(text, "{}", at.format("%Y-%m-%dT%H:%M:%S"))?;
+            *second = secs;
+        }
+        w.write_str(text)?;
+        let mut digits = [b'0'; 6];
+        let mut rest = micros.min(999_999);
+        for d in digits.iter_mut().rev() {
+            *d = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        w.write_char('.')?;
+        w.write_str(std::str::from_utf8(&digits).unwrap_or("000000"))?;
+        w.write_char('Z')
     })
 }
 
@@ -244,34 +289,61 @@ struct LineVisitor<'a, 'w> {
 }
 
 impl LineVisitor<'_, '_> {
-    fn write(&mut self, field: &Field, value: fmt::Arguments<'_>) {
+    /// The separator and `name=` (nothing for the message); false once a
+    /// write failed. Written piece by piece: the formatting machinery costs
+    /// more than these few bytes, on every field of every telegram.
+    fn name(&mut self, field: &Field) -> bool {
         if self.result.is_err() {
-            return;
+            return false;
         }
         let sep = if self.empty { "" } else { " " };
         self.empty = false;
-        self.result = if field.name() == "message" {
-            write!(self.writer, "{sep}")
-        } else {
-            write!(self.writer, "{sep}{}=", field.name())
+        self.result = self.writer.write_str(sep);
+        if field.name() != "message" {
+            self.result = self
+                .result
+                .and_then(|()| self.writer.write_str(field.name()))
+                .and_then(|()| self.writer.write_char('='));
         }
-        .and_then(|()| OneLine(&mut *self.writer).write_fmt(value));
+        self.result.is_ok()
+    }
+
+    fn write(&mut self, field: &Field, value: fmt::Arguments<'_>) {
+        if self.name(field) {
+            self.result = OneLine(&mut *self.writer).write_fmt(value);
+        }
     }
 }
 
 impl Visit for LineVisitor<'_, '_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "message" || (field.name() == OBJECT_FIELD && is_json_object(value)) {
-            self.write(field, format_args!("{value}"));
+            if self.name(field) {
+                self.result = OneLine(&mut *self.writer).write_str(value);
+            }
         } else if value
             .bytes()
             .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\')
         {
             // What `{:?}` writes for printable ASCII with nothing to escape,
-            // without its character-by-character escaping.
-            self.write(field, format_args!("\"{value}\""));
+            // without its character-by-character escaping (and with no
+            // control character for `OneLine` to look for).
+            if self.name(field) {
+                self.result = self
+                    .writer
+                    .write_char('"')
+                    .and_then(|()| self.writer.write_str(value))
+                    .and_then(|()| self.writer.write_char('"'));
+            }
         } else {
             self.write(field, format_args!("{value:?}"));
+        }
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        if self.name(field) {
+            // Digits: nothing for `OneLine` to look for.
+            self.result = write!(self.writer, "{value}");
         }
     }
 
@@ -480,6 +552,25 @@ mod tests {
         );
         assert_eq!(lines[2]["fields"]["f"], 1.5);
         assert_eq!(lines[2]["fields"]["n"], -2);
+    }
+
+    #[test]
+    fn line_times_are_rfc3339_utc_with_microseconds() {
+        use chrono::{DateTime, SecondsFormat};
+        for (secs, micros) in [
+            (0, 0),
+            (1_796_131_846, 232_574),
+            (1_796_131_846, 5),
+            (1_796_131_847, 999_999),
+            (951_782_400, 100_000),
+        ] {
+            let mut text = String::new();
+            super::write_utc(secs, micros, &mut text).unwrap();
+            let want = DateTime::from_timestamp(secs as i64, micros * 1_000)
+                .unwrap()
+                .to_rfc3339_opts(SecondsFormat::Micros, true);
+            assert_eq!(text, want);
+        }
     }
 
     #[test]
