@@ -25,15 +25,16 @@ pub enum LogRule {
 impl LogRule {
     /// The value as a log line shows it.
     pub fn apply(self, value: &Value) -> Value {
-        let text = match value {
-            Value::String(s) => s.clone(),
-            Value::Null => return Value::Null,
-            other => other.to_string(),
+        // The value's text, made only when a rule reads it.
+        let text = || match value {
+            Value::String(s) => std::borrow::Cow::Borrowed(s.as_str()),
+            other => std::borrow::Cow::Owned(other.to_string()),
         };
         match self {
+            _ if value.is_null() => Value::Null,
             LogRule::Clear => value.clone(),
-            LogRule::Length => Value::String(format!("<{} chars>", text.chars().count())),
-            LogRule::Mask => Value::String(mask_account(&text)),
+            LogRule::Length => Value::String(format!("<{} chars>", text().chars().count())),
+            LogRule::Mask => Value::String(mask_account(&text())),
         }
     }
 
