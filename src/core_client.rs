@@ -228,7 +228,7 @@ thread_local! {
 }
 
 /// A connector that wraps whatever the TCP connector opened in a [`GatedTransport`].
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct GateConnector;
 
 impl<In: Transport> Connector<In> for GateConnector {
@@ -363,11 +363,16 @@ impl CoreRequest {
     }
 }
 
-/// One configured target: its endpoints, agent, bulkhead and timeouts.
+/// How many agents (connection pools) a target's calls are spread over.
+const AGENTS: usize = 16;
+
+/// One configured target: its endpoints, agents, bulkhead and timeouts.
 pub struct Target {
     pub name: String,
     urls: Vec<String>,
-    agent: ureq::Agent,
+    /// [`AGENTS`] agents with the same config, parts and resolver; a thread
+    /// keeps to one (see [`Target::agent`]).
+    agents: Vec<ureq::Agent>,
     connect_timeout: Duration,
     late_window: Duration,
     /// How old an attempt must be before "never received" is proof.
@@ -413,12 +418,15 @@ impl Target {
     /// gate: the handshake happens below the [`SendGate`], so a failed one is
     /// "not sent", and the gate passes on the first byte of the HTTP request.
     pub fn new(cfg: &TargetConfig, budget: Duration) -> Result<Target, TargetError> {
+        // Each agent's pool keeps its share of the connections a full
+        // bulkhead has open.
+        let pooled = cfg.max_concurrency.max(16).div_ceil(AGENTS);
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
             .no_delay(true)
-            .max_idle_connections(cfg.max_concurrency.max(16))
-            .max_idle_connections_per_host(cfg.max_concurrency.max(16))
+            .max_idle_connections(pooled)
+            .max_idle_connections_per_host(pooled)
             .user_agent(concat!("relayhub/", env!("CARGO_PKG_VERSION")))
             // Requests and answers are small; ureq's 128 KiB default buffers
             // would be kept by every pooled connection.
@@ -429,10 +437,7 @@ impl Target {
             .build();
         note_ignored_proxies();
         let tls = tls::TlsSlot::new(tls::load(cfg)?);
-        let connector =
-            ().chain(TcpConnector::default())
-                .chain(tls::TlsConnector::new(&cfg.name, tls.clone()))
-                .chain(GateConnector);
+        let tls_connector = tls::TlsConnector::new(&cfg.name, tls.clone());
         let urls: Vec<String> = cfg
             .urls
             .iter()
@@ -443,12 +448,20 @@ impl Target {
             &urls,
             Duration::from_millis(cfg.resolve_refresh_ms),
         );
-        let agent = ureq::Agent::with_parts(config, connector, resolver);
+        let agents = (0..AGENTS)
+            .map(|_| {
+                let connector =
+                    ().chain(TcpConnector::default())
+                        .chain(tls_connector.clone())
+                        .chain(GateConnector);
+                ureq::Agent::with_parts(config.clone(), connector, resolver.clone())
+            })
+            .collect();
         let auth = cfg.auth.as_ref().map(|a| a.header_value()).transpose()?;
         Ok(Target {
             name: cfg.name.clone(),
             urls,
-            agent,
+            agents,
             connect_timeout: cfg.effective_connect_timeout(budget),
             late_window: Duration::from_millis(cfg.late_answer_window_ms),
             wire_grace: cfg.effective_wire_grace(budget),
@@ -477,6 +490,21 @@ impl Target {
     /// and answered E903.
     pub fn require_licence(&self, licence: SendLicence) {
         let _ = self.licence.set(licence);
+    }
+
+    /// The agent for calls made on this thread. ureq's pool is one list
+    /// under one lock, and every call scans it (twice, with the handles of
+    /// every connection it made): with 1,000 calls at once that scan was a
+    /// tenth of the hub's CPU. Split over [`AGENTS`] pools, a thread keeps to
+    /// one, so a connection goes back to the pool its thread takes from.
+    fn agent(&self) -> &ureq::Agent {
+        thread_local! {
+            static SHARD: usize = {
+                static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            };
+        }
+        &self.agents[SHARD.with(|s| *s) % self.agents.len()]
     }
 
     /// Calls in progress on this target (for metrics).
@@ -574,7 +602,7 @@ impl Target {
         let gate = SendGate::new(licence);
         let (tx, mut rx) = oneshot::channel();
         let job = Job {
-            agent: self.agent.clone(),
+            agent: self.agent().clone(),
             request: request.clone(),
             url: request.url_at(base_url),
             connect,
@@ -840,6 +868,31 @@ mod tests {
             let _ = tx.send(head);
         });
         (url, rx)
+    }
+
+    #[test]
+    fn a_thread_keeps_to_one_agent_and_threads_spread_over_them() {
+        let target = Arc::new(
+            Target::new(
+                &TargetConfig::with_url("core", "http://127.0.0.1:9"),
+                Duration::from_secs(1),
+            )
+            .unwrap(),
+        );
+        let index = |t: &Target| {
+            let a = t.agent() as *const ureq::Agent;
+            t.agents.iter().position(|b| std::ptr::eq(a, b)).unwrap()
+        };
+        assert_eq!(index(&target), index(&target));
+        let used: std::collections::HashSet<usize> = (0..AGENTS)
+            .map(|_| {
+                let t = target.clone();
+                std::thread::spawn(move || index(&t)).join().unwrap()
+            })
+            .collect();
+        // Consecutive threads take consecutive agents (other tests' threads
+        // may take turns in between).
+        assert!(used.len() > 1, "{used:?}");
     }
 
     #[tokio::test]

@@ -187,11 +187,13 @@ impl Cache {
 
 /// A resolver for one target's URLs: IP literals answered at once, names from
 /// a cache refreshed in the background. Dropping it stops the refresher.
-#[derive(Debug)]
+/// Clones share the cache and the refresher (the target's agents hold one
+/// each); the refresher ends when the last is dropped.
+#[derive(Debug, Clone)]
 pub(crate) struct CachedResolver {
     cache: Arc<Cache>,
-    /// Dropped with the resolver; the refresher then ends.
-    _stop: Option<Sender<()>>,
+    /// Dropped with the last clone of the resolver; the refresher then ends.
+    _stop: Option<Arc<Sender<()>>>,
 }
 
 /// The host (brackets of an IPv6 literal removed) and port of a URI.
@@ -261,7 +263,10 @@ impl CachedResolver {
             }
             tx
         });
-        CachedResolver { cache, _stop: stop }
+        CachedResolver {
+            cache,
+            _stop: stop.map(Arc::new),
+        }
     }
 
     /// Rounds of lookups done so far.
@@ -453,5 +458,28 @@ mod tests {
             vec![addr("127.0.0.1:9")]
         );
         assert_eq!(r.addresses("::1", 9, None).unwrap(), vec![addr("[::1]:9")]);
+    }
+
+    #[test]
+    fn the_refresher_ends_with_the_last_clone() {
+        let lookup: Box<Lookup> = Box::new(|_, _| Ok(vec![addr("10.0.0.1:80")]));
+        let r = CachedResolver::with_lookup(
+            "core",
+            &["http://core.example".into()],
+            Duration::from_millis(1),
+            lookup,
+        );
+        let cache = r.cache.clone();
+        let clone = r.clone();
+        drop(r);
+        // The test, the clone and the refresher hold the cache.
+        assert_eq!(Arc::strong_count(&cache), 3);
+        drop(clone);
+        let until = Instant::now() + Duration::from_secs(5);
+        while Arc::strong_count(&cache) > 1 {
+            assert!(Instant::now() < until, "the refresher still runs");
+            // Waiting for a thread to end; nothing to block on but its Arc.
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

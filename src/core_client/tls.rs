@@ -313,7 +313,7 @@ pub fn handshake_error(e: &ureq::Error) -> Option<&HandshakeError> {
 
 /// Wraps the TCP transport of an `https://` URL in TLS with the target's
 /// config in force; `http://` URLs pass through untouched.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct TlsConnector {
     target: String,
     slot: TlsSlot,
