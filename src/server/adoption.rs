@@ -24,11 +24,12 @@
 //!   side by side), unframeable bytes, the end of the stream or a read error:
 //!   the reactor answers and logs them as it always does;
 //! * a core call that outlasts [`PATIENCE`] keeps the connection on its
-//!   adopter, like a thread-per-connection server, but from then on the
-//!   reactor watches the connection: bytes from the channel (a pipelined
-//!   telegram, its close) or the call's deadline move the telegram's future to
-//!   the reactor, which reads them and answers at the budget as always. A
-//!   clock thread starts the watch, so a quick call costs no task. The call
+//!   adopter, like a thread-per-connection server, but from then on a clock
+//!   thread watches the connection (its own `epoll` instance): bytes from the
+//!   channel (a pipelined telegram, its close) or the call's deadline move the
+//!   telegram's future to the reactor, which reads them and answers at the
+//!   budget as always. A quick call costs a lease in a sorted map and nothing
+//!   else; a long one a registration, and no task or wake-up. The call
 //!   itself goes on on the adopter and hands its result to the future
 //!   wherever it is, exactly as from a caller thread, so the budget, the
 //!   late-answer window and the send gate keep their meaning;
@@ -38,12 +39,13 @@
 //! A connection that came back with a telegram still being handled stays
 //! with the reactor (and the caller threads) until a telegram is quick again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream as StdStream;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
@@ -133,7 +135,7 @@ impl Adopters {
     /// Adopters for connections served by the current runtime.
     pub(super) fn new() -> Adopters {
         let runtime = tokio::runtime::Handle::current();
-        let (clock, ticking) = Clock::start(runtime.clone());
+        let (clock, ticking) = Clock::start();
         Adopters {
             threads: Callers::with_stack("relayhub-conn", STACK_SIZE),
             lent: Arc::new(AtomicUsize::new(0)),
@@ -243,9 +245,6 @@ struct Held {
 /// out owns the connection.
 struct Slot {
     held: Mutex<Option<Held>>,
-    /// Woken when the adopter's core call returns: a watch on the
-    /// connection ([`watch`]) ends.
-    call_ended: tokio::sync::Notify,
 }
 
 impl Slot {
@@ -316,7 +315,6 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
                     back,
                     flight,
                 })),
-                call_ended: tokio::sync::Notify::new(),
             });
             let Some((held, done)) = drive(&slot, &waker, clock, read_at + PATIENCE) else {
                 // Gone to the reactor, with its telegram.
@@ -448,14 +446,14 @@ fn drive(
             }
             Poll::Pending => match stashed {
                 Some((work, due)) => {
+                    let fd = h.stream.as_raw_fd();
                     drop(held);
                     // Blocked in the call: the clock takes the connection
                     // back at the call's deadline, and watches it from the
                     // patience on.
-                    let lease = clock.lease(patience.min(due), due, slot.clone());
+                    let lease = clock.lease(patience.min(due), due, slot.clone(), fd);
                     run(work);
                     clock.cancel(lease);
-                    slot.call_ended.notify_waiters();
                 }
                 None if Instant::now() >= patience => {
                     let h = held.take().expect("held while polled");
@@ -493,33 +491,6 @@ fn hand_back(held: Held) {
             ..Carry::default()
         },
     ));
-}
-
-/// Watches a lent connection (`stream`: a second handle on its socket, only
-/// asked whether it is readable) while its adopter is blocked in a core call
-/// that outlasted the patience: readable bytes, or the call's deadline, take
-/// the connection back to the reactor; the call's end stops the watch.
-async fn watch(stream: StdStream, slot: Arc<Slot>, due: Instant) {
-    let ended = slot.call_ended.notified();
-    // SAFETY: the `AsyncFd` owns `stream`, a `std::net::TcpStream`, whose
-    // file descriptor stays open and the same for as long as it lives.
-    let readable = unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(stream, tokio::io::Interest::READABLE)
-    };
-    let take_back = match readable {
-        Ok(fd) => tokio::select! {
-            _ = fd.readable() => true,
-            _ = tokio::time::sleep_until(due) => true,
-            _ = ended => false,
-        },
-        Err(e) => {
-            debug!(%e, "cannot watch a lent connection; it goes back to the reactor");
-            true
-        }
-    };
-    if take_back && let Some(held) = slot.try_take() {
-        hand_back(held);
-    }
 }
 
 /// Wakes the adopter that polls a future.
@@ -597,130 +568,236 @@ fn write_within(
 
 /// Takes connections whose telegram outlasts its patience back to the
 /// reactor while their adopter is blocked in a core call. One thread for
-/// all adopters; a lease costs an insert and a remove in a sorted map, and
-/// the thread wakes only when a lease is due (or every [`PATIENCE`] when
-/// there is none, so that a new lease never has to wake it).
+/// all adopters, with an `epoll` instance of its own:
+///
+/// * a lease costs an insert and a remove in a sorted map; the thread wakes
+///   only when a lease is due (or every [`PATIENCE`] when there is none, so
+///   that a new lease never has to wake it);
+/// * at the patience it registers the connection's socket with its `epoll`
+///   and keeps the lease until the call's deadline: bytes from the channel
+///   (a pipelined telegram, its close) or the deadline take the connection
+///   back;
+/// * the call's end cancels the lease and, if it was watched, deregisters
+///   the socket from the adopter's own thread: nobody is woken.
 pub(super) struct Clock {
     state: Mutex<ClockState>,
-    due: Condvar,
-    runtime: tokio::runtime::Handle,
+    /// `None` when no `epoll` instance could be made (nothing is lent then).
+    io: Option<ClockIo>,
+}
+
+struct ClockIo {
+    /// Registers and deregisters watched sockets (any thread).
+    registry: mio::Registry,
+    /// Wakes the thread for a lease due before it would wake, or to stop.
+    waker: mio::Waker,
 }
 
 struct ClockState {
-    /// Each lease: the connection, and its call's deadline.
-    leases: BTreeMap<(Instant, u64), (Arc<Slot>, Instant)>,
+    /// When each lease acts next: its patience, then its call's deadline.
+    timers: BTreeMap<(Instant, u64), ()>,
+    leases: HashMap<u64, Leased>,
     next_id: u64,
     /// When the clock thread wakes next on its own.
     wakes_at: Instant,
     stopped: bool,
 }
 
-/// A lease's key, to cancel it.
-pub(super) type Lease = (Instant, u64);
+/// A connection whose adopter is blocked in a core call.
+struct Leased {
+    slot: Arc<Slot>,
+    /// The connection's socket, open for as long as the lease lasts (its
+    /// adopter owns it and is blocked in the call).
+    fd: RawFd,
+    /// When the lease acts next (its key in `timers`).
+    at: Instant,
+    due: Instant,
+    /// Registered with the clock's `epoll`.
+    watched: bool,
+}
+
+/// A lease's id, to cancel it.
+pub(super) type Lease = u64;
+
+/// The `epoll` token of the clock's waker; leases use their ids.
+const WAKE: mio::Token = mio::Token(usize::MAX);
 
 impl Clock {
     /// The clock, and whether its thread runs.
-    fn start(runtime: tokio::runtime::Handle) -> (Arc<Clock>, bool) {
+    fn start() -> (Arc<Clock>, bool) {
+        let made = mio::Poll::new().and_then(|poll| {
+            let registry = poll.registry().try_clone()?;
+            let waker = mio::Waker::new(poll.registry(), WAKE)?;
+            Ok((poll, ClockIo { registry, waker }))
+        });
+        let (poll, io) = match made {
+            Ok(parts) => parts,
+            Err(e) => {
+                tracing::error!(%e, "cannot make the adopters' clock an epoll instance; no connection is lent to a thread");
+                let clock = Clock {
+                    state: Mutex::new(ClockState::new(true)),
+                    io: None,
+                };
+                return (Arc::new(clock), false);
+            }
+        };
         let clock = Arc::new(Clock {
-            state: Mutex::new(ClockState {
-                leases: BTreeMap::new(),
-                next_id: 0,
-                wakes_at: Instant::now(),
-                stopped: false,
-            }),
-            due: Condvar::new(),
-            runtime,
+            state: Mutex::new(ClockState::new(false)),
+            io: Some(io),
         });
         let inside = clock.clone();
         let started = std::thread::Builder::new()
             .name("relayhub-clock".into())
             .stack_size(64 * 1024)
-            .spawn(move || inside.run());
+            .spawn(move || inside.run(poll));
         if let Err(e) = &started {
             tracing::error!(%e, "cannot start the adopters' clock thread; no connection is lent to a thread");
         }
         (clock, started.is_ok())
     }
 
-    fn lease(&self, at: Instant, due: Instant, slot: Arc<Slot>) -> Lease {
+    fn lease(&self, at: Instant, due: Instant, slot: Arc<Slot>, fd: RawFd) -> Lease {
         let mut state = lock(&self.state);
         let id = state.next_id;
         state.next_id += 1;
-        state.leases.insert((at, id), (slot, due));
+        state.timers.insert((at, id), ());
+        state.leases.insert(
+            id,
+            Leased {
+                slot,
+                fd,
+                at,
+                due,
+                watched: false,
+            },
+        );
         if at < state.wakes_at {
-            self.due.notify_one();
+            self.wake();
         }
-        (at, id)
+        id
     }
 
+    /// Ends a lease: the call returned (or the connection went back).
     fn cancel(&self, lease: Lease) {
-        lock(&self.state).leases.remove(&lease);
+        let mut state = lock(&self.state);
+        if let Some(leased) = state.leases.remove(&lease) {
+            state.timers.remove(&(leased.at, lease));
+            // Under the lock, so the clock cannot act on the socket after
+            // this; its descriptor is still open (the adopter owns it).
+            self.unwatch(&leased, lease);
+        }
     }
 
-    /// A call that outlasts the patience keeps its connection on its
-    /// adopter, like a thread-per-connection server, while the reactor
-    /// watches the connection: bytes from the channel (a pipelined telegram,
-    /// its close) or the call's deadline take it back to the reactor, which
-    /// reads them and answers at the budget as always.
-    fn watch(&self, slot: Arc<Slot>, due: Instant) {
-        let Ok(held) = slot.held.try_lock() else {
-            // Its adopter polls it: not blocked in the call.
-            return;
-        };
-        let Some(stream) = held.as_ref().map(|h| h.stream.try_clone()) else {
-            return;
-        };
-        drop(held);
-        match stream {
-            Ok(stream) => {
-                self.runtime.spawn(watch(stream, slot, due));
-            }
-            Err(e) => {
-                debug!(%e, "cannot watch a lent connection; it goes back to the reactor");
-                if let Some(held) = slot.try_take() {
-                    hand_back(held);
-                }
-            }
+    fn unwatch(&self, leased: &Leased, id: u64) {
+        if leased.watched
+            && let Some(io) = &self.io
+            && let Err(e) = io.registry.deregister(&mut mio::unix::SourceFd(&leased.fd))
+        {
+            debug!(%e, lease = id, "could not stop watching a lent connection");
+        }
+    }
+
+    fn wake(&self) {
+        if let Some(io) = &self.io {
+            let _ = io.waker.wake();
         }
     }
 
     fn stop(&self) {
         lock(&self.state).stopped = true;
-        self.due.notify_one();
+        self.wake();
     }
 
-    fn run(&self) {
-        let mut state = lock(&self.state);
+    fn run(&self, mut poll: mio::Poll) {
+        let mut events = mio::Events::with_capacity(256);
         loop {
-            if state.stopped {
-                return;
-            }
-            let now = Instant::now();
-            if let Some(entry) = state.leases.first_entry()
-                && entry.key().0 <= now
-            {
-                let (slot, due) = entry.remove();
-                drop(state);
-                if now >= due {
-                    if let Some(held) = slot.try_take() {
-                        hand_back(held);
-                    }
-                } else {
-                    self.watch(slot, due);
+            let until = {
+                let mut state = lock(&self.state);
+                if state.stopped {
+                    return;
                 }
-                state = lock(&self.state);
-                continue;
-            }
-            let until = match state.leases.first_key_value() {
-                Some(((at, _), _)) => *at,
-                None => now + PATIENCE,
+                // Bytes from a watched connection's channel: it goes back.
+                for event in events.iter() {
+                    let id = event.token().0 as u64;
+                    if event.token() != WAKE
+                        && let Some(leased) = state.leases.remove(&id)
+                    {
+                        state.timers.remove(&(leased.at, id));
+                        self.unwatch(&leased, id);
+                        take_back(&leased.slot);
+                    }
+                }
+                let now = Instant::now();
+                while let Some(entry) = state.timers.first_entry()
+                    && entry.key().0 <= now
+                {
+                    let (_, id) = entry.remove_entry().0;
+                    let Some(mut leased) = state.leases.remove(&id) else {
+                        continue;
+                    };
+                    if now >= leased.due {
+                        self.unwatch(&leased, id);
+                        take_back(&leased.slot);
+                        continue;
+                    }
+                    // The patience: watch the connection until the deadline.
+                    // A socket already readable reports at once.
+                    let watched = match &self.io {
+                        Some(io) => io.registry.register(
+                            &mut mio::unix::SourceFd(&leased.fd),
+                            mio::Token(id as usize),
+                            mio::Interest::READABLE,
+                        ),
+                        None => Err(std::io::Error::other("no epoll instance")),
+                    };
+                    match watched {
+                        Ok(()) => {
+                            leased.watched = true;
+                            leased.at = leased.due;
+                            state.timers.insert((leased.due, id), ());
+                            state.leases.insert(id, leased);
+                        }
+                        Err(e) => {
+                            debug!(%e, "cannot watch a lent connection; it goes back to the reactor");
+                            take_back(&leased.slot);
+                        }
+                    }
+                }
+                let until = match state.timers.first_key_value() {
+                    Some(((at, _), _)) => *at,
+                    None => now + PATIENCE,
+                };
+                state.wakes_at = until;
+                until
             };
-            state.wakes_at = until;
-            let (s, _) = self
-                .due
-                .wait_timeout(state, until.saturating_duration_since(now))
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            state = s;
+            // Waits with nothing locked: adopters lease and cancel meanwhile.
+            let wait = until.saturating_duration_since(Instant::now());
+            if let Err(e) = poll.poll(&mut events, Some(wait))
+                && e.kind() != ErrorKind::Interrupted
+            {
+                tracing::error!(%e, "the adopters' clock cannot wait on its epoll instance");
+                events.clear();
+                std::thread::sleep(PATIENCE);
+            }
         }
+    }
+}
+
+impl ClockState {
+    fn new(stopped: bool) -> ClockState {
+        ClockState {
+            timers: BTreeMap::new(),
+            leases: HashMap::new(),
+            next_id: 0,
+            wakes_at: Instant::now(),
+            stopped,
+        }
+    }
+}
+
+/// Gives the connection back to the reactor unless its adopter is polling it
+/// (then the adopter sees the patience and the deadlines itself).
+fn take_back(slot: &Slot) {
+    if let Some(held) = slot.try_take() {
+        hand_back(held);
     }
 }
