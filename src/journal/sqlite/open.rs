@@ -16,10 +16,14 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0001_init.sql"),
     include_str!("../../../migrations/sqlite/0002_attempt_url.sql"),
     include_str!("../../../migrations/sqlite/0003_prune_index.sql"),
+    include_str!("../../../migrations/sqlite/0004_state_checks.sql"),
 ];
 
 /// The newest schema version this build reads and writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Prepared statements kept per connection.
+const STATEMENTS: usize = 64;
 
 /// How long a statement waits for a lock held by another connection (a
 /// backup tool, or the previous hub of this process still closing) before
@@ -35,6 +39,9 @@ pub(super) fn open(path: &Path) -> Result<Connection, String> {
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags).map_err(|e| format!("cannot open: {e}"))?;
+    // Every statement the journal runs stays prepared (rusqlite keeps 16 by
+    // default; the writer alone runs more, and an evicted one is parsed again).
+    conn.set_prepared_statement_cache_capacity(STATEMENTS);
     // SQLite silently falls back to read-only when it may not write the file.
     if conn.is_readonly("main").unwrap_or(true) {
         return Err("the file is read-only; the journal must be writable".into());
@@ -76,6 +83,7 @@ pub(super) fn open_read_only(path: &Path) -> Result<Connection, String> {
     }
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags).map_err(|e| format!("cannot open: {e}"))?;
+    conn.set_prepared_statement_cache_capacity(STATEMENTS);
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| format!("cannot set busy timeout: {e}"))?;
     check_health(&conn)?;

@@ -818,6 +818,122 @@ async fn a_version_1_journal_is_migrated_and_keeps_its_rows() {
     );
 }
 
+/// A journal of schema version 3 (`state IN (...)` checks), with a row, its
+/// events and the ids they had.
+fn version_3_journal(path: &Path) {
+    let conn = Connection::open(path).unwrap();
+    for sql in [
+        include_str!("../../../migrations/sqlite/0001_init.sql"),
+        include_str!("../../../migrations/sqlite/0002_attempt_url.sql"),
+        include_str!("../../../migrations/sqlite/0003_prune_index.sql"),
+    ] {
+        conn.execute_batch(sql).unwrap();
+    }
+    conn.execute_batch(&format!(
+        "PRAGMA user_version = 3; PRAGMA application_id = {};
+         PRAGMA journal_mode = WAL;
+         INSERT INTO journal (guid, tx_code, fingerprint, state, code, answer, attempts,
+           last_attempt_ms, answered_ms, last_error, created_ms, updated_ms, url)
+         VALUES ('v3', 'TRF001', 'fp', 'done', '0000', X'4142', 2, 5, 6, 'late', 4, 6, 'http://core');
+         INSERT INTO journal_events (id, guid, at_ms, state, code, note)
+         VALUES (7, 'v3', 4, 'sending', NULL, 'attempt 1'), (9, 'v3', 6, 'done', '0000', 'processed');",
+        open::APPLICATION_ID
+    ))
+    .unwrap();
+}
+
+/// Whether SQLite builds a temporary table to run `sql`.
+fn uses_a_temporary_table(conn: &Connection, sql: &str) -> bool {
+    let mut stmt = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
+    let ops: Vec<String> = stmt
+        .query_map([], |r| r.get::<_, String>(1))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    ops.iter().any(|op| op == "OpenEphemeral")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn version_3_is_migrated_to_state_checks_without_temporary_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    version_3_journal(&path);
+    let insert_row = "INSERT INTO journal (guid, tx_code, fingerprint, state, attempts, \
+        last_attempt_ms, created_ms, updated_ms) VALUES ('n', 't', 'f', 'sending', 1, 1, 1, 1)";
+    let insert_event =
+        "INSERT INTO journal_events (guid, at_ms, state, note) VALUES ('n', 1, 'done', 'x')";
+    {
+        let conn = Connection::open(&path).unwrap();
+        assert!(uses_a_temporary_table(&conn, insert_row), "the old schema");
+        assert!(
+            uses_a_temporary_table(&conn, insert_event),
+            "the old schema"
+        );
+    }
+    let j = open(&path);
+    let row = j.get("v3").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            row.state,
+            row.code.as_deref(),
+            row.attempts,
+            row.url.as_deref()
+        ),
+        (State::Done, Some("0000"), 2, Some("http://core"))
+    );
+    assert_eq!(row.answer.as_deref(), Some(&b"AB"[..]));
+    let notes: Vec<String> = j
+        .history("v3")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.note)
+        .collect();
+    assert_eq!(notes, ["attempt 1", "processed"]);
+    drop(j);
+
+    let conn = Connection::open(&path).unwrap();
+    let ids: Vec<i64> = conn
+        .prepare("SELECT id FROM journal_events ORDER BY id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(ids, [7, 9]);
+    assert!(!uses_a_temporary_table(&conn, insert_row));
+    assert!(!uses_a_temporary_table(&conn, insert_event));
+    // The checks still refuse what they refused, and take what they took.
+    for (state, ok) in [
+        ("sending", true),
+        ("done", true),
+        ("unknown", true),
+        ("not_sent", true),
+        ("sent", false),
+        ("", false),
+    ] {
+        let row = conn.execute(
+            "INSERT INTO journal (guid, tx_code, fingerprint, state, attempts, \
+             last_attempt_ms, created_ms, updated_ms) VALUES (?1, 't', 'f', ?2, 1, 1, 1, 1)",
+            [format!("g-{state}"), state.to_string()],
+        );
+        let event = conn.execute(
+            "INSERT INTO journal_events (guid, at_ms, state, note) VALUES ('g', 1, ?1, 'x')",
+            [state],
+        );
+        assert_eq!((row.is_ok(), event.is_ok()), (ok, ok), "{state:?}");
+    }
+    let indexes: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name IN \
+             ('journal_state_created', 'journal_settled_updated', 'journal_events_guid')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(indexes, 3);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn read_only_open_reads_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();

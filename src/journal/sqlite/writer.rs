@@ -128,6 +128,12 @@ pub(super) fn run(
     }
 }
 
+/// Runs a transaction-control statement, prepared once per connection
+/// (`execute_batch` parses its text on every call: four times per write).
+fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 /// Runs one batch: writes in one transaction, then reads.
 fn run_batch(conn: &Connection, batch: impl Iterator<Item = Box<dyn Task>>, commits: &AtomicU64) {
     let (writes, reads): (Vec<_>, Vec<_>) = batch.partition(|t| t.writes());
@@ -141,7 +147,7 @@ fn run_batch(conn: &Connection, batch: impl Iterator<Item = Box<dyn Task>>, comm
 }
 
 fn run_writes(conn: &Connection, writes: Vec<Box<dyn Task>>, commits: &AtomicU64) {
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
         let reason = format!("cannot start a transaction: {e}");
         for task in writes {
             task.fail(reason.clone());
@@ -157,16 +163,16 @@ fn run_writes(conn: &Connection, writes: Vec<Box<dyn Task>>, commits: &AtomicU64
             task.fail(reason.clone());
             continue;
         }
-        if let Err(e) = conn.execute_batch("SAVEPOINT cmd") {
+        if let Err(e) = control(conn, "SAVEPOINT cmd") {
             lost = Some(format!("cannot start a savepoint: {e}"));
             task.fail(lost.clone().unwrap_or_default());
             continue;
         }
         let (ok, reply) = task.run(conn);
         let end = if ok {
-            conn.execute_batch("RELEASE cmd")
+            control(conn, "RELEASE cmd")
         } else {
-            conn.execute_batch("ROLLBACK TO cmd; RELEASE cmd")
+            control(conn, "ROLLBACK TO cmd").and_then(|()| control(conn, "RELEASE cmd"))
         };
         if let Err(e) = end {
             lost = Some(format!("transaction aborted: {e}"));
@@ -177,9 +183,7 @@ fn run_writes(conn: &Connection, writes: Vec<Box<dyn Task>>, commits: &AtomicU64
     }
     let commit = match lost {
         Some(reason) => Err(reason),
-        None => conn
-            .execute_batch("COMMIT")
-            .map_err(|e| format!("commit failed: {e}")),
+        None => control(conn, "COMMIT").map_err(|e| format!("commit failed: {e}")),
     };
     match &commit {
         Ok(()) => {
@@ -188,7 +192,7 @@ fn run_writes(conn: &Connection, writes: Vec<Box<dyn Task>>, commits: &AtomicU64
         Err(_) => {
             if !conn.is_autocommit() {
                 // Nothing of this batch was acknowledged; undo all of it.
-                let _ = conn.execute_batch("ROLLBACK");
+                let _ = control(conn, "ROLLBACK");
             }
         }
     }
