@@ -370,9 +370,9 @@ const AGENTS: usize = 16;
 pub struct Target {
     pub name: String,
     urls: Vec<String>,
-    /// [`AGENTS`] agents with the same config, parts and resolver; a thread
-    /// keeps to one (see [`Target::agent`]).
-    agents: Vec<ureq::Agent>,
+    /// [`AGENTS`] agents with the same config, parts and resolver; the
+    /// thread that runs a call keeps to one (see [`this_threads_agent`]).
+    agents: Arc<[ureq::Agent]>,
     connect_timeout: Duration,
     late_window: Duration,
     /// How old an attempt must be before "never received" is proof.
@@ -492,21 +492,6 @@ impl Target {
         let _ = self.licence.set(licence);
     }
 
-    /// The agent for calls made on this thread. ureq's pool is one list
-    /// under one lock, and every call scans it (twice, with the handles of
-    /// every connection it made): with 1,000 calls at once that scan was a
-    /// tenth of the hub's CPU. Split over [`AGENTS`] pools, a thread keeps to
-    /// one, so a connection goes back to the pool its thread takes from.
-    fn agent(&self) -> &ureq::Agent {
-        thread_local! {
-            static SHARD: usize = {
-                static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            };
-        }
-        &self.agents[SHARD.with(|s| *s) % self.agents.len()]
-    }
-
     /// Calls in progress on this target (for metrics).
     pub fn in_flight(&self) -> usize {
         self.max_concurrency - self.bulkhead.available_permits()
@@ -602,7 +587,7 @@ impl Target {
         let gate = SendGate::new(licence);
         let (tx, mut rx) = oneshot::channel();
         let job = Job {
-            agent: self.agent().clone(),
+            agents: self.agents.clone(),
             request: request.clone(),
             url: request.url_at(base_url),
             connect,
@@ -663,9 +648,29 @@ impl Target {
     }
 }
 
+/// The agent for calls run on this thread. ureq's pool is one list under
+/// one lock, and every call scans it (twice, with the handles of every
+/// connection it made): with 1,000 calls at once that scan was a tenth of the
+/// hub's CPU. Split over [`AGENTS`] pools, a thread keeps to one, so a
+/// connection goes back to the pool its thread takes from. The thread is the
+/// one that *runs* the call (a caller thread, or an adopter running its
+/// stash), not the one that polls the telegram's future: the reactor's few
+/// workers poll most calls, and choosing there crowded them into as many
+/// pools, each keeping only its share of idle connections.
+fn this_threads_agent(agents: &[ureq::Agent]) -> &ureq::Agent {
+    thread_local! {
+        static SHARD: usize = {
+            static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        };
+    }
+    &agents[SHARD.with(|s| *s) % agents.len()]
+}
+
 /// Everything the blocking thread needs for one exchange.
 struct Job {
-    agent: ureq::Agent,
+    /// The target's agents; the exchange uses its thread's.
+    agents: Arc<[ureq::Agent]>,
     request: CoreRequest,
     /// The request's whole URL.
     url: String,
@@ -716,13 +721,14 @@ impl Job {
     }
 
     fn exchange(&self) -> Result<HttpAnswer, ureq::Error> {
+        let agent = this_threads_agent(&self.agents);
         let mut response = match &self.request {
             CoreRequest::Transfer { guid, json } => self
-                .prepare(self.agent.post(&self.url))
+                .prepare(agent.post(&self.url))
                 .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
                 .header(GUID_NAME, guid.as_str())
                 .send(&json[..])?,
-            CoreRequest::Inquiry { .. } => self.prepare(self.agent.get(&self.url)).call()?,
+            CoreRequest::Inquiry { .. } => self.prepare(agent.get(&self.url)).call()?,
         };
         let status = response.status().as_u16();
         let header = |name: &str| {
@@ -880,7 +886,7 @@ mod tests {
             .unwrap(),
         );
         let index = |t: &Target| {
-            let a = t.agent() as *const ureq::Agent;
+            let a = this_threads_agent(&t.agents) as *const ureq::Agent;
             t.agents.iter().position(|b| std::ptr::eq(a, b)).unwrap()
         };
         assert_eq!(index(&target), index(&target));
@@ -893,6 +899,100 @@ mod tests {
         // Consecutive threads take consecutive agents (other tests' threads
         // may take turns in between).
         assert!(used.len() > 1, "{used:?}");
+    }
+
+    /// A keep-alive core that answers 200 to each request once `round`
+    /// requests of the current round have come in (so that they are all
+    /// open at once): the base URL, and the connections accepted so far.
+    fn keep_alive_core(round: usize) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{BufRead, BufReader, Write};
+        use std::sync::{Condvar, Mutex};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let arrived = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let counted = accepted.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                counted.fetch_add(1, Ordering::SeqCst);
+                let arrived = arrived.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut stream = stream;
+                    loop {
+                        // A request head (the test sends GETs: no body).
+                        let mut line = String::new();
+                        loop {
+                            line.clear();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        let (count, all_in) = &*arrived;
+                        let mut n = count.lock().unwrap();
+                        *n += 1;
+                        let this_round = n.div_ceil(round);
+                        all_in.notify_all();
+                        while *n < this_round * round {
+                            n = all_in.wait(n).unwrap();
+                        }
+                        drop(n);
+                        if stream
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, accepted)
+    }
+
+    /// Calls polled on one thread (the reactor's) run on caller threads,
+    /// whose connections must find their way back to the pools those threads
+    /// take from: a second round of as many calls at once reuses the first
+    /// round's connections.
+    #[tokio::test]
+    async fn calls_polled_on_one_thread_reuse_their_pooled_connections() {
+        const CALLS: usize = 8;
+        let (url, accepted) = keep_alive_core(CALLS);
+        let budget = Duration::from_secs(10);
+        let mut cfg = TargetConfig::with_url("core", &url);
+        // One idle connection per agent.
+        cfg.max_concurrency = AGENTS;
+        let target = Arc::new(Target::new(&cfg, budget).unwrap());
+        let round = || async {
+            let calls: Vec<_> = (0..CALLS)
+                .map(|_| {
+                    let target = target.clone();
+                    tokio::spawn(async move {
+                        let inquiry = CoreRequest::Inquiry { guid: "G1".into() };
+                        target.attempt(&inquiry, 0, Instant::now() + budget).await
+                    })
+                })
+                .collect();
+            for call in calls {
+                let end = call.await.unwrap();
+                assert!(matches!(end, CallEnd::Done(Ok(ref a)) if a.status == 200));
+            }
+        };
+        round().await;
+        let first = accepted.load(Ordering::SeqCst);
+        assert_eq!(first, CALLS, "one connection per call at once");
+        round().await;
+        let opened = accepted.load(Ordering::SeqCst) - first;
+        // Two caller threads may share an agent (other tests take agents in
+        // between), and then one of their connections is not kept.
+        assert!(
+            opened < CALLS / 2,
+            "{opened} of {CALLS} calls opened a new connection instead of reusing a pooled one"
+        );
     }
 
     #[tokio::test]
