@@ -594,9 +594,10 @@ struct ClockIo {
 
 struct ClockState {
     /// When each lease acts next: its patience, then its call's deadline.
-    timers: BTreeMap<(Instant, u64), ()>,
-    leases: HashMap<u64, Leased>,
-    next_id: u64,
+    timers: BTreeMap<(Instant, Lease), ()>,
+    leases: HashMap<Lease, Leased>,
+    /// The next lease's id (the waker's token is skipped).
+    next_id: Lease,
     /// When the clock thread wakes next on its own.
     wakes_at: Instant,
     stopped: bool,
@@ -615,10 +616,13 @@ struct Leased {
     watched: bool,
 }
 
-/// A lease's id, to cancel it.
-pub(super) type Lease = u64;
+/// A lease's id, to cancel it; also its socket's `epoll` token, so it is a
+/// `usize` (a wider id would be cut short where `usize` is 32 bits, and the
+/// event of a lease past 2^32 would name another).
+pub(super) type Lease = usize;
 
-/// The `epoll` token of the clock's waker; leases use their ids.
+/// The `epoll` token of the clock's waker; leases use their ids, never this
+/// one.
 const WAKE: mio::Token = mio::Token(usize::MAX);
 
 impl Clock {
@@ -657,8 +661,11 @@ impl Clock {
 
     fn lease(&self, at: Instant, due: Instant, slot: Arc<Slot>, fd: RawFd) -> Lease {
         let mut state = lock(&self.state);
-        let id = state.next_id;
-        state.next_id += 1;
+        let id = match state.next_id {
+            id if id == WAKE.0 => 0,
+            id => id,
+        };
+        state.next_id = id.wrapping_add(1);
         state.timers.insert((at, id), ());
         state.leases.insert(
             id,
@@ -687,7 +694,7 @@ impl Clock {
         }
     }
 
-    fn unwatch(&self, leased: &Leased, id: u64) {
+    fn unwatch(&self, leased: &Leased, id: Lease) {
         if leased.watched
             && let Some(io) = &self.io
             && let Err(e) = io.registry.deregister(&mut mio::unix::SourceFd(&leased.fd))
@@ -717,7 +724,7 @@ impl Clock {
                 }
                 // Bytes from a watched connection's channel: it goes back.
                 for event in events.iter() {
-                    let id = event.token().0 as u64;
+                    let id = event.token().0;
                     if event.token() != WAKE
                         && let Some(leased) = state.leases.remove(&id)
                     {
@@ -744,7 +751,7 @@ impl Clock {
                     let watched = match &self.io {
                         Some(io) => io.registry.register(
                             &mut mio::unix::SourceFd(&leased.fd),
-                            mio::Token(id as usize),
+                            mio::Token(id),
                             mio::Interest::READABLE,
                         ),
                         None => Err(std::io::Error::other("no epoll instance")),
@@ -799,5 +806,69 @@ impl ClockState {
 fn take_back(slot: &Slot) {
     if let Some(held) = slot.try_take() {
         hand_back(held);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection accepted here, in a slot as an adopter leaves it while
+    /// blocked in a call: the channel's end, the slot, and the receiver of
+    /// the connection when it goes back.
+    fn blocked_in_a_call() -> (StdStream, Arc<Slot>, oneshot::Receiver<Back>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let channel = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (stream, _) = listener.accept().unwrap();
+        let (back, rx) = oneshot::channel();
+        let handling: super::super::Handling = crate::catch_unwind::CatchUnwind(Box::pin(
+            std::future::pending::<(Echo, crate::relay::Reply)>(),
+        ));
+        let in_flight = Arc::new(InFlight::default());
+        let flight = Inline {
+            echo: Echo::from_telegram(&[b'0'; 64]),
+            handling,
+            guard: in_flight.enter(),
+            read_at: Instant::now(),
+        };
+        let slot = Arc::new(Slot {
+            held: Mutex::new(Some(Held {
+                stream,
+                back,
+                flight,
+            })),
+        });
+        (channel, slot, rx)
+    }
+
+    /// Waits (bounded) for the connection to go back; whether it did.
+    fn went_back(rx: oneshot::Receiver<Back>, within: Duration) -> bool {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async { matches!(tokio::time::timeout(within, rx).await, Ok(Ok(_))) })
+    }
+
+    /// Every lease id is an `epoll` token of its own, never the waker's: the
+    /// id that would be the waker's token is skipped, so bytes from the
+    /// channel still take the connection back long before the deadline.
+    #[test]
+    fn bytes_take_back_the_lease_whose_id_would_be_the_wakers_token() {
+        let (clock, ticking) = Clock::start();
+        assert!(ticking);
+        lock(&clock.state).next_id = WAKE.0;
+        let (mut channel, slot, rx) = blocked_in_a_call();
+        let fd = lock(&slot.held).as_ref().unwrap().stream.as_raw_fd();
+        let now = Instant::now();
+        let lease = clock.lease(now, now + Duration::from_secs(60), slot, fd);
+        channel.write_all(b"0000").unwrap();
+        let back = went_back(rx, Duration::from_secs(10));
+        clock.cancel(lease);
+        clock.stop();
+        assert!(
+            back,
+            "bytes from the channel did not take the connection back (lease {lease})"
+        );
     }
 }
