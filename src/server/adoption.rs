@@ -39,7 +39,7 @@
 //! A connection that came back with a telegram still being handled stays
 //! with the reactor (and the caller threads) until a telegram is quick again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream as StdStream;
 use std::os::fd::{AsRawFd, RawFd};
@@ -594,7 +594,7 @@ struct ClockIo {
 
 struct ClockState {
     /// When each lease acts next: its patience, then its call's deadline.
-    timers: BTreeMap<(Instant, Lease), ()>,
+    timers: BTreeSet<(Instant, Lease)>,
     leases: HashMap<Lease, Leased>,
     /// The next lease's id (the waker's token is skipped).
     next_id: Lease,
@@ -666,7 +666,7 @@ impl Clock {
             id => id,
         };
         state.next_id = id.wrapping_add(1);
-        state.timers.insert((at, id), ());
+        state.timers.insert((at, id));
         state.leases.insert(
             id,
             Leased {
@@ -734,10 +734,10 @@ impl Clock {
                     }
                 }
                 let now = Instant::now();
-                while let Some(entry) = state.timers.first_entry()
-                    && entry.key().0 <= now
+                while let Some(&(at, id)) = state.timers.first()
+                    && at <= now
                 {
-                    let (_, id) = entry.remove_entry().0;
+                    state.timers.pop_first();
                     let Some(mut leased) = state.leases.remove(&id) else {
                         continue;
                     };
@@ -760,7 +760,7 @@ impl Clock {
                         Ok(()) => {
                             leased.watched = true;
                             leased.at = leased.due;
-                            state.timers.insert((leased.due, id), ());
+                            state.timers.insert((leased.due, id));
                             state.leases.insert(id, leased);
                         }
                         Err(e) => {
@@ -769,8 +769,8 @@ impl Clock {
                         }
                     }
                 }
-                let until = match state.timers.first_key_value() {
-                    Some(((at, _), _)) => *at,
+                let until = match state.timers.first() {
+                    Some((at, _)) => *at,
                     None => now + PATIENCE,
                 };
                 state.wakes_at = until;
@@ -792,7 +792,7 @@ impl Clock {
 impl ClockState {
     fn new(stopped: bool) -> ClockState {
         ClockState {
-            timers: BTreeMap::new(),
+            timers: BTreeSet::new(),
             leases: HashMap::new(),
             next_id: 0,
             wakes_at: Instant::now(),
