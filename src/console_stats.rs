@@ -107,31 +107,6 @@ pub struct Traces {
 /// Telegrams by GUID, and the GUIDs in the order they were first seen.
 type TraceMap = (HashMap<String, Vec<Traced>>, VecDeque<String>);
 
-/// A trace id's text (32 lowercase hex digits, as `TraceId` displays it),
-/// written without the formatting machinery: every telegram's log span and
-/// console entry carry one.
-#[derive(Clone, Copy)]
-pub struct TraceText([u8; 32]);
-
-impl TraceText {
-    pub fn of(trace: TraceId) -> TraceText {
-        let mut text = [0u8; 32];
-        crate::hex::encode_into(&trace.0.to_be_bytes(), &mut text);
-        TraceText(text)
-    }
-
-    pub fn as_str(&self) -> &str {
-        // Only ASCII hex digits were written.
-        std::str::from_utf8(&self.0).unwrap_or_default()
-    }
-}
-
-impl std::fmt::Display for TraceText {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// The process-wide trace store.
 pub fn traces() -> &'static Traces {
     static TRACES: OnceLock<Traces> = OnceLock::new();
@@ -143,7 +118,7 @@ impl Traces {
         let t = Traced {
             at_ms: crate::journal::now_ms(),
             code: code.to_string(),
-            trace_id: TraceText::of(trace).as_str().to_string(),
+            trace_id: trace.text().as_str().to_string(),
         };
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let (map, order) = &mut *g;
@@ -391,20 +366,5 @@ mod tests {
         assert_eq!(percentile(&lat, 0, 0.5), None);
         lat[BUCKETS - 1] = 1000;
         assert_eq!(percentile(&lat, 1100, 0.99), None, "past the last bound");
-    }
-
-    #[test]
-    fn trace_text_is_the_trace_ids_display() {
-        for id in [
-            1u128,
-            0x0af7651916cd43dd8448eb211c80319c,
-            u128::MAX,
-            0xf << 124,
-        ] {
-            assert_eq!(
-                TraceText::of(TraceId(id)).to_string(),
-                TraceId(id).to_string()
-            );
-        }
     }
 }

@@ -92,6 +92,13 @@ impl TraceId {
         TRACE_ID.try_with(|t| *t).ok()
     }
 
+    /// The id's text.
+    pub fn text(self) -> TraceText {
+        let mut text = [0u8; 32];
+        crate::hex::encode_into(&self.0.to_be_bytes(), &mut text);
+        TraceText(text)
+    }
+
     /// The `traceparent` value for one call: a fresh span id, sampled.
     fn traceparent(&self) -> String {
         let span = loop {
@@ -102,11 +109,30 @@ impl TraceId {
         };
         let mut text = String::with_capacity(55);
         text.push_str("00-");
-        crate::hex::push(&mut text, &self.0.to_be_bytes());
+        text.push_str(self.text().as_str());
         text.push('-');
         crate::hex::push(&mut text, &span.to_be_bytes());
         text.push_str("-01");
         text
+    }
+}
+
+/// A trace id as text ([`TraceId::text`], 32 lowercase hex digits),
+/// written without the formatting machinery: every telegram's log span and
+/// console entry carry one.
+#[derive(Clone, Copy)]
+pub struct TraceText([u8; 32]);
+
+impl TraceText {
+    pub fn as_str(&self) -> &str {
+        // Only ASCII hex digits were written.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for TraceText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -118,7 +144,7 @@ impl Default for TraceId {
 
 impl std::fmt::Display for TraceId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:032x}", self.0)
+        f.write_str(self.text().as_str())
     }
 }
 
@@ -829,6 +855,19 @@ mod tests {
             (GUID_NAME, "X-GUID"),
         ] {
             assert_eq!(made, HeaderName::from_bytes(documented.as_bytes()).unwrap());
+        }
+    }
+
+    #[test]
+    fn a_trace_ids_text_is_its_32_hex_digits() {
+        for id in [
+            1u128,
+            0x0af7651916cd43dd8448eb211c80319c,
+            u128::MAX,
+            0xf << 124,
+        ] {
+            assert_eq!(TraceId(id).text().to_string(), format!("{id:032x}"));
+            assert_eq!(TraceId(id).to_string(), format!("{id:032x}"));
         }
     }
 

@@ -174,7 +174,7 @@ impl Hub {
         let deadline = Deadline::new(read_at, self.budget);
         let echo = Echo::from_telegram(telegram);
         let trace = crate::core_client::TraceId::new();
-        let trace_text = crate::console_stats::TraceText::of(trace);
+        let trace_text = trace.text();
         let span = info_span!("telegram", guid = echo.guid_str(), tx = echo.tx_code_str(), channel = tracing::field::Empty, core_ms = tracing::field::Empty, fields = tracing::field::Empty, %peer, trace = %trace_text);
         // One version of the rules for the whole telegram, its metrics included.
         let rules = self.rules();
