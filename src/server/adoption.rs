@@ -194,24 +194,21 @@ impl Adopters {
 /// telegram already being handled (from when it was read, still counted in
 /// flight), so that it is not lent again for that telegram.
 fn kept(lent: Lent) -> (StdStream, Carry) {
-    let Lent {
-        stream,
-        telegram,
-        read_at,
-        guard,
-        start,
-        ..
-    } = lent;
     let carry = Carry {
-        inline: Some(Inline {
-            echo: Echo::from_telegram(&telegram),
-            handling: start(telegram, read_at),
-            guard,
-            read_at,
-        }),
+        inline: Some(flight(&lent.start, lent.telegram, lent.read_at, lent.guard)),
         ..Carry::default()
     };
-    (stream, carry)
+    (lent.stream, carry)
+}
+
+/// A telegram's handling started, with what its answer needs.
+fn flight(start: &Start, telegram: Bytes, read_at: Instant, guard: InFlightGuard) -> Inline {
+    Inline {
+        echo: Echo::from_telegram(&telegram),
+        handling: start(telegram, read_at),
+        guard,
+        read_at,
+    }
 }
 
 impl Drop for Adopters {
@@ -303,17 +300,11 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
     let mut read_timeout = None;
     loop {
         if let Some((telegram, read_at, guard)) = next.take() {
-            let flight = Inline {
-                echo: Echo::from_telegram(&telegram),
-                handling: start(telegram, read_at),
-                guard,
-                read_at,
-            };
             let slot = Arc::new(Slot {
                 held: Mutex::new(Some(Held {
                     stream,
                     back,
-                    flight,
+                    flight: flight(&start, telegram, read_at, guard),
                 })),
             });
             let Some((held, done)) = drive(&slot, &waker, clock, read_at + PATIENCE) else {
