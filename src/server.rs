@@ -1166,8 +1166,19 @@ mod tests {
     }
 
     /// Sends a telegram one byte every 20 ms (about 1.4 s in all) after a
-    /// quick exchange, with a 300 ms read timeout; what the channel then
-    /// reads: `None` for a closed connection, else the answer's bytes.
+    /// quick exchange, with a 300 ms read timeout; the connection must close
+    /// rather than answer it.
+    async fn a_trickle_past_the_read_timeout_is_closed(adopters: Option<Arc<Adopters>>) {
+        let got = trickle_past_the_read_timeout(adopters).await;
+        assert!(
+            got.is_none(),
+            "a telegram that took 1.4 s to arrive (read timeout 300 ms) was answered: {:?}",
+            got.map(|b| String::from_utf8_lossy(&b).into_owned())
+        );
+    }
+
+    /// What the channel reads after the trickle: `None` for a closed
+    /// connection, else the answer's bytes.
     async fn trickle_past_the_read_timeout(adopters: Option<Arc<Adopters>>) -> Option<Vec<u8>> {
         let limits = Limits {
             read_timeout: Duration::from_millis(300),
@@ -1203,22 +1214,12 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_reactor_closes_a_telegram_that_trickles_past_the_read_timeout() {
-        let got = trickle_past_the_read_timeout(None).await;
-        assert!(
-            got.is_none(),
-            "answered: {:?}",
-            got.map(|b| String::from_utf8_lossy(&b).into_owned())
-        );
+        a_trickle_past_the_read_timeout_is_closed(None).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lent_connection_closes_a_telegram_that_trickles_past_the_read_timeout() {
-        let got = trickle_past_the_read_timeout(Some(Arc::new(Adopters::new()))).await;
-        assert!(
-            got.is_none(),
-            "a telegram that took 1.4 s to arrive (read timeout 300 ms) was answered: {:?}",
-            got.map(|b| String::from_utf8_lossy(&b).into_owned())
-        );
+        a_trickle_past_the_read_timeout_is_closed(Some(Arc::new(Adopters::new()))).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
