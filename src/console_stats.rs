@@ -7,12 +7,13 @@
 //! have been seen.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::core_client::TraceId;
+use crate::outcome::Code;
 
 /// Seconds the "last minute" window holds.
 pub const WINDOW_SECS: u64 = 60;
@@ -74,8 +75,8 @@ pub fn stats() -> &'static Stats {
 
 /// Counts one answered telegram and remembers its trace id under its GUID
 /// (called by `Hub::handle`).
-pub fn record(guid: &str, tx_code: &str, code: &str, elapsed: Duration, trace: TraceId) {
-    stats().record_at(Instant::now(), tx_code, code, elapsed);
+pub fn record(guid: &str, tx_code: &str, code: Code, elapsed: Duration, trace: TraceId) {
+    stats().record_at(Instant::now(), tx_code, code.as_str(), elapsed);
     if !guid.is_empty() {
         traces().note(guid, code, trace);
     }
@@ -87,11 +88,19 @@ pub const TRACED_GUIDS: usize = 20_000;
 const TRACES_PER_GUID: usize = 8;
 
 /// One telegram of a GUID: when it was answered, with what, and its trace id.
+/// Kept as values and written as text only when the console asks (the
+/// code's four characters, the id's 32 hex digits).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Traced {
     pub at_ms: i64,
-    pub code: String,
-    pub trace_id: String,
+    #[serde(serialize_with = "as_display")]
+    pub code: Code,
+    #[serde(serialize_with = "as_display")]
+    pub trace_id: TraceId,
+}
+
+fn as_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
 }
 
 /// The trace ids of the latest telegrams, by GUID, in memory only: a restart
@@ -101,11 +110,15 @@ pub struct Traced {
 #[derive(Default)]
 pub struct Traces {
     inner: Mutex<TraceMap>,
-    fields: Mutex<(HashMap<String, serde_json::Value>, VecDeque<String>)>,
+    fields: Mutex<FieldsMap>,
 }
 
-/// Telegrams by GUID, and the GUIDs in the order they were first seen.
-type TraceMap = (HashMap<String, Vec<Traced>>, VecDeque<String>);
+/// Masked request fields by GUID, and the GUIDs in the order they came.
+type FieldsMap = (HashMap<Arc<str>, serde_json::Value>, VecDeque<Arc<str>>);
+
+/// Telegrams by GUID, and the GUIDs in the order they were first seen (one
+/// allocation of the GUID for both).
+type TraceMap = (HashMap<Arc<str>, Vec<Traced>>, VecDeque<Arc<str>>);
 
 /// The process-wide trace store.
 pub fn traces() -> &'static Traces {
@@ -114,11 +127,11 @@ pub fn traces() -> &'static Traces {
 }
 
 impl Traces {
-    fn note(&self, guid: &str, code: &str, trace: TraceId) {
+    fn note(&self, guid: &str, code: Code, trace: TraceId) {
         let t = Traced {
             at_ms: crate::journal::now_ms(),
-            code: code.to_string(),
-            trace_id: trace.text().as_str().to_string(),
+            code,
+            trace_id: trace,
         };
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let (map, order) = &mut *g;
@@ -135,8 +148,9 @@ impl Traces {
                 {
                     map.remove(&old);
                 }
-                map.insert(guid.to_string(), vec![t]);
-                order.push_back(guid.to_string());
+                let guid: Arc<str> = Arc::from(guid);
+                map.insert(guid.clone(), vec![t]);
+                order.push_back(guid);
             }
         }
     }
@@ -145,8 +159,12 @@ impl Traces {
     pub fn note_fields(&self, guid: &str, masked: serde_json::Value) {
         let mut g = self.fields.lock().unwrap_or_else(|p| p.into_inner());
         let (map, order) = &mut *g;
-        if map.insert(guid.to_string(), masked).is_none() {
-            order.push_back(guid.to_string());
+        if let Some(kept) = map.get_mut(guid) {
+            *kept = masked;
+        } else {
+            let guid: Arc<str> = Arc::from(guid);
+            map.insert(guid.clone(), masked);
+            order.push_back(guid);
             if order.len() > TRACED_GUIDS
                 && let Some(old) = order.pop_front()
             {
@@ -340,17 +358,23 @@ mod tests {
     fn traces_keep_the_latest_guids_and_telegrams() {
         let t = Traces::default();
         for i in 0..TRACED_GUIDS + 1 {
-            t.note(&format!("G{i}"), "0000", TraceId(i as u128 + 1));
+            t.note(&format!("G{i}"), Code::OK, TraceId(i as u128 + 1));
         }
         assert!(t.of("G0").is_empty(), "the oldest GUID is forgotten");
         assert_eq!(t.of("G1").len(), 1);
         for i in 0..TRACES_PER_GUID + 2 {
-            t.note("G1", "E901", TraceId(1000 + i as u128));
+            t.note("G1", Code::UNKNOWN, TraceId(1000 + i as u128));
         }
         let g1 = t.of("G1");
         assert_eq!(g1.len(), TRACES_PER_GUID);
         assert_eq!(
             g1.last().unwrap().trace_id,
+            TraceId(1000 + TRACES_PER_GUID as u128 + 1)
+        );
+        let json = serde_json::to_value(g1.last().unwrap()).unwrap();
+        assert_eq!(json["code"], "E901");
+        assert_eq!(
+            json["trace_id"],
             TraceId(1000 + TRACES_PER_GUID as u128 + 1).to_string()
         );
     }

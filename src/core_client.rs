@@ -416,6 +416,8 @@ pub struct Target {
     callers: Callers,
     /// Asked at each transfer's first request byte, when set (shared journal).
     licence: std::sync::OnceLock<SendLicence>,
+    /// Its core call duration histograms.
+    pub meters: crate::meters::CallMeters,
 }
 
 /// Why a target could not be built from its (validated) config.
@@ -501,6 +503,7 @@ impl Target {
             tls,
             callers: Callers::new("relayhub-call"),
             licence: std::sync::OnceLock::new(),
+            meters: crate::meters::CallMeters::default(),
         })
     }
 

@@ -48,6 +48,7 @@ pub mod header;
 pub mod hex;
 pub mod journal;
 pub mod layout;
+pub mod meters;
 pub mod metric_names;
 pub mod outcome;
 pub mod random;

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use crate::config::{Cidr, CidrError, Config, Operation};
 use crate::layout::{self, Layout};
+use crate::meters::TelegramMeters;
 use crate::outcome::{CodeTable, CodeTableError};
 
 pub mod core_api;
@@ -27,6 +28,8 @@ pub struct Route {
     /// Index into the hub's targets.
     pub target: usize,
     pub layout: Arc<Layout>,
+    /// Its telegram count and duration handles.
+    pub meters: Arc<TelegramMeters>,
 }
 
 /// The names a connection's verified client certificate bears (SAN DNS
@@ -130,6 +133,8 @@ pub struct Rules {
     cert_channels: HashMap<String, String>,
     pub codes: CodeTable,
     pub layouts: BTreeMap<String, Arc<Layout>>,
+    /// The telegram metrics of tx codes without a route.
+    unrouted: Arc<TelegramMeters>,
 }
 
 impl Rules {
@@ -175,6 +180,7 @@ impl Rules {
                     operation: r.operation,
                     target,
                     layout,
+                    meters: Arc::default(),
                 },
             );
         }
@@ -227,11 +233,25 @@ impl Rules {
             cert_channels,
             codes,
             layouts,
+            unrouted: Arc::default(),
         })
     }
 
     pub fn route(&self, tx_code: &str) -> Option<&Route> {
         self.routes.get(tx_code)
+    }
+
+    /// The `tx_code` label value and the metrics of a telegram of `route`:
+    /// only routed tx codes become label values, so garbage cannot grow the
+    /// metrics.
+    pub fn telegram_meters<'a>(
+        &'a self,
+        route: Option<&'a Route>,
+    ) -> (&'a str, &'a TelegramMeters) {
+        match route {
+            Some(r) => (&r.tx_code, &r.meters),
+            None => (crate::metric_names::UNROUTED_TX, &self.unrouted),
+        }
     }
 
     /// Routes sorted by tx code (for `relayhub check`).

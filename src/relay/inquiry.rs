@@ -173,8 +173,7 @@ pub(super) async fn inquire(
             _ => break outcome,
         }
     };
-    metrics::histogram!(metric_names::CORE_CALL_DURATION, "target" => target.name.clone(), "operation" => "inquiry")
-        .record(started.elapsed().as_secs_f64());
+    target.meters.record(&target.name, true, started.elapsed());
     // Phase timing for the telegram's summary line (its span carries it).
     tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
     outcome

@@ -46,7 +46,6 @@ use crate::config::{JournalConfig, Operation};
 use crate::core_client::Target;
 use crate::header::{Echo, HEADER_LEN, parse_header};
 use crate::journal::Journal;
-use crate::metric_names;
 use crate::outcome::Code;
 use crate::rules::{ClientCert, Route, Rules};
 
@@ -185,15 +184,9 @@ impl Hub {
             )
             .await;
         let elapsed = read_at.elapsed();
-        // Only routed tx codes become label values: garbage must not grow the metrics.
-        let tx = match rules.route(echo.tx_code_str()) {
-            Some(r) => r.tx_code.clone(),
-            None => metric_names::UNROUTED_TX.to_string(),
-        };
-        metrics::counter!(metric_names::TELEGRAMS, "tx_code" => tx.clone(), "code" => reply.code.as_str().to_string()).increment(1);
-        crate::console_stats::record(echo.guid_str(), &tx, reply.code.as_str(), elapsed, trace);
-        metrics::histogram!(metric_names::TELEGRAM_DURATION, "tx_code" => tx)
-            .record(elapsed.as_secs_f64());
+        let (tx, meters) = rules.telegram_meters(rules.route(echo.tx_code_str()));
+        meters.record(tx, reply.code, elapsed);
+        crate::console_stats::record(echo.guid_str(), tx, reply.code, elapsed, trace);
         span.in_scope(|| {
             info!(code = %reply.code, ms = elapsed.as_millis() as u64, "{note}");
         });

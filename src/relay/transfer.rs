@@ -446,8 +446,7 @@ impl Transfer<'_> {
                 }
             }
         };
-        metrics::histogram!(metric_names::CORE_CALL_DURATION, "target" => target.name.clone(), "operation" => "transfer")
-            .record(started.elapsed().as_secs_f64());
+        target.meters.record(&target.name, false, started.elapsed());
         // Phase timing for the telegram's summary line (its span carries it).
         tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
         let (reply, outcome) = reply_for(outcome, &self.route.layout, &self.rules.codes);
