@@ -373,10 +373,18 @@ impl<W: fmt::Write + ?Sized> fmt::Write for OneLine<'_, W> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         // Control characters (`char::is_control`) are U+0000 to U+001F and
         // U+007F to U+009F: in UTF-8 a byte below 0x20, 0x7F, or 0xC2 followed
-        // by 0x80 to 0x9F. Most text has none: one pass over the bytes.
+        // by 0x80 to 0x9F.
         let bytes = s.as_bytes();
+        // Most text has none: one quick scan for the first byte that may
+        // start one, and the whole text in one write when there is none.
+        let Some(first) = bytes
+            .iter()
+            .position(|&b| (b < 0x20 && b != b'\t') || b == 0x7f || b == 0xc2)
+        else {
+            return self.0.write_str(s);
+        };
         let mut start = 0;
-        let mut i = 0;
+        let mut i = first;
         while i < bytes.len() {
             let b = bytes[i];
             let len = match b {
