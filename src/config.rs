@@ -202,6 +202,11 @@ pub struct JournalConfig {
     pub prune_interval_ms: u64,
     /// Most rows written in one commit; concurrent telegrams share a commit.
     pub max_batch: usize,
+    /// SQLite: fsync an outcome's commit before the answer too. Off: claims
+    /// (and failover URLs) are fsynced before the POST, outcomes are written
+    /// before the answer and fsynced with the next claim; a power loss can
+    /// only take an outcome back to E901, which an inquiry settles.
+    pub fsync_outcomes: bool,
     /// Shared journal: how often the hub renews its liveness, in ms.
     pub liveness_renew_ms: u64,
     /// Shared journal: the hub posts nothing (E903) once this long has passed
@@ -222,6 +227,7 @@ impl Default for JournalConfig {
             retention_ms: None,
             prune_interval_ms: 600_000,
             max_batch: 256,
+            fsync_outcomes: false,
             liveness_renew_ms: LivenessSettings::default().renew_ms,
             liveness_fence_ms: LivenessSettings::default().fence_ms,
             liveness_dead_after_ms: LivenessSettings::default().dead_after_ms,

@@ -166,8 +166,12 @@ impl Daemon {
         let targets = build_targets(&config)?;
         let target_names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
         let rules = Rules::build(&config, &target_names)?;
-        let (mut journal, owner) =
-            open_journal(&config.journal.path, config.journal.max_batch).await?;
+        let (mut journal, owner) = open_journal(
+            &config.journal.path,
+            config.journal.max_batch,
+            config.journal.fsync_outcomes,
+        )
+        .await?;
         let longest_window = config.targets.iter().map(|t| t.late_answer_window_ms).max();
         journal.check_lease(config.server.budget_ms + longest_window.unwrap_or(0))?;
         journal.start_liveness(config.journal.liveness()).await?;
@@ -532,8 +536,9 @@ fn bind(addr: &str) -> Result<tokio::net::TcpListener, StartError> {
 pub async fn open_journal(
     spec: &str,
     max_batch: usize,
+    fsync_outcomes: bool,
 ) -> Result<(Journal, Ownership), JournalError> {
-    let (journal, owner) = Journal::open_owned(spec, max_batch).await?;
+    let (journal, owner) = Journal::open_owned(spec, max_batch, fsync_outcomes).await?;
     let recovered = journal.recover(now_ms()).await?;
     if recovered > 0 {
         warn!(

@@ -216,12 +216,24 @@ impl Journal {
     /// `postgresql://`) URL, or a database file (created if absent). Takes no
     /// ownership: for tests and tools; a hub opens with [`Journal::open_owned`].
     pub async fn open(spec: &str, max_batch: usize) -> Result<Journal, JournalError> {
+        Journal::open_with(spec, max_batch, false).await
+    }
+
+    /// [`Journal::open`]; a SQLite file fsyncs every commit, outcomes
+    /// included, when `fsync_outcomes` (`journal.fsync_outcomes`).
+    async fn open_with(
+        spec: &str,
+        max_batch: usize,
+        fsync_outcomes: bool,
+    ) -> Result<Journal, JournalError> {
         if spec == "memory" {
             return Ok(Journal::Memory(memory::MemoryJournal::default()));
         }
         match file_of(spec) {
-            Some(path) => Ok(Journal::Sqlite(sqlite::SqliteJournal::open(
-                path, max_batch,
+            Some(path) => Ok(Journal::Sqlite(sqlite::SqliteJournal::open_with(
+                path,
+                max_batch,
+                fsync_outcomes,
             )?)),
             None => Ok(Journal::Postgres(postgres::PgJournal::open(spec).await?)),
         }
@@ -234,6 +246,7 @@ impl Journal {
     pub async fn open_owned(
         spec: &str,
         max_batch: usize,
+        fsync_outcomes: bool,
     ) -> Result<(Journal, Ownership), JournalError> {
         let lock = match file_of(spec) {
             Some(path) => Some(sqlite::lock::FileLock::acquire(path).map_err(|e| match e {
@@ -251,7 +264,7 @@ impl Journal {
             })?),
             None => None,
         };
-        let journal = Journal::open(spec, max_batch).await?;
+        let journal = Journal::open_with(spec, max_batch, fsync_outcomes).await?;
         Ok((journal, Ownership { lock }))
     }
 

@@ -5,13 +5,21 @@
 //!
 //! # Durability
 //!
-//! The file is in WAL mode with `synchronous=FULL`: every commit fsyncs the
-//! WAL before the caller hears "ok". With `NORMAL`, WAL commits are only
-//! fsynced at checkpoints, so a power loss may drop the last commits while
+//! The file is in WAL mode. A claim, a resend's claim and a failover's URL
+//! commit with `synchronous=FULL`: the WAL is fsynced before the caller hears
+//! "ok". With `NORMAL`, WAL commits are only fsynced at checkpoints (or with
+//! the next FULL commit), so a power loss may drop the last commits while
 //! keeping the file consistent. If the lost commit is a claim whose request
 //! already left, the GUID reads as never seen after the restart, and its repeat
-//! would post the transfer a second time. The cost of FULL is one fsync per
-//! commit, which group commit shares among all telegrams in flight.
+//! would post the transfer a second time: claims are never NORMAL.
+//!
+//! An outcome (`finish`, `finish_if`) commits with `NORMAL` unless
+//! `fsync_outcomes` is set: it is written before the answer leaves, so it
+//! survives a crash of the process, and a power loss can only take it back to
+//! the claim's `sending`, which the hub treats as E901 and settles by asking
+//! the core, the system of record for what it did. The answer's path then
+//! waits for one fsync (the claim's) instead of two; group commit shares each
+//! among all telegrams in flight.
 //!
 //! # Layout
 //!
@@ -69,11 +77,21 @@ const ROW_COLUMNS: &str = "guid, tx_code, fingerprint, state, code, answer, atte
 impl SqliteJournal {
     /// Opens (creating if absent) the journal at `path`, and starts its writer,
     /// which commits up to `max_batch` queued commands in one transaction.
+    /// Outcomes are fsynced with the next claim (see "Durability" above).
     pub fn open(path: &Path, max_batch: usize) -> Result<SqliteJournal, JournalError> {
+        SqliteJournal::open_with(path, max_batch, false)
+    }
+
+    /// [`SqliteJournal::open`], with every commit fsynced when `fsync_outcomes`.
+    pub fn open_with(
+        path: &Path,
+        max_batch: usize,
+        fsync_outcomes: bool,
+    ) -> Result<SqliteJournal, JournalError> {
         let conn = open::open(path).map_err(|reason| open_error(path, reason))?;
         let checkpoints =
             checkpoint::Checkpointer::start(path).map_err(|reason| open_error(path, reason))?;
-        let mut journal = SqliteJournal::start(path, conn, max_batch)?;
+        let mut journal = SqliteJournal::start(path, conn, max_batch, fsync_outcomes)?;
         journal.checkpoints = Some(Arc::new(checkpoints));
         Ok(journal)
     }
@@ -82,20 +100,21 @@ impl SqliteJournal {
     /// migrated or written (writes fail), so it is safe beside a live hub.
     pub fn open_read_only(path: &Path) -> Result<SqliteJournal, JournalError> {
         let conn = open::open_read_only(path).map_err(|reason| open_error(path, reason))?;
-        SqliteJournal::start(path, conn, 1)
+        SqliteJournal::start(path, conn, 1, true)
     }
 
     fn start(
         path: &Path,
         conn: Connection,
         max_batch: usize,
+        fsync_all: bool,
     ) -> Result<SqliteJournal, JournalError> {
         let (tx, rx) = mpsc::channel(QUEUE_MIN.max(max_batch.saturating_mul(2)));
         let commits = Arc::new(AtomicU64::new(0));
         let counter = commits.clone();
         std::thread::Builder::new()
             .name("relayhub-journal".into())
-            .spawn(move || writer::run(conn, rx, max_batch, counter))
+            .spawn(move || writer::run(conn, rx, max_batch, fsync_all, counter))
             .map_err(|e| open_error(path, format!("cannot start the writer thread: {e}")))?;
         Ok(SqliteJournal {
             tx,
@@ -123,9 +142,32 @@ impl SqliteJournal {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
+        self.queue(writes, writes, f).await
+    }
+
+    /// A write whose commit need not be fsynced before its answer (an
+    /// outcome: see "Durability" above).
+    async fn record<T, F>(&self, f: F) -> Result<T, JournalError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        self.queue(true, false, f).await
+    }
+
+    async fn queue<T, F>(&self, writes: bool, durable: bool, f: F) -> Result<T, JournalError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
         let stopped = || JournalError::Write("journal writer stopped".into());
         let (reply, answer) = oneshot::channel();
-        let task = FnTask { writes, f, reply };
+        let task = FnTask {
+            writes,
+            durable,
+            f,
+            reply,
+        };
         self.tx
             .send(Msg::Task(Box::new(task)))
             .await
@@ -235,7 +277,7 @@ impl SqliteJournal {
         now_ms: i64,
     ) -> Result<bool, JournalError> {
         let (guid, only_if) = (guid.to_owned(), only_if.to_vec());
-        self.call(true, move |c| {
+        self.record(move |c| {
             // The writer runs one command at a time, so nothing changes the row
             // between this read and the update.
             let current: Option<(String, u32)> = c

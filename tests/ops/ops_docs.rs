@@ -202,6 +202,11 @@ fn config_reference_defaults_match_the_code() {
             c.journal.prune_interval_ms.to_string(),
         ),
         ("[journal]", "max_batch", c.journal.max_batch.to_string()),
+        (
+            "[journal]",
+            "fsync_outcomes",
+            c.journal.fsync_outcomes.to_string(),
+        ),
         ("[logging]", "filter", format!("\"{}\"", c.logging.filter)),
         (
             "[[target]]",

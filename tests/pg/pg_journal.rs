@@ -436,7 +436,9 @@ async fn a_tool_beside_a_live_hub_takes_none_of_its_rows() {
         },
     };
     let config = source.load().unwrap();
-    let (journal, _owner) = relayhub::daemon::open_journal(&tool_url, 16).await.unwrap();
+    let (journal, _owner) = relayhub::daemon::open_journal(&tool_url, 16, true)
+        .await
+        .unwrap();
     let targets = build_targets(&config).unwrap();
     let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
     let tool = Hub::new(

@@ -310,7 +310,7 @@ async fn open_to_look(spec: &str, create: bool) -> Result<Journal, String> {
     let missing = file_of(spec).is_some_and(|p| !p.exists());
     let journal = if missing {
         // Only with --create: made and migrated as a hub would.
-        let (journal, _owner) = Journal::open_owned(spec, 16)
+        let (journal, _owner) = Journal::open_owned(spec, 16, true)
             .await
             .map_err(|e| e.to_string())?;
         eprintln!("{} created", describe(spec));
@@ -344,7 +344,13 @@ async fn reconcile(
     let config = source.load().map_err(|e| e.to_string())?;
     let spec = config.journal.path.as_str();
     check_exists(spec, create)?;
-    let (journal, _owner) = match open_journal(spec, config.journal.max_batch).await {
+    let (journal, _owner) = match open_journal(
+        spec,
+        config.journal.max_batch,
+        config.journal.fsync_outcomes,
+    )
+    .await
+    {
         Ok(opened) => opened,
         Err(JournalError::Locked { path, holder, .. }) => {
             return match &config.server.admin_listen {

@@ -1378,3 +1378,57 @@ async fn an_outcome_of_an_older_attempt_never_lands_on_a_newer_one() {
             .unwrap()
     );
 }
+
+/// The `synchronous` level of the writer's connection now (1 NORMAL, 2 FULL).
+async fn sync_level(j: &SqliteJournal) -> i64 {
+    j.call(false, |c| {
+        c.query_row("PRAGMA synchronous", [], |r| r.get(0))
+    })
+    .await
+    .unwrap()
+}
+
+const NORMAL: i64 = 1;
+const FULL: i64 = 2;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_are_fsynced_and_outcomes_written_for_the_next_fsync() {
+    let (_dir, j) = fresh();
+    j.claim("g1", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
+    assert_eq!(sync_level(&j).await, FULL, "a claim's commit is fsynced");
+    let done = || finish(State::Done, "0000", Some(b"ok"), None, "processed");
+    j.finish("g1", done(), 110).await.unwrap();
+    assert_eq!(sync_level(&j).await, NORMAL, "an outcome's alone is not");
+    assert_eq!(j.get("g1").await.unwrap().unwrap().state, State::Done);
+    // One batch with a claim and an outcome: fsynced.
+    let release = pause(&j).await;
+    let (a, b) = (j.clone(), j.clone());
+    let claim =
+        tokio::spawn(async move { a.claim("g2", "TRF001", "fp", "http://core", 120).await });
+    let outcome = tokio::spawn(async move { b.finish("g1", done(), 120).await });
+    until_queued(&j, 2).await;
+    drop(release);
+    assert_eq!(claim.await.unwrap().unwrap(), Claim::New);
+    outcome.await.unwrap().unwrap();
+    assert_eq!(
+        sync_level(&j).await,
+        FULL,
+        "a batch holding a claim is fsynced"
+    );
+    j.note_url("g2", "http://core2", 130).await.unwrap();
+    assert_eq!(sync_level(&j).await, FULL, "a failover's URL is fsynced");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fsync_outcomes_fsyncs_every_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = SqliteJournal::open_with(&db(&dir), 64, true).unwrap();
+    j.claim("g1", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
+    let done = finish(State::Done, "0000", Some(b"ok"), None, "processed");
+    j.finish("g1", done, 110).await.unwrap();
+    assert_eq!(sync_level(&j).await, FULL);
+}

@@ -10,6 +10,14 @@
 //! Reads run after the batch's commit, outside any transaction: they see every
 //! write acknowledged before them (and the ones of their own batch), and never
 //! an uncommitted one.
+//!
+//! A batch's commit fsyncs the WAL (`synchronous=FULL`) when one of its
+//! writes is [`Task::durable`]: what only the hub knows and acts on once it
+//! is answered (a claim before its POST, a URL before a failover). A batch of
+//! records only (an outcome the core can tell again) commits with `NORMAL`:
+//! written, so it survives the process, and on disk with the next durable
+//! commit or checkpoint, since the WAL is one file written in order and an
+//! fsync covers every frame before it. `fsync_all` makes every commit FULL.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +39,8 @@ pub(super) enum Msg {
 pub(super) trait Task: Send {
     /// Whether the command changes the database (runs inside the batch's transaction).
     fn writes(&self) -> bool;
+    /// Whether its commit must be on disk before the caller hears of it.
+    fn durable(&self) -> bool;
     /// Runs the command. Returns whether it succeeded (so its savepoint is kept)
     /// and how to answer the caller once the batch's fate is known.
     fn run(self: Box<Self>, conn: &Connection) -> (bool, Box<dyn Reply>);
@@ -48,6 +58,7 @@ pub(super) trait Reply: Send {
 /// A command built from a closure; its result goes back through a oneshot.
 pub(super) struct FnTask<T, F> {
     pub writes: bool,
+    pub durable: bool,
     pub f: F,
     pub reply: oneshot::Sender<Result<T, JournalError>>,
 }
@@ -73,6 +84,10 @@ where
 {
     fn writes(&self) -> bool {
         self.writes
+    }
+
+    fn durable(&self) -> bool {
+        self.durable
     }
 
     fn run(self: Box<Self>, conn: &Connection) -> (bool, Box<dyn Reply>) {
@@ -108,10 +123,15 @@ pub(super) fn run(
     conn: Connection,
     mut rx: mpsc::Receiver<Msg>,
     max_batch: usize,
+    fsync_all: bool,
     commits: Arc<AtomicU64>,
 ) {
     let max_batch = max_batch.max(1);
     let mut batch: Vec<Box<dyn Task>> = Vec::with_capacity(max_batch);
+    let mut sync = SyncLevel {
+        all: fsync_all,
+        full: None,
+    };
     while let Some(first) = rx.blocking_recv() {
         let mut next = Some(first);
         while let Some(msg) = next.take() {
@@ -124,7 +144,48 @@ pub(super) fn run(
                 next = rx.try_recv().ok();
             }
         }
-        run_batch(&conn, batch.drain(..), &commits);
+        run_batch(&conn, batch.drain(..), &mut sync, &commits);
+    }
+}
+
+/// The connection's `synchronous` setting, changed only between batches
+/// that need another.
+struct SyncLevel {
+    /// Every commit FULL.
+    all: bool,
+    /// FULL (true) or NORMAL now; `None` until set, or after a failed change.
+    full: Option<bool>,
+}
+
+impl SyncLevel {
+    /// Sets FULL if one of `writes` is durable (or all are), else NORMAL.
+    /// Fails only when FULL is needed and cannot be set.
+    fn prepare(&mut self, conn: &Connection, writes: &[Box<dyn Task>]) -> Result<(), String> {
+        let full = self.all || writes.iter().any(|t| t.durable());
+        if self.full == Some(full) {
+            return Ok(());
+        }
+        let sql = if full {
+            "PRAGMA synchronous = FULL"
+        } else {
+            "PRAGMA synchronous = NORMAL"
+        };
+        match control(conn, sql) {
+            Ok(()) => {
+                self.full = Some(full);
+                Ok(())
+            }
+            // Whatever it is now, it is not known.
+            Err(e) => {
+                self.full = None;
+                if full {
+                    Err(format!("cannot set synchronous=FULL: {e}"))
+                } else {
+                    // FULL, if it stayed so, is only stricter.
+                    Ok(())
+                }
+            }
+        }
     }
 }
 
@@ -135,10 +196,22 @@ fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 }
 
 /// Runs one batch: writes in one transaction, then reads.
-fn run_batch(conn: &Connection, batch: impl Iterator<Item = Box<dyn Task>>, commits: &AtomicU64) {
+fn run_batch(
+    conn: &Connection,
+    batch: impl Iterator<Item = Box<dyn Task>>,
+    sync: &mut SyncLevel,
+    commits: &AtomicU64,
+) {
     let (writes, reads): (Vec<_>, Vec<_>) = batch.partition(|t| t.writes());
     if !writes.is_empty() {
-        run_writes(conn, writes, commits);
+        match sync.prepare(conn, &writes) {
+            Ok(()) => run_writes(conn, writes, commits),
+            Err(reason) => {
+                for task in writes {
+                    task.fail(reason.clone());
+                }
+            }
+        }
     }
     for task in reads {
         let (_, reply) = task.run(conn);
