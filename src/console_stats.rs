@@ -113,8 +113,9 @@ pub struct Traces {
     fields: Mutex<FieldsMap>,
 }
 
-/// Masked request fields by GUID, and the GUIDs in the order they came.
-type FieldsMap = (HashMap<Arc<str>, serde_json::Value>, VecDeque<Arc<str>>);
+/// Masked request fields (a JSON object's text) by GUID, and the GUIDs in
+/// the order they came.
+type FieldsMap = (HashMap<Arc<str>, String>, VecDeque<Arc<str>>);
 
 /// Telegrams by GUID, and the GUIDs in the order they were first seen (one
 /// allocation of the GUID for both).
@@ -155,8 +156,9 @@ impl Traces {
         }
     }
 
-    /// Keeps the masked request fields of `guid` (the latest telegram's).
-    pub fn note_fields(&self, guid: &str, masked: serde_json::Value) {
+    /// Keeps the masked request fields of `guid` (the latest telegram's), the
+    /// text of a JSON object: read back only when the console asks.
+    pub fn note_fields(&self, guid: &str, masked: String) {
         let mut g = self.fields.lock().unwrap_or_else(|p| p.into_inner());
         let (map, order) = &mut *g;
         if let Some(kept) = map.get_mut(guid) {
@@ -177,7 +179,8 @@ impl Traces {
     /// carried them.
     pub fn fields_of(&self, guid: &str) -> Option<serde_json::Value> {
         let g = self.fields.lock().unwrap_or_else(|p| p.into_inner());
-        g.0.get(guid).cloned()
+        g.0.get(guid)
+            .and_then(|text| serde_json::from_str(text).ok())
     }
 
     /// The remembered telegrams of `guid`, oldest first.

@@ -22,19 +22,51 @@ pub enum LogRule {
     Clear,
 }
 
+/// A value as a log line shows it, borrowed when shown as it is.
+#[derive(Debug, PartialEq)]
+enum Shown<'a> {
+    Null,
+    Clear(&'a Value),
+    Text(String),
+}
+
+impl Shown<'_> {
+    fn into_value(self) -> Value {
+        match self {
+            Shown::Null => Value::Null,
+            Shown::Clear(v) => v.clone(),
+            Shown::Text(s) => Value::String(s),
+        }
+    }
+}
+
+impl serde::Serialize for Shown<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Shown::Null => s.serialize_unit(),
+            Shown::Clear(v) => v.serialize(s),
+            Shown::Text(t) => s.serialize_str(t),
+        }
+    }
+}
+
 impl LogRule {
     /// The value as a log line shows it.
     pub fn apply(self, value: &Value) -> Value {
+        self.show(value).into_value()
+    }
+
+    fn show(self, value: &Value) -> Shown<'_> {
         // The value's text, made only when a rule reads it.
         let text = || match value {
             Value::String(s) => std::borrow::Cow::Borrowed(s.as_str()),
             other => std::borrow::Cow::Owned(other.to_string()),
         };
         match self {
-            _ if value.is_null() => Value::Null,
-            LogRule::Clear => value.clone(),
-            LogRule::Length => Value::String(format!("<{} chars>", text().chars().count())),
-            LogRule::Mask => Value::String(mask_account(&text())),
+            _ if value.is_null() => Shown::Null,
+            LogRule::Clear => Shown::Clear(value),
+            LogRule::Length => Shown::Text(format!("<{} chars>", text().chars().count())),
+            LogRule::Mask => Shown::Text(mask_account(&text())),
         }
     }
 
@@ -64,15 +96,37 @@ impl Layout {
     pub fn masked_request(&self, fields: &Map<String, Value>) -> Map<String, Value> {
         fields
             .iter()
-            .map(|(k, v)| {
-                let rule = self
-                    .request
-                    .iter()
-                    .find(|f| f.name == *k)
-                    .map_or(LogRule::Mask, |f| f.log_rule());
-                (k.clone(), rule.apply(v))
-            })
+            .map(|(k, v)| (k.clone(), self.request_rule(k).apply(v)))
             .collect()
+    }
+
+    /// [`Layout::masked_request`] as the text of one JSON object, written
+    /// straight from `fields` (a telegram's summary line carries it): no map
+    /// of cloned keys and values is built.
+    pub fn masked_request_json(&self, fields: &Map<String, Value>) -> String {
+        use serde::ser::{SerializeMap, Serializer};
+        let mut out = Vec::with_capacity(64 + 32 * fields.len());
+        let mut ser = serde_json::Serializer::new(&mut out);
+        let written = ser.serialize_map(Some(fields.len())).and_then(|mut map| {
+            for (k, v) in fields {
+                map.serialize_entry(k, &self.request_rule(k).show(v))?;
+            }
+            map.end()
+        });
+        // Writing to memory fails only on a bug; the line then shows no field.
+        match written.ok().and_then(|()| String::from_utf8(out).ok()) {
+            Some(text) => text,
+            None => "{}".into(),
+        }
+    }
+
+    /// How request field `name` is logged; a key the layout does not name
+    /// is masked.
+    fn request_rule(&self, name: &str) -> LogRule {
+        self.request
+            .iter()
+            .find(|f| f.name == name)
+            .map_or(LogRule::Mask, |f| f.log_rule())
     }
 
     /// The request and response fields logged in clear, as `request.NAME` and
@@ -93,6 +147,7 @@ impl Layout {
 
 #[cfg(test)]
 mod tests {
+    use proptest::strategy::Strategy;
     use serde_json::json;
 
     use super::*;
@@ -121,6 +176,7 @@ mod tests {
         assert_eq!(out["bank"], "088");
         assert_eq!(out["amount"], 50000);
         let text = Value::Object(out.clone()).to_string();
+        assert_eq!(l.masked_request_json(m.as_object().unwrap()), text);
         assert!(!text.contains("1002003004001") && !text.contains("1234-5678"));
         assert_eq!(l.clear_fields(), ["request.bank", "request.amount"]);
     }
@@ -137,6 +193,10 @@ mod tests {
         let m = json!({"memo":"월세 11월","branch":"B001","pin":"123456","amount":1234567,
                        "extra":"secret-value"});
         let out = l.masked_request(m.as_object().unwrap());
+        assert_eq!(
+            l.masked_request_json(m.as_object().unwrap()),
+            Value::Object(out.clone()).to_string()
+        );
         assert_eq!(out["memo"], "<6 chars>");
         assert_eq!(out["branch"], "B001");
         assert_eq!(out["pin"], "**3456");
@@ -144,6 +204,35 @@ mod tests {
         // A key the layout does not name is masked.
         assert_eq!(out["extra"], "********alue");
         assert_eq!(l.clear_fields(), ["request.branch"]);
+    }
+
+    proptest::proptest! {
+        /// The text written straight from the fields is the masked map's
+        /// JSON, byte for byte, whatever the values (text, numbers, nulls)
+        /// and whether the layout names the key.
+        #[test]
+        fn masked_text_is_the_masked_maps_json(
+            values in proptest::collection::btree_map(
+                "(memo|branch|pin|amount|extra|[a-z]{1,6})",
+                proptest::prop_oneof![
+                    proptest::strategy::Just(Value::Null),
+                    proptest::num::u64::ANY.prop_map(Value::from),
+                    "\\PC{0,12}".prop_map(Value::from),
+                ],
+                0..8,
+            )
+        ) {
+            let l = layout(
+                49,
+                r#"{"name":"memo","type":"H","length":20,"log":"length"},
+                   {"name":"branch","type":"AN","length":4,"log":"clear"},
+                   {"name":"pin","type":"N","length":6,"log":"mask"},
+                   {"name":"amount","type":"U","length":19}"#,
+            );
+            let fields: Map<String, Value> = values.into_iter().collect();
+            let expected = Value::Object(l.masked_request(&fields)).to_string();
+            proptest::prop_assert_eq!(l.masked_request_json(&fields), expected);
+        }
     }
 
     #[test]

@@ -231,15 +231,13 @@ impl Hub {
             );
         }
         // On the span, so the one summary line carries them (masked by the layout).
-        // A JSON object: the JSON log format embeds it as one. Serialized
-        // once, by serde_json's writer (its `Display` goes through the
-        // formatter a few bytes at a time), and not at all when INFO is off.
-        // The console shows the same masked view of an unknown transfer.
-        let masked = serde_json::Value::Object(route.layout.masked_request(&fields));
+        // A JSON object: the JSON log format embeds it as one. Written once,
+        // straight from the fields by serde_json's writer. The console shows
+        // the same masked view of an unknown transfer.
+        let masked = route.layout.masked_request_json(&fields);
         let span = tracing::Span::current();
         if !span.is_disabled() {
-            let text = serde_json::to_string(&masked).unwrap_or_default();
-            span.record("fields", tracing::field::display(text.as_str()));
+            span.record("fields", tracing::field::display(masked.as_str()));
         }
         crate::console_stats::traces().note_fields(&header.guid, masked);
         match route.operation {
