@@ -178,9 +178,12 @@ impl Traces {
     /// The masked request fields of `guid`, if a telegram of this process
     /// carried them.
     pub fn fields_of(&self, guid: &str) -> Option<serde_json::Value> {
-        let g = self.fields.lock().unwrap_or_else(|p| p.into_inner());
-        g.0.get(guid)
-            .and_then(|text| serde_json::from_str(text).ok())
+        // Parsed after the lock is let go: telegrams take it too.
+        let text = {
+            let g = self.fields.lock().unwrap_or_else(|p| p.into_inner());
+            g.0.get(guid).cloned()
+        };
+        text.and_then(|t| serde_json::from_str(&t).ok())
     }
 
     /// The remembered telegrams of `guid`, oldest first.

@@ -172,6 +172,12 @@ impl Daemon {
             config.journal.fsync_outcomes,
         )
         .await?;
+        if config.journal.fsync_outcomes && journal.kind() != "sqlite" {
+            warn!(
+                journal = journal.kind(),
+                "journal.fsync_outcomes applies to a SQLite journal only; ignored"
+            );
+        }
         let longest_window = config.targets.iter().map(|t| t.late_answer_window_ms).max();
         journal.check_lease(config.server.budget_ms + longest_window.unwrap_or(0))?;
         journal.start_liveness(config.journal.liveness()).await?;

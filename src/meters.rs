@@ -36,7 +36,7 @@ impl std::fmt::Debug for TelegramMeters {
 impl TelegramMeters {
     /// Counts one telegram of `tx_code` answered `code` after `elapsed`.
     pub fn record(&self, tx_code: &str, code: Code, elapsed: Duration) {
-        self.counter(tx_code, code).increment(1);
+        self.count(tx_code, code);
         self.duration
             .get_or_init(|| {
                 metrics::histogram!(metric_names::TELEGRAM_DURATION, "tx_code" => tx_code.to_string())
@@ -44,27 +44,28 @@ impl TelegramMeters {
             .record(elapsed.as_secs_f64());
     }
 
-    fn counter(&self, tx_code: &str, code: Code) -> Counter {
-        let known = self
-            .by_code
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .find(|(c, _)| *c == code)
-            .map(|(_, counter)| counter.clone());
-        if let Some(counter) = known {
-            return counter;
+    fn count(&self, tx_code: &str, code: Code) {
+        {
+            let known = self
+                .by_code
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((_, counter)) = known.iter().find(|(c, _)| *c == code) {
+                counter.increment(1);
+                return;
+            }
         }
         let mut all = self
             .by_code
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((_, counter)) = all.iter().find(|(c, _)| *c == code) {
-            return counter.clone();
+            counter.increment(1);
+            return;
         }
         let counter = metrics::counter!(metric_names::TELEGRAMS, "tx_code" => tx_code.to_string(), "code" => code.as_str().to_string());
-        all.push((code, counter.clone()));
-        counter
+        counter.increment(1);
+        all.push((code, counter));
     }
 }
 

@@ -9,8 +9,10 @@
 //! holds into the database file and fsyncs that file without taking the write
 //! lock, so commits (and their fsync of the WAL) go on meanwhile.
 //!
-//! Durability is unchanged: a commit is durable once the WAL is fsynced
-//! (`synchronous=FULL`); a checkpoint only moves committed pages.
+//! Durability is unchanged: a commit is durable once the WAL is fsynced (a
+//! FULL commit's own fsync, or, for an outcome committed with NORMAL, the
+//! next FULL commit's or a checkpoint's that copies pages: SQLite fsyncs the
+//! WAL before it copies); a checkpoint only moves committed pages.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -3,9 +3,11 @@
 //! Every command is a [`Task`] sent over a bounded channel. The thread takes
 //! whatever is queued (up to `max_batch`), runs the writes in one
 //! `BEGIN IMMEDIATE ... COMMIT`, each inside its own `SAVEPOINT` so a failing
-//! command is undone alone, and answers only after the `COMMIT` is durable.
-//! Concurrent telegrams therefore share one fsync instead of queueing for one
-//! each, and no caller hears "ok" for a change that could still be lost.
+//! command is undone alone, and answers only after the `COMMIT`: durable
+//! (fsynced) for a batch with a durable write, written for one of outcomes
+//! only (below). Concurrent telegrams therefore share one fsync instead of
+//! queueing for one each, and no caller hears "ok" for a claim that could
+//! still be lost.
 //!
 //! Reads run after the batch's commit, outside any transaction: they see every
 //! write acknowledged before them (and the ones of their own batch), and never
