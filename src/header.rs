@@ -285,15 +285,37 @@ fn put_fitted(out: &mut Vec<u8>, src: &[u8], width: usize) {
 }
 
 /// The hub's local time as `YYYYMMDDhhmmss`, for `sent_at` in answers.
+///
+/// Made once per second for the whole process. `chrono::Local` keeps its
+/// time zone per thread and looks at `/etc/localtime` again once a second on
+/// each: with a thread per slow call that was a `statx` and a zone lookup for
+/// most answers. The local time of a UTC second does not change within it.
 pub fn local_timestamp() -> String {
-    timestamp_of(&chrono::Local::now().naive_local())
+    static LAST: std::sync::RwLock<(i64, [u8; 14])> = std::sync::RwLock::new((i64::MIN, [0; 14]));
+    let now = chrono::Utc::now();
+    let second = now.timestamp();
+    let known = *LAST
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let text = if known.0 == second {
+        known.1
+    } else {
+        let text = timestamp_of(&now.with_timezone(&chrono::Local).naive_local());
+        *LAST
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = (second, text);
+        text
+    };
+    // Digits only.
+    String::from_utf8_lossy(&text).into_owned()
 }
 
 /// `YYYYMMDDhhmmss` of `t`, digit by digit (`format` would parse its
 /// pattern on every answer).
-fn timestamp_of(t: &chrono::NaiveDateTime) -> String {
+fn timestamp_of(t: &chrono::NaiveDateTime) -> [u8; 14] {
     use chrono::{Datelike, Timelike};
-    let mut text = String::with_capacity(14);
+    let mut text = [b'0'; 14];
+    let mut at = 0;
     // A year outside 0..=9999 (chrono allows them) keeps its low four digits.
     let year = t.year().rem_euclid(10_000) as u32;
     for (value, digits) in [
@@ -307,7 +329,8 @@ fn timestamp_of(t: &chrono::NaiveDateTime) -> String {
     ] {
         for place in (0..digits).rev() {
             let digit = value / 10u32.pow(place) % 10;
-            text.push(char::from(b'0' + digit as u8));
+            text[at] = b'0' + digit as u8;
+            at += 1;
         }
     }
     text
@@ -571,10 +594,27 @@ mod tests {
             at(987, 10, 10, 10, 10, 10, 0),
         ] {
             assert_eq!(
-                timestamp_of(&t),
+                std::str::from_utf8(&timestamp_of(&t)).unwrap(),
                 t.format("%Y%m%d%H%M%S").to_string(),
                 "{t:?}"
             );
+        }
+    }
+
+    /// The once-a-second text is the local time chrono gives now (the one
+    /// before or after the call, should a second end in between), on this
+    /// thread and on a new one.
+    #[test]
+    fn local_timestamp_is_chronos_local_time() {
+        let local = || chrono::Local::now().format("%Y%m%d%H%M%S").to_string();
+        for _ in 0..2 {
+            let (before, ours, after) = (local(), local_timestamp(), local());
+            assert!(ours == before || ours == after, "{before} {ours} {after}");
+            let (before, ours, after) =
+                std::thread::spawn(move || (local(), local_timestamp(), local()))
+                    .join()
+                    .unwrap();
+            assert!(ours == before || ours == after, "{before} {ours} {after}");
         }
     }
 
