@@ -216,7 +216,7 @@ async fn with_the_database_down_nothing_is_sent() {
     let t1 = transfer(&g1, 100);
     assert_eq!(send(&hub, &t1).await.code, "0000");
 
-    proxy.cut();
+    proxy.cut().await;
     let g2 = guid("DOWN");
     let t2 = transfer(&g2, 200);
     let started = Instant::now();
@@ -242,7 +242,7 @@ async fn with_the_database_down_nothing_is_sent() {
 
     // The database hangs (connections open, no answers): the journal call
     // ends at its timeout (1 s by default), well inside the 3 s budget.
-    proxy.freeze();
+    proxy.freeze().await;
     let g3 = guid("HANG");
     let t3 = transfer(&g3, 300);
     let started = Instant::now();

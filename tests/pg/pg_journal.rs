@@ -773,7 +773,7 @@ async fn with_the_database_gone_every_call_fails_fast() {
         Claim::New
     );
 
-    proxy.cut();
+    proxy.cut().await;
     let started = Instant::now();
     let writes = [
         j.claim("g2", "TRF001", "fp", "http://core", 2)
@@ -813,7 +813,7 @@ async fn with_the_database_hanging_calls_end_at_the_timeout() {
         Claim::New
     );
 
-    proxy.freeze();
+    proxy.freeze().await;
     for _ in 0..2 {
         let started = Instant::now();
         let w = j.claim("g2", "TRF001", "fp", "http://core", 2).await;
@@ -980,7 +980,7 @@ async fn a_hub_renews_its_liveness_and_fences_itself_when_it_cannot() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     // The database goes away: within the fence, it may no longer send.
-    proxy.cut();
+    proxy.cut().await;
     let cut = std::time::Instant::now();
     while j.may_send().is_ok() {
         assert!(cut.elapsed() < PATIENCE, "never fenced");

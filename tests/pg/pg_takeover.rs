@@ -203,7 +203,7 @@ async fn a_transfer_that_never_left_a_dead_hub_is_posted_once_after_the_grace() 
     let mut a = spawn_hub(&core_url, &journal_url(&url, "hub-a"), 1_500, Some(toml));
     let b = spawn_hub(&core_url, &journal_url(&url, "hub-b"), 1_500, Some(toml));
 
-    net.freeze();
+    net.freeze().await;
     let g = guid("LOST");
     let t = transfer(&g, 700);
     let first = send_in_background(&a, &t);
@@ -435,7 +435,7 @@ async fn a_hub_cut_off_from_the_database_fences_itself_before_the_other_takes_ov
         })
         .await;
         // The database goes away for hub a only.
-        db.cut();
+        db.cut().await;
         cut.store(true, std::sync::atomic::Ordering::SeqCst);
         let renewed = wait_dead(&url, "hub-a").await;
         // Hub b answers the resend of hub a's transfer: the core's outcome

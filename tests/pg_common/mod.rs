@@ -143,6 +143,10 @@ enum Mode {
 pub struct Proxy {
     pub addr: std::net::SocketAddr,
     mode: tokio::sync::watch::Sender<Mode>,
+    /// Connections forwarding bytes now: a mode change is in force once
+    /// none is left (a connection that has not seen it yet could still pass
+    /// a request the test already counts as stopped).
+    copying: tokio::sync::watch::Sender<usize>,
     accept: JoinHandle<()>,
 }
 
@@ -151,19 +155,38 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().unwrap();
         let (mode, _) = tokio::sync::watch::channel(Mode::Up);
+        let (copying, _) = tokio::sync::watch::channel(0usize);
         let modes = mode.clone();
+        let counter = copying.clone();
         let accept = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
             loop {
                 let Ok((inbound, _)) = listener.accept().await else {
                     continue;
                 };
-                conns.spawn(forward(inbound, upstream, modes.subscribe()));
+                conns.spawn(forward(
+                    inbound,
+                    upstream,
+                    modes.subscribe(),
+                    counter.clone(),
+                ));
                 // Reap the finished ones as we go.
                 while conns.try_join_next().is_some() {}
             }
         });
-        Proxy { addr, mode, accept }
+        Proxy {
+            addr,
+            mode,
+            copying,
+            accept,
+        }
+    }
+
+    /// Sets `mode` and returns once no connection forwards bytes any more.
+    async fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+        let mut copying = self.copying.subscribe();
+        let _ = copying.wait_for(|n| *n == 0).await;
     }
 
     /// The URL that reaches the database through this proxy.
@@ -173,13 +196,13 @@ impl Proxy {
     }
 
     /// The database "stops": connections drop, new ones are closed at once.
-    pub fn cut(&self) {
-        self.mode.send_replace(Mode::Cut);
+    pub async fn cut(&self) {
+        self.set(Mode::Cut).await;
     }
 
     /// The database "hangs": connections stay open, nothing answers.
-    pub fn freeze(&self) {
-        self.mode.send_replace(Mode::Frozen);
+    pub async fn freeze(&self) {
+        self.set(Mode::Frozen).await;
     }
 
     /// The database is back for new connections; frozen ones stay stuck, as
@@ -194,11 +217,16 @@ async fn forward(
     mut inbound: TcpStream,
     upstream: std::net::SocketAddr,
     mut mode: tokio::sync::watch::Receiver<Mode>,
+    copying: tokio::sync::watch::Sender<usize>,
 ) {
+    // Counted before the mode is read: a mode change waits for this
+    // connection, or this connection sees the change.
+    let copy = Copying::start(copying);
     let now = *mode.borrow_and_update();
     match now {
         Mode::Cut => return,
         Mode::Frozen => {
+            drop(copy);
             // Hold the socket without a byte until the proxy is cut.
             let _ = mode.wait_for(|m| *m == Mode::Cut).await;
             return;
@@ -212,9 +240,26 @@ async fn forward(
         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => None,
         m = mode.wait_for(|m| *m != Mode::Up) => m.ok().map(|m| *m),
     };
+    drop(copy);
     if stopped == Some(Mode::Frozen) {
         // Keep both sockets open, silent, until the proxy is cut.
         let _ = mode.wait_for(|m| *m == Mode::Cut).await;
+    }
+}
+
+/// One connection counted as forwarding, until dropped.
+struct Copying(tokio::sync::watch::Sender<usize>);
+
+impl Copying {
+    fn start(copying: tokio::sync::watch::Sender<usize>) -> Copying {
+        copying.send_modify(|n| *n += 1);
+        Copying(copying)
+    }
+}
+
+impl Drop for Copying {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
     }
 }
 
