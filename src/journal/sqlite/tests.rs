@@ -732,6 +732,41 @@ async fn failing_command_fails_alone_in_its_batch() {
     assert!(j.get("a").await.unwrap().is_some() && j.get("b").await.unwrap().is_some());
 }
 
+/// A command alone in its batch runs without a savepoint: when it fails, the
+/// whole transaction is undone, its own error is what its caller hears, and
+/// the next command commits as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_command_alone_is_undone_whole() {
+    let (_dir, j) = fresh();
+    let before = j.commits();
+    let bad = j
+        .call(true, |c| {
+            c.execute(
+                "INSERT INTO journal_events (guid, at_ms, state, note) VALUES ('bad', 1, 'done', 'x')",
+                [],
+            )?;
+            c.execute("INSERT INTO journal (guid) VALUES ('bad')", [])
+        })
+        .await;
+    match bad {
+        Err(JournalError::Write(reason)) => assert!(reason.contains("NOT NULL"), "{reason}"),
+        other => panic!("expected a write error, got {other:?}"),
+    }
+    assert_eq!(j.commits(), before, "nothing committed");
+    assert!(
+        j.history("bad").await.unwrap().is_empty(),
+        "its first insert undone"
+    );
+    assert_eq!(
+        j.claim("g", "TRF001", "fp", "http://core", 1)
+            .await
+            .unwrap(),
+        Claim::New
+    );
+    assert_eq!(j.commits(), before + 1);
+    assert_eq!(j.history("g").await.unwrap().len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn stopped_writer_is_an_error_not_a_hang() {
     let (_dir, j) = fresh();

@@ -221,7 +221,7 @@ fn run_batch(
     }
 }
 
-fn run_writes(conn: &Connection, writes: Vec<Box<dyn Task>>, commits: &AtomicU64) {
+fn run_writes(conn: &Connection, mut writes: Vec<Box<dyn Task>>, commits: &AtomicU64) {
     if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
         let reason = format!("cannot start a transaction: {e}");
         for task in writes {
@@ -233,6 +233,21 @@ fn run_writes(conn: &Connection, writes: Vec<Box<dyn Task>>, commits: &AtomicU64
     // errors, e.g. a full disk): the rest of the batch is then refused.
     let mut lost: Option<String> = None;
     let mut replies = Vec::with_capacity(writes.len());
+    // A command alone in its batch needs no savepoint: the transaction is
+    // its own, and undone whole if it fails. (A savepoint makes SQLite copy
+    // every page the command changes into a sub-journal first.)
+    if writes.len() == 1
+        && let Some(task) = writes.pop()
+    {
+        let (ok, reply) = task.run(conn);
+        if !ok {
+            // The reply carries the command's own error.
+            lost = Some("the command failed; its transaction is rolled back".into());
+        } else if conn.is_autocommit() {
+            lost = Some("transaction rolled back by SQLite after an error".into());
+        }
+        return finish_writes(conn, lost, vec![reply], commits);
+    }
     for task in writes {
         if let Some(reason) = &lost {
             task.fail(reason.clone());
@@ -256,6 +271,17 @@ fn run_writes(conn: &Connection, writes: Vec<Box<dyn Task>>, commits: &AtomicU64
         }
         replies.push(reply);
     }
+    finish_writes(conn, lost, replies, commits);
+}
+
+/// Commits the batch's transaction unless it was `lost` (then rolls back
+/// what is left of it), and answers every command that ran.
+fn finish_writes(
+    conn: &Connection,
+    lost: Option<String>,
+    replies: Vec<Box<dyn Reply>>,
+    commits: &AtomicU64,
+) {
     let commit = match lost {
         Some(reason) => Err(reason),
         None => control(conn, "COMMIT").map_err(|e| format!("commit failed: {e}")),
