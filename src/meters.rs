@@ -45,28 +45,38 @@ impl TelegramMeters {
     }
 
     fn count(&self, tx_code: &str, code: Code) {
-        {
-            let known = self
+        // The read guard is gone at the end of this statement.
+        let known = bump(
+            &self
                 .by_code
                 .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some((_, counter)) = known.iter().find(|(c, _)| *c == code) {
-                counter.increment(1);
-                return;
-            }
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            code,
+        );
+        if known {
+            return;
         }
         let mut all = self
             .by_code
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, counter)) = all.iter().find(|(c, _)| *c == code) {
-            counter.increment(1);
+        // Another thread may have registered it meanwhile.
+        if bump(&all, code) {
             return;
         }
         let counter = metrics::counter!(metric_names::TELEGRAMS, "tx_code" => tx_code.to_string(), "code" => code.as_str().to_string());
         counter.increment(1);
         all.push((code, counter));
     }
+}
+
+/// Bumps `code`'s counter in `counters`; false when it has none yet.
+fn bump(counters: &[(Code, Counter)], code: Code) -> bool {
+    counters
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map(|(_, counter)| counter.increment(1))
+        .is_some()
 }
 
 /// The core call duration histograms of one target, by operation.
