@@ -3,7 +3,8 @@
 //! Every command is a [`Task`] sent over a bounded channel. The thread takes
 //! whatever is queued (up to `max_batch`), runs the writes in one
 //! `BEGIN IMMEDIATE ... COMMIT`, each inside its own `SAVEPOINT` so a failing
-//! command is undone alone, and answers only after the `COMMIT`: durable
+//! command is undone alone (a command alone in its batch needs none: its
+//! transaction is undone whole), and answers only after the `COMMIT`: durable
 //! (fsynced) for a batch with a durable write, written for one of outcomes
 //! only (below). Concurrent telegrams therefore share one fsync instead of
 //! queueing for one each, and no caller hears "ok" for a claim that could
