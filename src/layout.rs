@@ -8,7 +8,7 @@
 //!
 //! - [`Layout::from_json`], [`load_dir`], [`builtin`], [`with_dir`]: load and validate.
 //! - [`decode_fields`], [`encode_fields`]: one body <-> one JSON object.
-//! - [`Layout::masked_request`]: the request fields as a log line may show them,
+//! - [`Layout::masked_request`]: the request fields as a log line may show them (one JSON object's text),
 //!   each by the `log` rule its layout declares (module `masking`).
 
 use std::collections::{BTreeMap, BTreeSet};

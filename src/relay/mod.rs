@@ -234,7 +234,7 @@ impl Hub {
         // A JSON object: the JSON log format embeds it as one. Written once,
         // straight from the fields by serde_json's writer. The console shows
         // the same masked view of an unknown transfer.
-        let masked = route.layout.masked_request_json(&fields);
+        let masked = route.layout.masked_request(&fields);
         let span = tracing::Span::current();
         if !span.is_disabled() {
             span.record("fields", tracing::field::display(masked.as_str()));
