@@ -677,8 +677,7 @@ impl Clock {
     /// Ends a lease: the call returned (or the connection went back).
     fn cancel(&self, lease: Lease) {
         let mut state = lock(&self.state);
-        if let Some(leased) = state.leases.remove(&lease) {
-            state.timers.remove(&(leased.at, lease));
+        if let Some(leased) = state.end(lease) {
             // Under the lock, so the clock cannot act on the socket after
             // this; its descriptor is still open (the adopter owns it).
             self.unwatch(&leased, lease);
@@ -717,9 +716,8 @@ impl Clock {
                 for event in events.iter() {
                     let id = event.token().0;
                     if event.token() != WAKE
-                        && let Some(leased) = state.leases.remove(&id)
+                        && let Some(leased) = state.end(id)
                     {
-                        state.timers.remove(&(leased.at, id));
                         self.unwatch(&leased, id);
                         take_back(&leased.slot);
                     }
@@ -781,6 +779,13 @@ impl Clock {
 }
 
 impl ClockState {
+    /// Removes lease `id` and its timer.
+    fn end(&mut self, id: Lease) -> Option<Leased> {
+        let leased = self.leases.remove(&id)?;
+        self.timers.remove(&(leased.at, id));
+        Some(leased)
+    }
+
     fn new(stopped: bool) -> ClockState {
         ClockState {
             timers: BTreeSet::new(),
