@@ -172,7 +172,7 @@ impl Daemon {
             config.journal.fsync_outcomes,
         )
         .await?;
-        if config.journal.fsync_outcomes && journal.kind() != "sqlite" {
+        if config.journal.fsync_outcomes && !matches!(journal, Journal::Sqlite(_)) {
             warn!(
                 journal = journal.kind(),
                 "journal.fsync_outcomes applies to a SQLite journal only; ignored"
