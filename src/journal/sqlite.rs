@@ -27,7 +27,8 @@
 //! * `open`: checks a file is a healthy journal of a known schema, migrates it.
 //! * `writer`: the one thread that owns the connection and group-commits.
 //! * `checkpoint`: WAL checkpoints on a connection and thread of their own, so
-//!   a commit never waits for the database file's fsync.
+//!   a commit never waits for pages copied into the database file or for
+//!   their fsync; the writer only finishes each pass (a few frames).
 //! * this file: the handle, and the SQL of each operation.
 //!
 //! Reads go through the writer too: the hub reads little beyond what `claim`
@@ -89,9 +90,10 @@ impl SqliteJournal {
         fsync_outcomes: bool,
     ) -> Result<SqliteJournal, JournalError> {
         let conn = open::open(path).map_err(|reason| open_error(path, reason))?;
-        let checkpoints =
+        let (checkpoints, handoff) =
             checkpoint::Checkpointer::start(path).map_err(|reason| open_error(path, reason))?;
-        let mut journal = SqliteJournal::start(path, conn, max_batch, fsync_outcomes)?;
+        let mut journal =
+            SqliteJournal::start(path, conn, max_batch, fsync_outcomes, Some(handoff))?;
         journal.checkpoints = Some(Arc::new(checkpoints));
         Ok(journal)
     }
@@ -100,7 +102,7 @@ impl SqliteJournal {
     /// migrated or written (writes fail), so it is safe beside a live hub.
     pub fn open_read_only(path: &Path) -> Result<SqliteJournal, JournalError> {
         let conn = open::open_read_only(path).map_err(|reason| open_error(path, reason))?;
-        SqliteJournal::start(path, conn, 1, true)
+        SqliteJournal::start(path, conn, 1, true, None)
     }
 
     fn start(
@@ -108,13 +110,26 @@ impl SqliteJournal {
         conn: Connection,
         max_batch: usize,
         fsync_all: bool,
+        checkpoints: Option<checkpoint::Handoff>,
     ) -> Result<SqliteJournal, JournalError> {
         let (tx, rx) = mpsc::channel(QUEUE_MIN.max(max_batch.saturating_mul(2)));
         let commits = Arc::new(AtomicU64::new(0));
         let counter = commits.clone();
         std::thread::Builder::new()
             .name("relayhub-journal".into())
-            .spawn(move || writer::run(conn, rx, max_batch, fsync_all, counter))
+            .spawn(move || {
+                writer::run(
+                    conn,
+                    rx,
+                    max_batch,
+                    fsync_all,
+                    counter,
+                    checkpoints.as_ref(),
+                );
+                // Only now, with the writer's connection closed, may the
+                // checkpoint thread end and close its handle on the file.
+                drop(checkpoints);
+            })
             .map_err(|e| open_error(path, format!("cannot start the writer thread: {e}")))?;
         Ok(SqliteJournal {
             tx,

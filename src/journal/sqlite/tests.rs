@@ -1381,6 +1381,50 @@ async fn the_checkpoint_thread_moves_the_wal_into_the_file_not_the_writer() {
     assert_eq!(ro.checkpoints(), 0);
 }
 
+/// How many times the WAL has started over: SQLite adds one to the WAL
+/// header's checkpoint sequence number (bytes 12..16) each time.
+fn wal_starts(dir: &tempfile::TempDir) -> u32 {
+    use std::io::Read;
+    let mut header = [0u8; 16];
+    let mut wal = std::fs::File::open(dir.path().join("journal.db-wal")).unwrap();
+    wal.read_exact(&mut header).unwrap();
+    u32::from_be_bytes([header[12], header[13], header[14], header[15]])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn under_steady_claims_the_wal_starts_over_after_each_checkpoint() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (dir, j) = fresh();
+    more_checkpoints(&j, 1).await;
+    let before = wal_starts(&dir);
+    // Claims without a pause, so no pass of the checkpoint thread ends
+    // between two commits, for four passes (at a rate that stays under the
+    // writer's backstop, which would start the WAL over too).
+    let stop = Arc::new(AtomicBool::new(false));
+    let passes = {
+        let (j, stop) = (j.clone(), stop.clone());
+        tokio::spawn(async move {
+            more_checkpoints(&j, 4).await;
+            stop.store(true, Ordering::SeqCst);
+        })
+    };
+    let s = stop.clone();
+    let claims = claims_while(&j, "STEADY", 4, move || s.load(Ordering::SeqCst)).await;
+    passes.await.unwrap();
+    let after = wal_starts(&dir);
+    // Each pass hands its end to the writer, whose next transaction starts
+    // the WAL over; the last pass's may come after the claims stopped.
+    assert!(
+        after >= before + 3,
+        "the WAL started over {} time(s) in four passes under {} claims; it holds {} bytes",
+        after - before,
+        claims.len(),
+        std::fs::metadata(dir.path().join("journal.db-wal"))
+            .unwrap()
+            .len()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_outcome_of_an_older_attempt_never_lands_on_a_newer_one() {
     let (_dir, j) = fresh();

@@ -21,6 +21,10 @@
 //! written, so it survives the process, and on disk with the next durable
 //! commit or checkpoint, since the WAL is one file written in order and an
 //! fsync covers every frame before it. `fsync_all` makes every commit FULL.
+//!
+//! Between two batches the writer also finishes a WAL checkpoint when the
+//! checkpoint thread asks (see `checkpoint`): a few frames and two small
+//! fsyncs, after which the WAL starts over instead of growing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::checkpoint::{self, Handoff};
 use crate::journal::JournalError;
 
 /// What callers send to the writer thread.
@@ -128,6 +133,7 @@ pub(super) fn run(
     max_batch: usize,
     fsync_all: bool,
     commits: Arc<AtomicU64>,
+    checkpoints: Option<&Handoff>,
 ) {
     let max_batch = max_batch.max(1);
     let mut batch: Vec<Box<dyn Task>> = Vec::with_capacity(max_batch);
@@ -148,6 +154,11 @@ pub(super) fn run(
             }
         }
         run_batch(&conn, batch.drain(..), &mut sync, &commits);
+        if let Some(handoff) = checkpoints
+            && handoff.take()
+        {
+            checkpoint::finish(&conn);
+        }
     }
 }
 
