@@ -117,19 +117,7 @@ impl SqliteJournal {
         let counter = commits.clone();
         std::thread::Builder::new()
             .name("relayhub-journal".into())
-            .spawn(move || {
-                writer::run(
-                    conn,
-                    rx,
-                    max_batch,
-                    fsync_all,
-                    counter,
-                    checkpoints.as_ref(),
-                );
-                // Only now, with the writer's connection closed, may the
-                // checkpoint thread end and close its handle on the file.
-                drop(checkpoints);
-            })
+            .spawn(move || writer::run(conn, rx, max_batch, fsync_all, counter, checkpoints))
             .map_err(|e| open_error(path, format!("cannot start the writer thread: {e}")))?;
         Ok(SqliteJournal {
             tx,

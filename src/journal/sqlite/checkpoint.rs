@@ -30,14 +30,13 @@
 //! WAL before it copies); a checkpoint only moves committed pages, and the
 //! WAL starts over only once the file holding them is fsynced.
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::{Connection, OpenFlags, ffi};
 
 /// How often the WAL is checkpointed.
 pub(super) const INTERVAL: Duration = Duration::from_millis(500);
@@ -47,7 +46,9 @@ pub(super) const INTERVAL: Duration = Duration::from_millis(500);
 pub(super) const BACKSTOP_PAGES: i64 = 16_384;
 
 /// A WAL this long (frames) is started over by the writer: half the
-/// backstop, so a pass that ends just below it still finishes in time.
+/// backstop, so the next pass still comes before the backstop while the WAL
+/// grows by less than 16,384 frames a second (about 1,500 transfers/s at
+/// some 10 frames each; faster, the backstop still starts it over).
 pub(super) const FINISH_FRAMES: i64 = BACKSTOP_PAGES / 2;
 
 /// Counts the thread's passes, for tests and `SqliteJournal::checkpoints`.
@@ -56,8 +57,7 @@ pub(super) struct Checkpointer {
 }
 
 /// What the writer thread holds: the thread's request to finish a pass, and
-/// the thread's life. The thread stops once this is dropped, which the writer
-/// does after closing its connection (see [`Checkpointer::start`]).
+/// the thread's life (it stops once the writer is gone).
 pub(super) struct Handoff {
     asked: Arc<AtomicBool>,
     _stop: mpsc::Sender<()>,
@@ -72,20 +72,12 @@ impl Handoff {
 
 impl Checkpointer {
     /// Opens a second connection on `path` and starts the thread.
-    ///
-    /// The thread also keeps a plain handle on the database file, to fsync it.
-    /// Closing any descriptor of a file drops every POSIX lock the process
-    /// holds on it, SQLite's included, so that handle is closed only after
-    /// both connections: the thread ends when the writer drops the
-    /// [`Handoff`] after closing its own, and closes its connection first.
     pub(super) fn start(path: &Path) -> Result<(Checkpointer, Handoff), String> {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(path, flags)
             .map_err(|e| format!("cannot open the checkpoint connection: {e}"))?;
         conn.busy_timeout(super::open::BUSY_TIMEOUT)
             .map_err(|e| format!("cannot set busy timeout: {e}"))?;
-        let file =
-            File::open(path).map_err(|e| format!("cannot open the file to fsync it: {e}"))?;
         let (stop, stopped) = mpsc::channel::<()>();
         let done = Arc::new(AtomicU64::new(0));
         let asked = Arc::new(AtomicBool::new(false));
@@ -93,11 +85,7 @@ impl Checkpointer {
         std::thread::Builder::new()
             .name("relayhub-checkpoint".into())
             .stack_size(256 * 1024)
-            .spawn(move || {
-                run(&conn, &file, &stopped, &counter, &ask);
-                drop(conn);
-                drop(file);
-            })
+            .spawn(move || run(&conn, &stopped, &counter, &ask))
             .map_err(|e| format!("cannot start the checkpoint thread: {e}"))?;
         Ok((Checkpointer { done }, Handoff { asked, _stop: stop }))
     }
@@ -121,13 +109,7 @@ fn failed(e: &dyn std::fmt::Display) {
     tracing::warn!(error = %e, "journal checkpoint failed; retrying");
 }
 
-fn run(
-    conn: &Connection,
-    file: &File,
-    stopped: &mpsc::Receiver<()>,
-    done: &AtomicU64,
-    asked: &AtomicBool,
-) {
+fn run(conn: &Connection, stopped: &mpsc::Receiver<()>, done: &AtomicU64, asked: &AtomicBool) {
     let mut last = None;
     // Wakes every INTERVAL until the writer is gone.
     while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(INTERVAL) {
@@ -149,11 +131,53 @@ fn run(
         last = Some(result);
         // SQLite fsyncs the file only when a pass copies the last frame, which
         // under steady writes it never does: the pages are written here.
-        if let Err(e) = file.sync_data() {
+        if let Err(e) = sync_file(conn) {
             failed(&e);
             continue;
         }
         asked.store(true, Ordering::Release);
+    }
+}
+
+/// Fsyncs the database file through this connection's own handle on it.
+///
+/// Not through a descriptor of the hub's own: closing any descriptor of a
+/// file drops every POSIX lock the process holds on it, SQLite's included
+/// (SQLite itself keeps such descriptors open while a lock is held), and a
+/// connection without its locks can see the WAL checkpointed and deleted
+/// under it by another process.
+fn sync_file(conn: &Connection) -> Result<(), String> {
+    let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
+    // SAFETY: `conn` is open for the whole call and used by this thread only
+    // (opened with NO_MUTEX); FILE_POINTER writes SQLite's own `sqlite3_file`
+    // for "main" into `file`, valid while the connection is open.
+    let rc = unsafe {
+        ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            ffi::SQLITE_FCNTL_FILE_POINTER,
+            (&raw mut file).cast(),
+        )
+    };
+    if rc != ffi::SQLITE_OK || file.is_null() {
+        return Err(format!("no handle on the database file (SQLite code {rc})"));
+    }
+    // SAFETY: `file` is the open handle found above; an open handle has its
+    // methods, and `xSync` is the VFS's own fsync of it, which SQLite also
+    // calls outside any lock. The connection is in no transaction here.
+    let rc = unsafe {
+        let methods = (*file).pMethods;
+        match methods.as_ref().and_then(|m| m.xSync) {
+            Some(sync) => sync(file, ffi::SQLITE_SYNC_NORMAL),
+            None => ffi::SQLITE_MISUSE,
+        }
+    };
+    if rc == ffi::SQLITE_OK {
+        Ok(())
+    } else {
+        Err(format!(
+            "fsync of the database file failed (SQLite code {rc})"
+        ))
     }
 }
 
