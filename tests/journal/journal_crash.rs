@@ -154,3 +154,115 @@ async fn sqlite_journal_replays_final_answers_after_a_restart() {
     assert_eq!((posts(&core, &rejected), gets(&core, &rejected)), (1, 0));
     assert_eq!(core.balance(ACC1), Some(1_000_000 - 22_000));
 }
+
+/// How often the WAL of `journal` has started over (its header's checkpoint
+/// sequence number) and the most frames it ever held (SQLite never shortens
+/// the file while the journal is open).
+fn wal_state(journal: &std::path::Path) -> (u32, u64) {
+    use std::io::Read;
+    let mut wal = journal.as_os_str().to_owned();
+    wal.push("-wal");
+    let mut header = [0u8; 16];
+    let read = std::fs::File::open(&wal).and_then(|mut f| f.read_exact(&mut header));
+    if read.is_err() {
+        return (0, 0);
+    }
+    let field = |at: usize| u32::from_be_bytes(header[at..at + 4].try_into().unwrap());
+    let len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    (
+        field(12),
+        len.saturating_sub(32) / (24 + u64::from(field(8))),
+    )
+}
+
+/// Under steady transfers the SQLite journal's WAL keeps growing and starting
+/// over (a checkpoint pass the writer finishes once the WAL holds 8,192
+/// frames); the hub is SIGKILLed meanwhile, wherever in that cycle it is. The
+/// next hub on the file replays every transfer the killed one had answered:
+/// the same answer, no second POST, and the ledger balances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_while_the_wal_starts_over_loses_no_answered_transfer() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    const CHANNELS: usize = 8;
+    const FINISHED_FROM: u64 = 8_192;
+    let core = start_core().await;
+    let total = core.total_money();
+    let dir = TempDir::new("journal-wal-kill");
+    let journal = dir.join("journal.db");
+    let mut hub = start_hub_process(&core.url(), &journal, 2000);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut channels = Vec::new();
+    for _ in 0..CHANNELS {
+        let mut ch = hub.channel().await;
+        let stop = stop.clone();
+        channels.push(tokio::spawn(async move {
+            let mut answered = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let telegram = transfer(&guid("WALK"), 1);
+                match within(ch.exchange(&telegram)).await {
+                    Ok(answer) => answered.push((telegram, answer)),
+                    // The hub was killed.
+                    Err(_) => break,
+                }
+            }
+            answered
+        }));
+    }
+    // Kill once the WAL has grown past the writer's threshold and started
+    // over twice (bounded: on a slow machine the WAL may start over by itself
+    // before it grows that far; the kill then comes at the bound).
+    let (first, _) = wal_state(&journal);
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (starts, most) = wal_state(&journal);
+        if (starts >= first + 2 && most >= FINISHED_FROM) || Instant::now() > until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = hub.sigkill();
+    assert_eq!(status.signal(), Some(9), "relayhub died of SIGKILL");
+    stop.store(true, Ordering::SeqCst);
+    let mut answered = Vec::new();
+    for channel in channels {
+        answered.extend(channel.await.unwrap());
+    }
+    answered.retain(|(_, a)| a.code == "0000");
+    assert!(
+        answered.len() >= 100,
+        "only {} transfers answered before the kill",
+        answered.len()
+    );
+    let posts_at_kill: u64 = core.stats().by_guid.values().map(|g| g.post).sum();
+
+    let hub = start_hub_process(&core.url(), &journal, 2000);
+    let answered = Arc::new(answered);
+    let mut replays = Vec::new();
+    for part in 0..CHANNELS {
+        let (answered, mut ch) = (answered.clone(), hub.channel().await);
+        replays.push(tokio::spawn(async move {
+            for (telegram, first) in answered.iter().skip(part).step_by(CHANNELS) {
+                let again = exchange(&mut ch, telegram).await;
+                assert_eq!(
+                    (&again.code, &again.body),
+                    (&first.code, &first.body),
+                    "GUID {}: not the answer given before the kill",
+                    first.guid
+                );
+            }
+        }));
+    }
+    for replay in replays {
+        replay.await.unwrap();
+    }
+    let posts_after: u64 = core.stats().by_guid.values().map(|g| g.post).sum();
+    assert_eq!(
+        posts_after,
+        posts_at_kill,
+        "{} answered transfers replayed from the journal, none posted again",
+        answered.len()
+    );
+    assert_eq!(core.total_money(), total, "the ledger balances");
+}
