@@ -27,8 +27,9 @@
 //! * `open`: checks a file is a healthy journal of a known schema, migrates it.
 //! * `writer`: the one thread that owns the connection and group-commits.
 //! * `checkpoint`: WAL checkpoints on a connection and thread of their own, so
-//!   a commit never waits for pages copied into the database file or for
-//!   their fsync; the writer only finishes each pass (a few frames).
+//!   a commit does not wait for pages copied into the database file or for
+//!   most of their fsync; the writer only finishes a pass once the WAL holds
+//!   8,192 frames (a few frames and two small fsyncs, about 1-3 ms).
 //! * this file: the handle, and the SQL of each operation.
 //!
 //! Reads go through the writer too: the hub reads little beyond what `claim`
@@ -89,9 +90,20 @@ impl SqliteJournal {
         max_batch: usize,
         fsync_outcomes: bool,
     ) -> Result<SqliteJournal, JournalError> {
+        SqliteJournal::open_finishing(path, max_batch, fsync_outcomes, checkpoint::FINISH_FRAMES)
+    }
+
+    /// [`SqliteJournal::open_with`], the writer finishing checkpoint passes
+    /// from `finish_frames` WAL frames on (tests set fewer than the default).
+    fn open_finishing(
+        path: &Path,
+        max_batch: usize,
+        fsync_outcomes: bool,
+        finish_frames: i64,
+    ) -> Result<SqliteJournal, JournalError> {
         let conn = open::open(path).map_err(|reason| open_error(path, reason))?;
-        let (checkpoints, handoff) =
-            checkpoint::Checkpointer::start(path).map_err(|reason| open_error(path, reason))?;
+        let (checkpoints, handoff) = checkpoint::Checkpointer::start(path, finish_frames)
+            .map_err(|reason| open_error(path, reason))?;
         let mut journal =
             SqliteJournal::start(path, conn, max_batch, fsync_outcomes, Some(handoff))?;
         journal.checkpoints = Some(Arc::new(checkpoints));

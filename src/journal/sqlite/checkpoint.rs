@@ -13,8 +13,8 @@
 //! transaction begins with every frame copied. Under steady writes a pass
 //! never ends between two commits, so the WAL would grow to the backstop and
 //! the writer would copy and fsync seconds of pages at once (a p99 of 10 ms
-//! and more at 1,000 telegrams/s). So once a pass finds the WAL longer than
-//! [`FINISH_FRAMES`], this thread fsyncs the file itself and asks the writer
+//! and more at 1,000 telegrams/s). So once a pass finds at least
+//! [`FINISH_FRAMES`] frames in the WAL, this thread fsyncs the file itself and asks the writer
 //! to [`finish`] the pass between two batches: the writer copies the few
 //! frames committed since, fsyncs the WAL and the file (little is left to
 //! write), and its next transaction starts the WAL over.
@@ -71,8 +71,13 @@ impl Handoff {
 }
 
 impl Checkpointer {
-    /// Opens a second connection on `path` and starts the thread.
-    pub(super) fn start(path: &Path) -> Result<(Checkpointer, Handoff), String> {
+    /// Opens a second connection on `path` and starts the thread, which has
+    /// the writer finish its passes from `finish_frames` frames on
+    /// ([`FINISH_FRAMES`]; tests set fewer).
+    pub(super) fn start(
+        path: &Path,
+        finish_frames: i64,
+    ) -> Result<(Checkpointer, Handoff), String> {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(path, flags)
             .map_err(|e| format!("cannot open the checkpoint connection: {e}"))?;
@@ -85,7 +90,7 @@ impl Checkpointer {
         std::thread::Builder::new()
             .name("relayhub-checkpoint".into())
             .stack_size(256 * 1024)
-            .spawn(move || run(&conn, &stopped, &counter, &ask))
+            .spawn(move || run(&conn, finish_frames, &stopped, &counter, &ask))
             .map_err(|e| format!("cannot start the checkpoint thread: {e}"))?;
         Ok((Checkpointer { done }, Handoff { asked, _stop: stop }))
     }
@@ -109,7 +114,13 @@ fn failed(e: &dyn std::fmt::Display) {
     tracing::warn!(error = %e, "journal checkpoint failed; retrying");
 }
 
-fn run(conn: &Connection, stopped: &mpsc::Receiver<()>, done: &AtomicU64, asked: &AtomicBool) {
+fn run(
+    conn: &Connection,
+    finish_frames: i64,
+    stopped: &mpsc::Receiver<()>,
+    done: &AtomicU64,
+    asked: &AtomicBool,
+) {
     let mut last = None;
     // Wakes every INTERVAL until the writer is gone.
     while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(INTERVAL) {
@@ -124,13 +135,16 @@ fn run(conn: &Connection, stopped: &mpsc::Receiver<()>, done: &AtomicU64, asked:
         // A short WAL, or nothing new since the last pass: the WAL starts
         // over by itself once a pass ends between two commits, or already has.
         let (_, frames, _) = result;
-        if frames < FINISH_FRAMES || last == Some(result) {
+        if frames < finish_frames || last == Some(result) {
             last = Some(result);
             continue;
         }
         last = Some(result);
         // SQLite fsyncs the file only when a pass copies the last frame, which
-        // under steady writes it never does: the pages are written here.
+        // under steady writes it never does: the pages are written here, so
+        // the writer's finishing has little left to fsync. (Durability does
+        // not rest on this fsync: the WAL starts over only after the writer's
+        // own checkpoint has fsynced the file with every frame in it.)
         if let Err(e) = sync_file(conn) {
             failed(&e);
             continue;
@@ -148,9 +162,11 @@ fn run(conn: &Connection, stopped: &mpsc::Receiver<()>, done: &AtomicU64, asked:
 /// under it by another process.
 fn sync_file(conn: &Connection) -> Result<(), String> {
     let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
-    // SAFETY: `conn` is open for the whole call and used by this thread only
-    // (opened with NO_MUTEX); FILE_POINTER writes SQLite's own `sqlite3_file`
-    // for "main" into `file`, valid while the connection is open.
+    // SAFETY: `conn.handle()` is the open connection borrowed for this whole
+    // call (a `Connection` is not `Sync`: no other thread uses it meanwhile).
+    // FILE_POINTER writes into `file` (a `*mut sqlite3_file`, passed as the
+    // `void*` it expects) the pager's own handle on "main", which stays valid
+    // while the connection is open.
     let rc = unsafe {
         ffi::sqlite3_file_control(
             conn.handle(),
@@ -162,9 +178,12 @@ fn sync_file(conn: &Connection) -> Result<(), String> {
     if rc != ffi::SQLITE_OK || file.is_null() {
         return Err(format!("no handle on the database file (SQLite code {rc})"));
     }
-    // SAFETY: `file` is the open handle found above; an open handle has its
-    // methods, and `xSync` is the VFS's own fsync of it, which SQLite also
-    // calls outside any lock. The connection is in no transaction here.
+    // SAFETY: `file` is that open handle (checked non-null), and its methods
+    // are checked too. The unix VFS's `xSync` touches only this handle's own
+    // state and calls fsync(2) on its descriptor: safe while another
+    // connection writes or syncs the same file through its own, and it
+    // closes no descriptor. `SQLITE_SYNC_NORMAL` is the plain fsync SQLite's
+    // own checkpoints use.
     let rc = unsafe {
         let methods = (*file).pMethods;
         match methods.as_ref().and_then(|m| m.xSync) {
