@@ -70,7 +70,7 @@ pub struct SqliteJournal {
     tx: mpsc::Sender<Msg>,
     commits: Arc<AtomicU64>,
     /// `None` for a read-only journal.
-    checkpoints: Option<Arc<checkpoint::Checkpointer>>,
+    checkpoints: Option<checkpoint::Checkpointer>,
 }
 
 const ROW_COLUMNS: &str = "guid, tx_code, fingerprint, state, code, answer, attempts, \
@@ -106,7 +106,7 @@ impl SqliteJournal {
             .map_err(|reason| open_error(path, reason))?;
         let mut journal =
             SqliteJournal::start(path, conn, max_batch, fsync_outcomes, Some(handoff))?;
-        journal.checkpoints = Some(Arc::new(checkpoints));
+        journal.checkpoints = Some(checkpoints);
         Ok(journal)
     }
 

@@ -52,6 +52,7 @@ pub(super) const BACKSTOP_PAGES: i64 = 16_384;
 pub(super) const FINISH_FRAMES: i64 = BACKSTOP_PAGES / 2;
 
 /// Counts the thread's passes, for tests and `SqliteJournal::checkpoints`.
+#[derive(Clone)]
 pub(super) struct Checkpointer {
     done: Arc<AtomicU64>,
 }
