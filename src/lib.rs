@@ -33,6 +33,12 @@
 //! | [`random`] | jitter, GUIDs and hub names (not secrets) |
 //! | [`bench`] | the load generator: through the hub or straight to the core, side by side |
 
+// One `unsafe` block in the crate (the SQLite journal fsyncing through
+// SQLite's own file handle); any other must be allowed where it is, with
+// its safety argument written above it.
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod admin;
 pub mod bench;
 pub mod catch_unwind;

@@ -161,6 +161,7 @@ fn run(
 /// (SQLite itself keeps such descriptors open while a lock is held), and a
 /// connection without its locks can see the WAL checkpointed and deleted
 /// under it by another process.
+#[allow(unsafe_code)]
 fn sync_file(conn: &Connection) -> Result<(), String> {
     let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
     // SAFETY: `conn.handle()` is the open connection borrowed for this whole
