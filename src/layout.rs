@@ -8,8 +8,9 @@
 //!
 //! - [`Layout::from_json`], [`load_dir`], [`builtin`], [`with_dir`]: load and validate.
 //! - [`decode_fields`], [`encode_fields`]: one body <-> one JSON object.
-//! - [`Layout::masked_request`]: the request fields as a log line may show them (one JSON object's text),
-//!   each by the `log` rule its layout declares (module `masking`).
+//! - [`Layout::masked_request`]: the request fields as a log line may show
+//!   them (one JSON object's text), each by the `log` rule its layout
+//!   declares (module `masking`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

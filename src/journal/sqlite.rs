@@ -122,14 +122,14 @@ impl SqliteJournal {
         conn: Connection,
         max_batch: usize,
         fsync_all: bool,
-        checkpoints: Option<checkpoint::Handoff>,
+        handoff: Option<checkpoint::Handoff>,
     ) -> Result<SqliteJournal, JournalError> {
         let (tx, rx) = mpsc::channel(QUEUE_MIN.max(max_batch.saturating_mul(2)));
         let commits = Arc::new(AtomicU64::new(0));
         let counter = commits.clone();
         std::thread::Builder::new()
             .name("relayhub-journal".into())
-            .spawn(move || writer::run(conn, rx, max_batch, fsync_all, counter, checkpoints))
+            .spawn(move || writer::run(conn, rx, max_batch, fsync_all, counter, handoff))
             .map_err(|e| open_error(path, format!("cannot start the writer thread: {e}")))?;
         Ok(SqliteJournal {
             tx,

@@ -14,10 +14,10 @@
 //! never ends between two commits, so the WAL would grow to the backstop and
 //! the writer would copy and fsync seconds of pages at once (a p99 of 10 ms
 //! and more at 1,000 telegrams/s). So once a pass finds at least
-//! [`FINISH_FRAMES`] frames in the WAL, this thread fsyncs the file itself and asks the writer
-//! to [`finish`] the pass between two batches: the writer copies the few
-//! frames committed since, fsyncs the WAL and the file (little is left to
-//! write), and its next transaction starts the WAL over.
+//! [`FINISH_FRAMES`] frames in the WAL, this thread fsyncs the file itself
+//! and asks the writer to [`finish`] the pass between two batches: the writer
+//! copies the few frames committed since, fsyncs the WAL and the file (little
+//! is left to write), and its next transaction starts the WAL over.
 //!
 //! Finishing every pass was measured too: at 1,000/s it fsyncs the file's
 //! hot pages twice as often, the WAL's fsyncs wait behind those writes, and
@@ -136,11 +136,10 @@ fn run(
         // A short WAL, or nothing new since the last pass: the WAL starts
         // over by itself once a pass ends between two commits, or already has.
         let (_, frames, _) = result;
-        if frames < finish_frames || last == Some(result) {
-            last = Some(result);
+        let unchanged = last.replace(result) == Some(result);
+        if frames < finish_frames || unchanged {
             continue;
         }
-        last = Some(result);
         // SQLite fsyncs the file only when a pass copies the last frame, which
         // under steady writes it never does: the pages are written here, so
         // the writer's finishing has little left to fsync. (Durability does

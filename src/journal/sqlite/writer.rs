@@ -133,7 +133,7 @@ pub(super) fn run(
     max_batch: usize,
     fsync_all: bool,
     commits: Arc<AtomicU64>,
-    checkpoints: Option<Handoff>,
+    handoff: Option<Handoff>,
 ) {
     let max_batch = max_batch.max(1);
     let mut batch: Vec<Box<dyn Task>> = Vec::with_capacity(max_batch);
@@ -154,7 +154,7 @@ pub(super) fn run(
             }
         }
         run_batch(&conn, batch.drain(..), &mut sync, &commits);
-        if let Some(handoff) = &checkpoints
+        if let Some(handoff) = &handoff
             && handoff.take()
         {
             checkpoint::finish(&conn);
