@@ -42,7 +42,8 @@ use rusqlite::{Connection, OpenFlags, ffi};
 pub(super) const INTERVAL: Duration = Duration::from_millis(500);
 
 /// The writer's own automatic checkpoint, kept only as a backstop should this
-/// thread fall behind or fail: 16,384 pages (64 MiB at 4 KiB pages).
+/// thread fall behind or fail: 16,384 pages (32 MiB at the 2 KiB pages of a
+/// journal this build creates, 64 MiB at SQLite's default 4 KiB).
 pub(super) const BACKSTOP_PAGES: i64 = 16_384;
 
 /// A WAL this long (frames) is started over by the writer: half the

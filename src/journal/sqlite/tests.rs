@@ -877,6 +877,51 @@ fn version_3_journal(path: &Path) {
     .unwrap();
 }
 
+fn page_size(path: &Path) -> i64 {
+    Connection::open(path)
+        .unwrap()
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_journal_has_small_pages_and_an_old_one_keeps_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let new = db(&dir);
+    let j = open(&new);
+    j.claim("NEW", "TRF001", "fp", "http://core", 1)
+        .await
+        .unwrap();
+    drop(j);
+    assert_eq!(page_size(&new), open::PAGE_SIZE);
+    assert_ne!(
+        open::PAGE_SIZE,
+        4096,
+        "SQLite's default, or this test proves nothing"
+    );
+
+    // A journal created with SQLite's default pages (as every journal before
+    // this build was) is migrated and used as it is.
+    let old = dir.path().join("old.db");
+    version_3_journal(&old);
+    assert_eq!(page_size(&old), 4096);
+    let j = open(&old);
+    let claim = j
+        .claim("OLD", "TRF001", "fp", "http://core", 1)
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::New));
+    let done = finish(State::Done, "0000", Some(b"A"), None, "processed");
+    j.finish("OLD", done, 2).await.unwrap();
+    assert_eq!(
+        j.get("v3").await.unwrap().unwrap().code.as_deref(),
+        Some("0000")
+    );
+    assert_eq!(j.get("OLD").await.unwrap().unwrap().state, State::Done);
+    drop(j);
+    assert_eq!(page_size(&old), 4096);
+}
+
 /// Whether SQLite builds a temporary table to run `sql`.
 fn uses_a_temporary_table(conn: &Connection, sql: &str) -> bool {
     let mut stmt = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
