@@ -43,8 +43,10 @@ pub(crate) const KEEP_IDLE: Duration = Duration::from_secs(10);
 /// One call to make on a caller thread.
 pub(crate) type Work = Box<dyn FnOnce() + Send + 'static>;
 
-/// A call left in a thread's stash, and when its caller stops waiting for it.
-pub(crate) type Stashed = (Work, tokio::time::Instant);
+/// Work left in a thread's stash, and when its caller stops waiting for it
+/// (`None`: work with no deadline of its own, such as a journal command,
+/// which the adopter's patience bounds).
+pub(crate) type Stashed = (Work, Option<tokio::time::Instant>);
 
 thread_local! {
     /// `Some` while [`stashing`] runs on this thread: the first call made
@@ -75,12 +77,24 @@ pub(crate) fn stashing<R>(f: impl FnOnce() -> R) -> (R, Option<Stashed>) {
 /// Leaves `work` in this thread's stash if it is open and empty; otherwise
 /// hands it back.
 fn stash(work: Work, due: tokio::time::Instant) -> Option<Work> {
+    stash_with(work, Some(due), |work| work).err()
+}
+
+/// Leaves the work `make` builds from `value` in this thread's stash if it
+/// is open and empty (this thread then runs it right after the poll, with
+/// no wake-up on either side); otherwise hands `value` back untouched, for
+/// the caller to send wherever such work goes from any other thread.
+pub(crate) fn stash_with<T>(
+    value: T,
+    due: Option<tokio::time::Instant>,
+    make: impl FnOnce(T) -> Work,
+) -> Result<(), T> {
     STASH.with(|s| match &mut *s.borrow_mut() {
         Some(slot @ None) => {
-            *slot = Some((work, due));
-            None
+            *slot = Some((make(value), due));
+            Ok(())
         }
-        _ => Some(work),
+        _ => Err(value),
     })
 }
 

@@ -25,7 +25,8 @@
 //!
 //! * `lock`: one owner per file (a hub, or reconcile with no hub running).
 //! * `open`: checks a file is a healthy journal of a known schema, migrates it.
-//! * `writer`: the one thread that owns the connection and group-commits.
+//! * `writer`: the connection and group commit: a thread of its own, or for
+//!   a command alone, the connection thread that asks for it.
 //! * `checkpoint`: WAL checkpoints on a connection and thread of their own, so
 //!   a commit does not wait for pages copied into the database file or for
 //!   most of their fsync; the writer only finishes a pass once the WAL holds
@@ -51,7 +52,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Claim, Event, Finish, JournalError, Row, State};
-use writer::{FnTask, Msg};
+use crate::core_client::caller;
+use writer::{FnTask, Msg, Task};
 
 /// Rows a prune deletes per transaction. The writer serves the commands that
 /// queued meanwhile between two such batches, so a claim waits for one batch
@@ -59,11 +61,12 @@ use writer::{FnTask, Msg};
 pub const PRUNE_BATCH: usize = 2_000;
 
 /// Commands that may queue for the writer (at least; twice `max_batch` if more).
-/// Beyond that a caller waits to enqueue, so a stalled disk pushes back on the
-/// hub instead of growing memory without limit.
+/// Beyond that a caller waits to enqueue (a connection's own thread waits
+/// for the connection and runs its command alone), so a stalled disk pushes
+/// back on the hub instead of growing memory without limit.
 const QUEUE_MIN: usize = 1024;
 
-/// A handle on the journal file; clones share one writer thread, which ends
+/// A handle on the journal file; clones share one writer, whose thread ends
 /// once the last clone is dropped.
 #[derive(Clone)]
 pub struct SqliteJournal {
@@ -71,6 +74,8 @@ pub struct SqliteJournal {
     commits: Arc<AtomicU64>,
     /// `None` for a read-only journal.
     checkpoints: Option<checkpoint::Checkpointer>,
+    /// The connection, for a command run on the thread that asks for it.
+    shared: Arc<writer::Shared>,
 }
 
 const ROW_COLUMNS: &str = "guid, tx_code, fingerprint, state, code, answer, attempts, \
@@ -126,15 +131,22 @@ impl SqliteJournal {
     ) -> Result<SqliteJournal, JournalError> {
         let (tx, rx) = mpsc::channel(QUEUE_MIN.max(max_batch.saturating_mul(2)));
         let commits = Arc::new(AtomicU64::new(0));
-        let counter = commits.clone();
+        let shared = Arc::new(writer::Shared::new(
+            conn,
+            fsync_all,
+            commits.clone(),
+            handoff,
+        ));
+        let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name("relayhub-journal".into())
-            .spawn(move || writer::run(conn, rx, max_batch, fsync_all, counter, handoff))
+            .spawn(move || writer::run(thread_shared, rx, max_batch))
             .map_err(|e| open_error(path, format!("cannot start the writer thread: {e}")))?;
         Ok(SqliteJournal {
             tx,
             commits,
             checkpoints: None,
+            shared,
         })
     }
 
@@ -150,8 +162,9 @@ impl SqliteJournal {
 
     /// Hands `f` to the writer and waits (without blocking the runtime) for its
     /// answer, which for a write comes only after its batch committed. Once
-    /// queued, a command runs even if the caller stops waiting: a dropped
-    /// `claim` future may still leave a `sending` row.
+    /// queued (or left in a connection thread's stash, which runs it right
+    /// after the poll), a command runs even if the caller stops waiting: a
+    /// dropped `claim` future may still leave a `sending` row.
     async fn call<T, F>(&self, writes: bool, f: F) -> Result<T, JournalError>
     where
         T: Send + 'static,
@@ -175,18 +188,24 @@ impl SqliteJournal {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
-        let stopped = || JournalError::Write("journal writer stopped".into());
+        let stopped = || JournalError::Write(writer::STOPPED.into());
         let (reply, answer) = oneshot::channel();
-        let task = FnTask {
+        let task: Box<dyn Task> = Box::new(FnTask {
             writes,
             durable,
             f,
             reply,
-        };
-        self.tx
-            .send(Msg::Task(Box::new(task)))
-            .await
-            .map_err(|_| stopped())?;
+        });
+        // Polled by a connection's own thread: that thread runs the command
+        // right after this poll (see `writer`), watched by the adopter's
+        // clock like a core call, with no deadline of its own.
+        let here = caller::stash_with(task, None, |task| {
+            let (shared, tx) = (self.shared.clone(), self.tx.clone());
+            Box::new(move || writer::run_here(&shared, &tx, task))
+        });
+        if let Err(task) = here {
+            self.tx.send(Msg::Task(task)).await.map_err(|_| stopped())?;
+        }
         answer.await.map_err(|_| stopped())?
     }
 

@@ -34,7 +34,10 @@
 //!   wherever it is, exactly as from a caller thread, so the budget, the
 //!   late-answer window and the send gate keep their meaning;
 //! * a telegram that waits on anything else (the journal, a retry's pause)
-//!   past the patience moves to the reactor.
+//!   past the patience moves to the reactor. A SQLite journal's command is
+//!   left in the stash like a core call and run here, alone, when no batch
+//!   is running (`journal/sqlite/writer.rs`); the clock takes the connection
+//!   back at the patience if it takes longer.
 //!
 //! A connection that came back with a telegram still being handled stays
 //! with the reactor (and the caller threads) until a telegram is quick again.
@@ -439,9 +442,11 @@ fn drive(
                 Some((work, due)) => {
                     let fd = h.stream.as_raw_fd();
                     drop(held);
-                    // Blocked in the call: the clock takes the connection
-                    // back at the call's deadline, and watches it from the
-                    // patience on.
+                    // Blocked in the call (or a journal command): the clock
+                    // takes the connection back at the call's deadline (the
+                    // patience for a journal command), and watches it from
+                    // the patience on.
+                    let due = due.unwrap_or(patience);
                     let lease = clock.lease(patience.min(due), due, slot.clone(), fd);
                     run(work);
                     clock.cancel(lease);

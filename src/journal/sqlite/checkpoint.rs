@@ -58,8 +58,9 @@ pub(super) struct Checkpointer {
     done: Arc<AtomicU64>,
 }
 
-/// What the writer thread holds: the thread's request to finish a pass, and
-/// the thread's life (it stops once the writer is gone).
+/// What the writer holds (with the connection, whichever thread runs a
+/// batch): the thread's request to finish a pass, and the thread's life (it
+/// stops once the writer is gone).
 pub(super) struct Handoff {
     asked: Arc<AtomicBool>,
     _stop: mpsc::Sender<()>,

@@ -1603,3 +1603,157 @@ async fn fsync_outcomes_fsyncs_every_commit() {
     j.finish("g1", done, 110).await.unwrap();
     assert_eq!(sync_level(&j).await, FULL);
 }
+
+/// Drives `fut` to the end as a connection's own thread does
+/// (`server/adoption.rs`): every poll with the thread's stash open, and the
+/// work left there run on this thread right after the poll (a panic in it
+/// ends that work only, as there).
+fn drive_here<F: std::future::Future>(fut: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        let (poll, stashed) = caller::stashing(|| fut.as_mut().poll(&mut cx));
+        match (poll, stashed) {
+            (Poll::Ready(out), _) => return out,
+            (Poll::Pending, Some((work, _))) => {
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+            }
+            (Poll::Pending, None) => std::thread::park(),
+        }
+    }
+}
+
+/// Runs `f` on a thread of its own named `name`.
+fn on_thread<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .unwrap()
+        .join()
+        .unwrap()
+}
+
+/// The name of the thread that runs a write command.
+async fn runs_on(j: &SqliteJournal) -> Result<String, JournalError> {
+    j.call(true, |_| {
+        Ok(std::thread::current().name().unwrap_or("?").to_owned())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_from_a_connections_own_thread_runs_there_with_the_same_durability() {
+    let (_dir, j) = fresh();
+    let here = j.clone();
+    let (claim, ran_on, after_claim, after_outcome) = on_thread("conn-thread", move || {
+        let claim = drive_here(here.claim("g1", "TRF001", "fp", "http://core", 100));
+        let ran_on = drive_here(runs_on(&here));
+        let after_claim = drive_here(sync_level(&here));
+        let done = finish(State::Done, "0000", Some(b"ok"), None, "processed");
+        drive_here(here.finish("g1", done, 110)).unwrap();
+        (
+            claim.unwrap(),
+            ran_on.unwrap(),
+            after_claim,
+            drive_here(sync_level(&here)),
+        )
+    });
+    assert_eq!(claim, Claim::New);
+    assert_eq!(ran_on, "conn-thread", "not handed to the writer thread");
+    assert_eq!(after_claim, FULL, "a claim's commit is fsynced");
+    assert_eq!(after_outcome, NORMAL, "an outcome's alone is not");
+    assert_eq!(j.commits(), 3, "the claim, the probe and the outcome");
+    let row = j.get("g1").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.code.as_deref()),
+        (State::Done, Some("0000"))
+    );
+    // From the runtime, commands still go to the writer thread.
+    assert_eq!(runs_on(&j).await.unwrap(), "relayhub-journal");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_batch_running_a_command_from_a_connections_thread_joins_the_next() {
+    let (_dir, j) = fresh();
+    let release = pause(&j).await;
+    let here = j.clone();
+    let ran_on = tokio::task::spawn_blocking(move || {
+        on_thread("conn-thread", move || drive_here(runs_on(&here)))
+    });
+    until_queued(&j, 1).await;
+    let other = j.clone();
+    let claim =
+        tokio::spawn(async move { other.claim("g2", "TRF001", "fp", "http://core", 120).await });
+    until_queued(&j, 2).await;
+    let before = j.commits();
+    drop(release);
+    assert_eq!(ran_on.await.unwrap().unwrap(), "relayhub-journal");
+    assert_eq!(claim.await.unwrap().unwrap(), Claim::New);
+    assert_eq!(j.commits() - before, 1, "one commit for both");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_queue_full_a_connections_thread_waits_and_runs_its_command_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = SqliteJournal::open(&db(&dir), 8).unwrap();
+    let release = pause(&j).await;
+    let capacity = j.tx.max_capacity();
+    let mut queued_claims = Vec::new();
+    for i in 0..capacity {
+        let j = j.clone();
+        queued_claims.push(tokio::spawn(async move {
+            j.claim(&format!("q{i}"), "TRF001", "fp", "http://core", 1)
+                .await
+        }));
+    }
+    until_queued(&j, capacity).await;
+    let here = j.clone();
+    let ran_on = tokio::task::spawn_blocking(move || {
+        on_thread("conn-thread", move || drive_here(runs_on(&here)))
+    });
+    // It waits for the lock the paused batch holds, not in the queue.
+    while j.shared.waiting.load(Ordering::Relaxed) == 0 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!ran_on.is_finished());
+    assert_eq!(queued(&j), capacity);
+    drop(release);
+    assert_eq!(ran_on.await.unwrap().unwrap(), "conn-thread");
+    for claim in queued_claims {
+        assert_eq!(claim.await.unwrap().unwrap(), Claim::New);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_that_panics_on_a_connections_thread_stops_the_journal_cleanly() {
+    let (_dir, j) = fresh();
+    let here = j.clone();
+    let panicked = on_thread("conn-thread", move || {
+        drive_here(here.call(true, |_| -> rusqlite::Result<()> { panic!("a bug") }))
+    });
+    assert!(
+        matches!(&panicked, Err(JournalError::Write(reason)) if reason == writer::STOPPED),
+        "{panicked:?}"
+    );
+    // The connection may be inside a transaction it never ended: nothing
+    // runs on it again, from any thread, and nobody waits forever.
+    let from_runtime = j.claim("g1", "TRF001", "fp", "http://core", 1).await;
+    assert!(
+        matches!(from_runtime, Err(JournalError::Write(_))),
+        "{from_runtime:?}"
+    );
+    let here = j.clone();
+    let from_thread = on_thread("conn-thread", move || drive_here(runs_on(&here)));
+    assert!(
+        matches!(from_thread, Err(JournalError::Write(_))),
+        "{from_thread:?}"
+    );
+}

@@ -1,6 +1,7 @@
-//! The writer thread: group commit over one connection.
+//! The writer: group commit over one connection.
 //!
-//! Every command is a [`Task`] sent over a bounded channel. The thread takes
+//! Every command is a [`Task`] sent over a bounded channel to the writer
+//! thread (or run where it was asked for: see the end). The thread takes
 //! whatever is queued (up to `max_batch`), runs the writes in one
 //! `BEGIN IMMEDIATE ... COMMIT`, each inside its own `SAVEPOINT` so a failing
 //! command is undone alone (a command alone in its batch needs none: its
@@ -25,11 +26,22 @@
 //! Between two batches the writer also finishes a WAL checkpoint when the
 //! checkpoint thread asks (see `checkpoint`): a few frames and two small
 //! fsyncs, after which the WAL starts over instead of growing.
+//!
+//! A command from a connection's own thread (a busy connection adopted by a
+//! thread, `server/adoption.rs`) need not wake the writer thread and wait to
+//! be woken in turn: two wake-ups each way per command, four per transfer,
+//! which cost the connection threads about as much CPU as the commands
+//! themselves (docs/performance.md). [`run_here`] runs it on that thread, as
+//! a batch of its own, when no batch is running or forming; otherwise it
+//! joins the writer thread's next batch, so concurrent commands still share
+//! a commit. Whoever holds the [`Shared`] lock runs the batch, with the same
+//! code and the same durability, and finishes a checkpoint pass after it.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
 
 use rusqlite::Connection;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
 use super::checkpoint::{self, Handoff};
@@ -41,6 +53,16 @@ pub(super) enum Msg {
     /// Ends the thread as if it had died, leaving queued tasks unanswered.
     #[cfg(test)]
     Stop,
+}
+
+impl Msg {
+    fn into_task(self) -> Option<Box<dyn Task>> {
+        match self {
+            Msg::Task(task) => Some(task),
+            #[cfg(test)]
+            Msg::Stop => None,
+        }
+    }
 }
 
 /// One command: run against the connection, answered after the commit.
@@ -126,21 +148,71 @@ impl<T: Send> Reply for FnReply<T> {
     }
 }
 
-/// The thread's body: returns when every sender is gone.
-pub(super) fn run(
+/// What a command that failed to reach the connection hears.
+pub(super) const STOPPED: &str = "journal writer stopped";
+
+/// The connection, and whoever runs a batch on it.
+pub(super) struct Shared {
+    writer: Mutex<Writer>,
+    /// The writer thread holds a batch and waits for the lock: a command
+    /// from elsewhere joins its next batch rather than cut in.
+    forming: AtomicBool,
+    /// Threads that found the queue full and wait for the lock.
+    #[cfg(test)]
+    pub(super) waiting: AtomicU64,
+}
+
+/// The connection and what each batch on it needs.
+struct Writer {
     conn: Connection,
-    mut rx: mpsc::Receiver<Msg>,
-    max_batch: usize,
-    fsync_all: bool,
+    sync: SyncLevel,
     commits: Arc<AtomicU64>,
     handoff: Option<Handoff>,
-) {
+}
+
+impl Shared {
+    pub(super) fn new(
+        conn: Connection,
+        fsync_all: bool,
+        commits: Arc<AtomicU64>,
+        handoff: Option<Handoff>,
+    ) -> Shared {
+        let sync = SyncLevel {
+            all: fsync_all,
+            full: None,
+        };
+        Shared {
+            writer: Mutex::new(Writer {
+                conn,
+                sync,
+                commits,
+                handoff,
+            }),
+            forming: AtomicBool::new(false),
+            #[cfg(test)]
+            waiting: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Writer {
+    /// Runs one batch, then finishes a checkpoint pass if asked to.
+    fn run(&mut self, batch: impl Iterator<Item = Box<dyn Task>>) {
+        run_batch(&self.conn, batch, &mut self.sync, &self.commits);
+        if let Some(handoff) = &self.handoff
+            && handoff.take()
+        {
+            checkpoint::finish(&self.conn);
+        }
+    }
+}
+
+/// The writer thread's body: returns when every sender is gone (or a batch
+/// panicked, which leaves the lock poisoned: commands then hear
+/// [`STOPPED`], as from a writer thread that died).
+pub(super) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Msg>, max_batch: usize) {
     let max_batch = max_batch.max(1);
     let mut batch: Vec<Box<dyn Task>> = Vec::with_capacity(max_batch);
-    let mut sync = SyncLevel {
-        all: fsync_all,
-        full: None,
-    };
     while let Some(first) = rx.blocking_recv() {
         let mut next = Some(first);
         while let Some(msg) = next.take() {
@@ -153,12 +225,43 @@ pub(super) fn run(
                 next = rx.try_recv().ok();
             }
         }
-        run_batch(&conn, batch.drain(..), &mut sync, &commits);
-        if let Some(handoff) = &handoff
-            && handoff.take()
-        {
-            checkpoint::finish(&conn);
-        }
+        shared.forming.store(true, Ordering::Relaxed);
+        let writer = shared.writer.lock();
+        shared.forming.store(false, Ordering::Relaxed);
+        let Ok(mut writer) = writer else {
+            return;
+        };
+        writer.run(batch.drain(..));
+    }
+}
+
+/// Runs `task` on this thread, which may block (a connection's own): alone,
+/// right now, when no batch is running or forming; otherwise it is queued
+/// for the writer thread's next batch. Only with the queue full does this
+/// thread wait for the lock and run it alone.
+pub(super) fn run_here(shared: &Shared, tx: &mpsc::Sender<Msg>, task: Box<dyn Task>) {
+    let idle = !shared.forming.load(Ordering::Relaxed) && tx.capacity() == tx.max_capacity();
+    let task = match idle.then(|| shared.writer.try_lock()) {
+        Some(Ok(mut writer)) => return writer.run(std::iter::once(task)),
+        Some(Err(TryLockError::Poisoned(_))) => return task.fail(STOPPED.into()),
+        Some(Err(TryLockError::WouldBlock)) | None => task,
+    };
+    let (full, msg) = match tx.try_send(Msg::Task(task)) {
+        Ok(()) => return,
+        Err(TrySendError::Full(msg)) => (true, msg),
+        Err(TrySendError::Closed(msg)) => (false, msg),
+    };
+    let Some(task) = msg.into_task() else {
+        return;
+    };
+    if !full {
+        return task.fail(STOPPED.into());
+    }
+    #[cfg(test)]
+    shared.waiting.fetch_add(1, Ordering::Relaxed);
+    match shared.writer.lock() {
+        Ok(mut writer) => writer.run(std::iter::once(task)),
+        Err(_) => task.fail(STOPPED.into()),
     }
 }
 
