@@ -196,13 +196,17 @@ impl SqliteJournal {
             f,
             reply,
         });
-        // Polled by a connection's own thread: that thread runs the command
-        // right after this poll (see `writer`), watched by the adopter's
-        // clock like a core call, with no deadline of its own.
-        let here = caller::stash_with(task, None, |task| {
-            let (shared, tx) = (self.shared.clone(), self.tx.clone());
-            Box::new(move || writer::run_here(&shared, &tx, task))
-        });
+        // Polled by a connection's own thread with no batch running or
+        // forming: that thread runs the command right after this poll (see
+        // `writer`), watched by its clock like a core call.
+        let here = if writer::idle(&self.shared, &self.tx) {
+            caller::stash_command(task, |task| {
+                let (shared, tx) = (self.shared.clone(), self.tx.clone());
+                Box::new(move || writer::run_here(&shared, &tx, task))
+            })
+        } else {
+            Err(task)
+        };
         if let Err(task) = here {
             self.tx.send(Msg::Task(task)).await.map_err(|_| stopped())?;
         }

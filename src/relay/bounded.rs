@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::Reply;
 use crate::catch_unwind::{CatchUnwind, panic_message};
+use crate::core_client::caller;
 use crate::metric_names;
 use crate::outcome::Code;
 
@@ -31,7 +32,8 @@ pub(super) async fn within<T: Send + 'static>(
     fut: impl Future<Output = T> + Send + 'static,
 ) -> Bounded<T> {
     let mut fut = CatchUnwind(Box::pin(fut));
-    match tokio::time::timeout_at(deadline, &mut fut).await {
+    // A command the store leaves to the polling thread learns the deadline.
+    match tokio::time::timeout_at(deadline, caller::bounded(deadline, &mut fut)).await {
         Ok(Ok(v)) => Bounded::Done(v),
         Ok(Err(panic)) => {
             Bounded::Failed(format!("journal task failed: {}", panic_message(&panic)))

@@ -61,7 +61,7 @@ use super::{
     Framer, Handling, InFlight, InFlightGuard, Inline, Limits, failed_task, panic_message,
     write_timed_out,
 };
-use crate::core_client::caller::{self, Callers};
+use crate::core_client::caller::{self, Callers, Stashed};
 use crate::frame::FrameCodec;
 use crate::header::Echo;
 
@@ -434,19 +434,26 @@ fn drive(
                 let h = held.take().expect("held while polled");
                 drop(held);
                 // Nobody waits for a call left in the stash by a future that
-                // ended: dropped unrun, its gate never leaves `QUEUED`.
-                drop(stashed);
+                // ended: dropped unrun, its gate never leaves `QUEUED`. A
+                // journal command runs all the same: its caller may have
+                // moved it to a task of its own, which waits for it.
+                if let Some(stashed) = stashed.filter(|s| s.must_run) {
+                    run(stashed.work);
+                }
                 return Some((h, done.map_err(|p| panic_message(&p))));
             }
             Poll::Pending => match stashed {
-                Some((work, due)) => {
+                Some(Stashed {
+                    work,
+                    due,
+                    must_run,
+                }) => {
                     let fd = h.stream.as_raw_fd();
                     drop(held);
-                    // Blocked in the call (or a journal command): the clock
-                    // takes the connection back at the call's deadline (the
-                    // patience for a journal command), and watches it from
-                    // the patience on.
-                    let due = due.unwrap_or(patience);
+                    // Blocked in the call: the clock takes the connection
+                    // back at its due time, and watches it from the
+                    // patience on.
+                    let due = lease_due(due, must_run, patience);
                     let lease = clock.lease(patience.min(due), due, slot.clone(), fd);
                     run(work);
                     clock.cancel(lease);
@@ -463,6 +470,17 @@ fn drive(
                 }
             },
         }
+    }
+}
+
+/// When the clock takes a connection back from work run in place: a core
+/// call at its deadline; a journal command (`must_run`) no later than a
+/// telegram waiting for the journal always could stay, the patience, or its
+/// caller's deadline if that comes first.
+fn lease_due(due: Option<Instant>, must_run: bool, patience: Instant) -> Instant {
+    match due {
+        Some(due) if !must_run => due,
+        due => due.map_or(patience, |due| due.min(patience)),
     }
 }
 
@@ -813,6 +831,20 @@ fn take_back(slot: &Slot) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_journal_command_goes_back_by_the_patience_or_its_callers_deadline() {
+        let patience = Instant::now() + PATIENCE;
+        let (sooner, later) = (patience - PATIENCE / 2, patience + PATIENCE);
+        // A core call: at its own deadline, even past the patience.
+        assert_eq!(lease_due(Some(later), false, patience), later);
+        assert_eq!(lease_due(Some(sooner), false, patience), sooner);
+        // A journal command: never past the patience, sooner if its caller's
+        // deadline is (a budget shorter than the patience).
+        assert_eq!(lease_due(None, true, patience), patience);
+        assert_eq!(lease_due(Some(later), true, patience), patience);
+        assert_eq!(lease_due(Some(sooner), true, patience), sooner);
+    }
 
     /// A connection accepted here, in a slot as an adopter leaves it while
     /// blocked in a call: the channel's end, the slot, and the receiver of

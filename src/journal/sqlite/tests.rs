@@ -1623,8 +1623,8 @@ fn drive_here<F: std::future::Future>(fut: F) -> F::Output {
         let (poll, stashed) = caller::stashing(|| fut.as_mut().poll(&mut cx));
         match (poll, stashed) {
             (Poll::Ready(out), _) => return out,
-            (Poll::Pending, Some((work, _))) => {
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+            (Poll::Pending, Some(stashed)) => {
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(stashed.work));
             }
             (Poll::Pending, None) => std::thread::park(),
         }
@@ -1653,24 +1653,24 @@ async fn runs_on(j: &SqliteJournal) -> Result<String, JournalError> {
 async fn a_command_from_a_connections_own_thread_runs_there_with_the_same_durability() {
     let (_dir, j) = fresh();
     let here = j.clone();
-    let (claim, ran_on, after_claim, after_outcome) = on_thread("conn-thread", move || {
+    let (claim, after_claim, after_outcome, ran_on) = on_thread("conn-thread", move || {
         let claim = drive_here(here.claim("g1", "TRF001", "fp", "http://core", 100));
-        let ran_on = drive_here(runs_on(&here));
         let after_claim = drive_here(sync_level(&here));
         let done = finish(State::Done, "0000", Some(b"ok"), None, "processed");
         drive_here(here.finish("g1", done, 110)).unwrap();
+        let after_outcome = drive_here(sync_level(&here));
         (
             claim.unwrap(),
-            ran_on.unwrap(),
             after_claim,
-            drive_here(sync_level(&here)),
+            after_outcome,
+            drive_here(runs_on(&here)).unwrap(),
         )
     });
     assert_eq!(claim, Claim::New);
     assert_eq!(ran_on, "conn-thread", "not handed to the writer thread");
     assert_eq!(after_claim, FULL, "a claim's commit is fsynced");
     assert_eq!(after_outcome, NORMAL, "an outcome's alone is not");
-    assert_eq!(j.commits(), 3, "the claim, the probe and the outcome");
+    assert_eq!(j.commits(), 3, "the claim, the outcome and the probe");
     let row = j.get("g1").await.unwrap().unwrap();
     assert_eq!(
         (row.state, row.code.as_deref()),
@@ -1700,34 +1700,81 @@ async fn with_a_batch_running_a_command_from_a_connections_thread_joins_the_next
     assert_eq!(j.commits() - before, 1, "one commit for both");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn with_the_queue_full_a_connections_thread_waits_and_runs_its_command_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    let j = SqliteJournal::open(&db(&dir), 8).unwrap();
-    let release = pause(&j).await;
+/// Waits (yielding, at most 10 s) until `done`.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < give_up, "still waiting: {what}");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Fills the writer's queue behind a paused batch with claims; returns the
+/// pause and the claims.
+async fn full_queue(
+    j: &SqliteJournal,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    Vec<tokio::task::JoinHandle<Result<Claim, JournalError>>>,
+) {
+    let release = pause(j).await;
     let capacity = j.tx.max_capacity();
-    let mut queued_claims = Vec::new();
+    let mut claims = Vec::new();
     for i in 0..capacity {
         let j = j.clone();
-        queued_claims.push(tokio::spawn(async move {
+        claims.push(tokio::spawn(async move {
             j.claim(&format!("q{i}"), "TRF001", "fp", "http://core", 1)
                 .await
         }));
     }
-    until_queued(&j, capacity).await;
+    until_queued(j, capacity).await;
+    (release, claims)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_queue_full_a_connections_thread_waits_in_it_like_any_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = SqliteJournal::open(&db(&dir), 8).unwrap();
+    let (release, claims) = full_queue(&j).await;
     let here = j.clone();
     let ran_on = tokio::task::spawn_blocking(move || {
         on_thread("conn-thread", move || drive_here(runs_on(&here)))
     });
-    // It waits for the lock the paused batch holds, not in the queue.
-    while j.shared.waiting.load(Ordering::Relaxed) == 0 {
-        tokio::task::yield_now().await;
-    }
-    assert!(!ran_on.is_finished());
-    assert_eq!(queued(&j), capacity);
     drop(release);
-    assert_eq!(ran_on.await.unwrap().unwrap(), "conn-thread");
-    for claim in queued_claims {
+    assert_eq!(ran_on.await.unwrap().unwrap(), "relayhub-journal");
+    for claim in claims {
+        assert_eq!(claim.await.unwrap().unwrap(), Claim::New);
+    }
+    assert_eq!(j.shared.waiting.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_that_finds_the_queue_filled_since_waits_for_the_lock_and_runs_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = SqliteJournal::open(&db(&dir), 8).unwrap();
+    let (release, claims) = full_queue(&j).await;
+    // As stashed while the queue was still empty.
+    let (reply, answer) = oneshot::channel();
+    let task: Box<dyn Task> = Box::new(FnTask {
+        writes: true,
+        durable: true,
+        f: |_: &Connection| Ok(std::thread::current().name().unwrap_or("?").to_owned()),
+        reply,
+    });
+    let (shared, tx) = (j.shared.clone(), j.tx.clone());
+    let ran = std::thread::Builder::new()
+        .name("conn-thread".into())
+        .spawn(move || writer::run_here(&shared, &tx, task))
+        .unwrap();
+    until("the thread waits for the lock", || {
+        j.shared.waiting.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    assert_eq!(queued(&j), j.tx.max_capacity(), "not queued");
+    drop(release);
+    assert_eq!(answer.await.unwrap().unwrap(), "conn-thread");
+    ran.join().unwrap();
+    for claim in claims {
         assert_eq!(claim.await.unwrap().unwrap(), Claim::New);
     }
 }
@@ -1756,4 +1803,60 @@ async fn a_command_that_panics_on_a_connections_thread_stops_the_journal_cleanly
         matches!(from_thread, Err(JournalError::Write(_))),
         "{from_thread:?}"
     );
+    // Its transaction was undone: the file's write lock is free.
+    let other = Connection::open(db(&_dir)).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE; ROLLBACK").unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_batch_forming_a_connections_thread_queues_its_command() {
+    let (_dir, j) = fresh();
+    // As when the writer thread holds a batch and waits for the lock.
+    j.shared.forming.store(true, Ordering::Relaxed);
+    let here = j.clone();
+    let queued_there = tokio::task::spawn_blocking(move || {
+        on_thread("conn-thread", move || drive_here(runs_on(&here)))
+    });
+    assert_eq!(queued_there.await.unwrap().unwrap(), "relayhub-journal");
+    j.shared.forming.store(false, Ordering::Relaxed);
+    let here = j.clone();
+    let ran_here = on_thread("conn-thread", move || drive_here(runs_on(&here)));
+    assert_eq!(ran_here.unwrap(), "conn-thread");
+}
+
+/// A command stashed by a poll that also ends its caller's future (as
+/// `relay/bounded.rs` moves a call still running at its deadline into a
+/// task of its own) must run all the same: its task waits for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_stashed_by_a_poll_that_ends_its_future_is_marked_to_run() {
+    use std::task::{Context, Poll, Waker};
+    let (_dir, j) = fresh();
+    j.claim("g1", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
+    let here = j.clone();
+    let runtime = tokio::runtime::Handle::current();
+    let (late, stashed) = on_thread("conn-thread", move || {
+        let _runtime = runtime.enter();
+        let done = finish(State::Done, "0000", Some(b"ok"), None, "processed");
+        let mut call =
+            Box::pin(async move { here.finish_if("g1", &[State::Sending], done, 110).await });
+        // Polls the call once, then moves it to a task: the future ends.
+        let mut fut = Box::pin(async move {
+            std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx).is_ready())).await;
+            // The task is the future's result: nobody awaits it here.
+            Some(tokio::spawn(call))
+        });
+        let mut cx = Context::from_waker(Waker::noop());
+        let (poll, stashed) = caller::stashing(|| fut.as_mut().poll(&mut cx));
+        let Poll::Ready(Some(late)) = poll else {
+            panic!("the future ends in its first poll")
+        };
+        (late, stashed)
+    });
+    let stashed = stashed.expect("the command was left in the stash");
+    assert!(stashed.must_run, "dropped unrun by an adopter otherwise");
+    (stashed.work)();
+    assert!(late.await.unwrap().unwrap(), "the outcome was recorded");
+    assert_eq!(j.get("g1").await.unwrap().unwrap().state, State::Done);
 }

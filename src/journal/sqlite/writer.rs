@@ -156,7 +156,7 @@ pub(super) struct Shared {
     writer: Mutex<Writer>,
     /// The writer thread holds a batch and waits for the lock: a command
     /// from elsewhere joins its next batch rather than cut in.
-    forming: AtomicBool,
+    pub(super) forming: AtomicBool,
     /// Threads that found the queue full and wait for the lock.
     #[cfg(test)]
     pub(super) waiting: AtomicU64,
@@ -198,6 +198,18 @@ impl Shared {
 impl Writer {
     /// Runs one batch, then finishes a checkpoint pass if asked to.
     fn run(&mut self, batch: impl Iterator<Item = Box<dyn Task>>) {
+        /// A command that panics leaves the lock poisoned, and nothing runs
+        /// on the connection again; its transaction is undone here, so that
+        /// the file's write lock is not held until the last handle goes.
+        struct Undo<'a>(&'a Connection);
+        impl Drop for Undo<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() && !self.0.is_autocommit() {
+                    let _ = self.0.execute_batch("ROLLBACK");
+                }
+            }
+        }
+        let _undo = Undo(&self.conn);
         run_batch(&self.conn, batch, &mut self.sync, &self.commits);
         if let Some(handoff) = &self.handoff
             && handoff.take()
@@ -235,16 +247,22 @@ pub(super) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Msg>, max_batch: u
     }
 }
 
+/// Whether no batch is forming: nothing queued, and the writer thread not
+/// waiting for the lock with a batch in hand. Only then is a command worth
+/// running on the thread that asks (a batch may still be running).
+pub(super) fn idle(shared: &Shared, tx: &mpsc::Sender<Msg>) -> bool {
+    !shared.forming.load(Ordering::Relaxed) && tx.capacity() == tx.max_capacity()
+}
+
 /// Runs `task` on this thread, which may block (a connection's own): alone,
-/// right now, when no batch is running or forming; otherwise it is queued
-/// for the writer thread's next batch. Only with the queue full does this
-/// thread wait for the lock and run it alone.
+/// right now, when no batch is running; otherwise it is queued for the
+/// writer thread's next batch. Only if the queue filled up since the caller
+/// found it empty does this thread wait for the lock and run it alone.
 pub(super) fn run_here(shared: &Shared, tx: &mpsc::Sender<Msg>, task: Box<dyn Task>) {
-    let idle = !shared.forming.load(Ordering::Relaxed) && tx.capacity() == tx.max_capacity();
-    let task = match idle.then(|| shared.writer.try_lock()) {
-        Some(Ok(mut writer)) => return writer.run(std::iter::once(task)),
-        Some(Err(TryLockError::Poisoned(_))) => return task.fail(STOPPED.into()),
-        Some(Err(TryLockError::WouldBlock)) | None => task,
+    let task = match shared.writer.try_lock() {
+        Ok(mut writer) => return writer.run(std::iter::once(task)),
+        Err(TryLockError::Poisoned(_)) => return task.fail(STOPPED.into()),
+        Err(TryLockError::WouldBlock) => task,
     };
     let (full, msg) = match tx.try_send(Msg::Task(task)) {
         Ok(()) => return,
