@@ -52,3 +52,38 @@ pub(super) fn claim_failed() -> Reply {
     count_failure("claim");
     Reply::code(Code::NO_CAPACITY)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+
+    /// Past its deadline, `within` polls the store once and ends in that
+    /// poll; a command the store left in the thread's stash meanwhile knows
+    /// the deadline (and must run: see `server/adoption.rs`).
+    #[test]
+    fn a_command_stashed_within_a_deadline_knows_it() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let journal =
+            crate::journal::sqlite::SqliteJournal::open(&dir.path().join("j.db"), 64).unwrap();
+        let _runtime = runtime.enter();
+        let deadline = Instant::now();
+        let mut fut = Box::pin(within(deadline, async move {
+            journal.claim("G1", "TRF001", "fp", "http://core", 1).await
+        }));
+        let mut cx = Context::from_waker(Waker::noop());
+        let (poll, stashed) = caller::stashing(|| fut.as_mut().poll(&mut cx));
+        let stashed = stashed.expect("the claim was left in the stash");
+        assert_eq!(stashed.due, Some(deadline));
+        assert!(stashed.must_run);
+        assert!(
+            matches!(poll, Poll::Ready(Bounded::Late(_)) | Poll::Pending),
+            "polled once"
+        );
+    }
+}

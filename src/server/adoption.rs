@@ -435,10 +435,11 @@ fn drive(
                 drop(held);
                 // Nobody waits for a call left in the stash by a future that
                 // ended: dropped unrun, its gate never leaves `QUEUED`. A
-                // journal command runs all the same: its caller may have
-                // moved it to a task of its own, which waits for it.
+                // journal command runs all the same (its caller may have
+                // moved it to a task of its own, which waits for it), but
+                // not here: the answer is not held for it.
                 if let Some(stashed) = stashed.filter(|s| s.must_run) {
-                    run(stashed.work);
+                    run_elsewhere(stashed.work);
                 }
                 return Some((h, done.map_err(|p| panic_message(&p))));
             }
@@ -481,6 +482,14 @@ fn lease_due(due: Option<Instant>, must_run: bool, patience: Instant) -> Instant
     match due {
         Some(due) if !must_run => due,
         due => due.map_or(patience, |due| due.min(patience)),
+    }
+}
+
+/// Runs work on the runtime's blocking pool (here only outside a runtime).
+fn run_elsewhere(work: caller::Work) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(move || run(work))),
+        Err(_) => run(work),
     }
 }
 
@@ -831,6 +840,58 @@ fn take_back(slot: &Slot) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A journal command left in the stash by a poll that also ends the
+    /// telegram's future (as `relay/bounded.rs` does past its deadline: the
+    /// call polled once, then moved to a task) runs, but does not hold the
+    /// answer: here the file's write lock is held by another connection
+    /// until the adopter has returned, and the command still succeeds.
+    #[test]
+    fn a_journal_command_of_a_future_that_ended_runs_without_holding_the_answer() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.db");
+        let journal = crate::journal::sqlite::SqliteJournal::open(&path, 64).unwrap();
+        let other = rusqlite::Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let (clock, _) = Clock::start();
+        let (_channel, slot, _back) = blocked_in_a_call();
+        let (late_tx, late_rx) = std::sync::mpsc::channel();
+        lock(&slot.held).as_mut().unwrap().flight.handling =
+            crate::catch_unwind::CatchUnwind(Box::pin(async move {
+                let mut claim =
+                    Box::pin(
+                        async move { journal.claim("G1", "TRF001", "fp", "http://core", 1).await },
+                    );
+                std::future::poll_fn(|cx| {
+                    let _ = claim.as_mut().poll(cx);
+                    Poll::Ready(())
+                })
+                .await;
+                late_tx.send(tokio::spawn(claim)).unwrap();
+                (
+                    Echo::from_telegram(&[b'0'; 64]),
+                    crate::relay::Reply::code(crate::outcome::Code::UNKNOWN),
+                )
+            }));
+        let _runtime = runtime.enter();
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let done = drive(&slot, &waker, &clock, Instant::now() + PATIENCE);
+        assert!(done.is_some(), "answered on the adopter");
+        // Only now may the command commit.
+        other.execute_batch("ROLLBACK").unwrap();
+        let late = late_rx.recv().unwrap();
+        let claimed = runtime.block_on(late).unwrap();
+        assert!(
+            matches!(claimed, Ok(crate::journal::Claim::New)),
+            "{claimed:?}"
+        );
+        clock.stop();
+    }
 
     #[test]
     fn a_journal_command_goes_back_by_the_patience_or_its_callers_deadline() {
