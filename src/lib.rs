@@ -61,4 +61,5 @@ pub mod random;
 pub mod relay;
 pub mod rules;
 pub mod server;
+pub(crate) mod stash;
 pub mod tls_files;

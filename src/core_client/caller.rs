@@ -21,15 +21,11 @@
 //! A call made while a connection's own thread polls its telegram (a busy
 //! plain-TCP connection adopted by a thread, `server/adoption.rs`) is not
 //! handed to a pool thread at all: it is left in that thread's stash
-//! ([`stashing`]), and the thread runs it itself right after the poll, as a
+//! ([`crate::stash`]), and the thread runs it itself right after the poll, as a
 //! pool thread would, with no wake-up on either side.
 
-use std::cell::{Cell, RefCell};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
@@ -44,112 +40,7 @@ pub(crate) const STACK_SIZE: usize = 256 * 1024;
 pub(crate) const KEEP_IDLE: Duration = Duration::from_secs(10);
 
 /// One call to make on a caller thread.
-pub(crate) type Work = Box<dyn FnOnce() + Send + 'static>;
-
-/// Work left in a thread's stash.
-pub(crate) struct Stashed {
-    pub(crate) work: Work,
-    /// When its caller stops waiting for it, if known.
-    pub(crate) due: Option<tokio::time::Instant>,
-    /// Run even if its caller is gone: a journal command, which once asked
-    /// for is done (its caller may have moved it to a task of its own). A
-    /// core call whose caller is gone is dropped unrun: its gate never
-    /// leaves `QUEUED`, so it was not sent.
-    pub(crate) must_run: bool,
-}
-
-thread_local! {
-    /// `Some` while [`stashing`] runs on this thread: the first call made
-    /// meanwhile is left here instead of going to a pool thread.
-    static STASH: RefCell<Option<Option<Stashed>>> = const { RefCell::new(None) };
-    /// The deadline of the innermost [`Bounded`] future being polled.
-    static DEADLINE: Cell<Option<tokio::time::Instant>> = const { Cell::new(None) };
-}
-
-/// Runs `f` (a poll of a telegram's future) with this thread's stash open:
-/// the first call that `f` starts on any target is left in the stash, not
-/// handed to a caller thread, and returned with `f`'s result. The caller
-/// must run it (or drop it, which leaves its gate unstarted: "not sent").
-pub(crate) fn stashing<R>(f: impl FnOnce() -> R) -> (R, Option<Stashed>) {
-    /// Closes the stash however `f` ends, a panic included.
-    struct Close;
-    impl Drop for Close {
-        fn drop(&mut self) {
-            STASH.with(|s| *s.borrow_mut() = None);
-        }
-    }
-    STASH.with(|s| *s.borrow_mut() = Some(None));
-    let close = Close;
-    let result = f();
-    let stashed = STASH.with(|s| s.borrow_mut().take().flatten());
-    drop(close);
-    (result, stashed)
-}
-
-/// Leaves `work` in this thread's stash if it is open and empty; otherwise
-/// hands it back.
-fn stash(work: Work, due: tokio::time::Instant) -> Option<Work> {
-    put(work, Some(due), false, |work| work).err()
-}
-
-/// Leaves the command `make` builds from `value` in this thread's stash if
-/// it is open and empty: this thread runs it right after the poll, with no
-/// wake-up on either side, and runs it even if the poll ended the caller's
-/// future. Its deadline is the one of the [`Bounded`] future being polled,
-/// if any. Otherwise hands `value` back untouched, for the caller to send
-/// wherever such a command goes from any other thread.
-pub(crate) fn stash_command<T>(value: T, make: impl FnOnce(T) -> Work) -> Result<(), T> {
-    put(value, DEADLINE.get(), true, make)
-}
-
-fn put<T>(
-    value: T,
-    due: Option<tokio::time::Instant>,
-    must_run: bool,
-    make: impl FnOnce(T) -> Work,
-) -> Result<(), T> {
-    STASH.with(|s| match &mut *s.borrow_mut() {
-        Some(slot @ None) => {
-            *slot = Some(Stashed {
-                work: make(value),
-                due,
-                must_run,
-            });
-            Ok(())
-        }
-        _ => Err(value),
-    })
-}
-
-/// A future whose caller waits for it until `deadline` (see [`bounded`]).
-pub(crate) struct Bounded<F> {
-    deadline: tokio::time::Instant,
-    fut: F,
-}
-
-/// `fut`, telling a command it leaves in a stash ([`stash_command`]) that
-/// its caller waits for it until `deadline`: the thread that runs it then
-/// gives the telegram back to the reactor by that time, so a command that
-/// blocks (a stalled disk) cannot hold the answer past its budget.
-pub(crate) fn bounded<F: Future + Unpin>(deadline: tokio::time::Instant, fut: F) -> Bounded<F> {
-    Bounded { deadline, fut }
-}
-
-impl<F: Future + Unpin> Future for Bounded<F> {
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        /// Puts back the outer deadline however the poll ends.
-        struct Restore(Option<tokio::time::Instant>);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                DEADLINE.set(self.0);
-            }
-        }
-        let _restore = Restore(DEADLINE.replace(Some(self.deadline)));
-        Pin::new(&mut self.fut).poll(cx)
-    }
-}
+pub(crate) use crate::stash::Work;
 
 /// A thread's mailbox: the next call, and whether one is there.
 struct Slot {
@@ -213,11 +104,11 @@ impl Callers {
     }
 
     /// Runs `work` on an idle thread, or on a new one; or leaves it in this
-    /// thread's stash when one is open ([`stashing`]), for a caller that
+    /// thread's stash when one is open ([`crate::stash`]), for a caller that
     /// waits for it until `due`. Fails, handing `work` back untouched, only
     /// when no thread can be started.
     pub(crate) fn run_or_stash(&self, work: Work, due: tokio::time::Instant) -> Result<(), Work> {
-        match stash(work, due) {
+        match crate::stash::stash_call(work, due) {
             None => Ok(()),
             Some(work) => self.run(work),
         }
@@ -342,48 +233,6 @@ fn wait(shared: &Shared, slot: &Arc<Slot>) -> bool {
 mod tests {
     use super::*;
 
-    /// Stashes a command while `fut`'s poll runs; returns its deadline.
-    fn stashed_due(poll: impl FnOnce(&mut dyn FnMut())) -> Option<tokio::time::Instant> {
-        let ((), stashed) = stashing(|| {
-            let mut stash = || {
-                assert!(stash_command((), |()| Box::new(|| {})).is_ok());
-            };
-            poll(&mut stash)
-        });
-        let stashed = stashed.expect("stashed");
-        assert!(stashed.must_run);
-        stashed.due
-    }
-
-    #[test]
-    fn a_command_stashed_inside_a_bounded_future_learns_its_deadline() {
-        use std::task::Waker;
-        let now = tokio::time::Instant::now();
-        let (outer, inner) = (now + Duration::from_secs(2), now + Duration::from_secs(1));
-        let mut cx = Context::from_waker(Waker::noop());
-        assert_eq!(stashed_due(|stash| stash()), None, "no deadline");
-        let due = stashed_due(|stash| {
-            let fut = std::future::poll_fn(|_| {
-                stash();
-                Poll::Ready(())
-            });
-            let _ = Pin::new(&mut bounded(inner, Box::pin(fut))).poll(&mut cx);
-        });
-        assert_eq!(due, Some(inner));
-        // Nested: the innermost deadline while it is polled, the outer one
-        // again once its poll returns.
-        let due = stashed_due(|stash| {
-            let fut = std::future::poll_fn(|cx| {
-                let mut inner_fut = bounded(inner, Box::pin(std::future::ready(())));
-                let _ = Pin::new(&mut inner_fut).poll(cx);
-                stash();
-                Poll::Ready(())
-            });
-            let _ = Pin::new(&mut bounded(outer, Box::pin(fut))).poll(&mut cx);
-        });
-        assert_eq!(due, Some(outer));
-        assert_eq!(DEADLINE.get(), None, "put back after the poll");
-    }
     use std::sync::mpsc;
 
     #[test]

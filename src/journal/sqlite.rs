@@ -52,7 +52,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Claim, Event, Finish, JournalError, Row, State};
-use crate::core_client::caller;
+use crate::stash;
 use writer::{FnTask, Msg, Task};
 
 /// Rows a prune deletes per transaction. The writer serves the commands that
@@ -200,7 +200,7 @@ impl SqliteJournal {
         // forming: that thread runs the command right after this poll (see
         // `writer`), watched by its clock like a core call.
         let here = if writer::idle(&self.shared, &self.tx) {
-            caller::stash_command(task, |task| {
+            stash::stash_command(task, |task| {
                 let (shared, tx) = (self.shared.clone(), self.tx.clone());
                 Box::new(move || writer::run_here(&shared, &tx, task))
             })

@@ -9,9 +9,9 @@ use tokio::time::Instant;
 
 use super::Reply;
 use crate::catch_unwind::{CatchUnwind, panic_message};
-use crate::core_client::caller;
 use crate::metric_names;
 use crate::outcome::Code;
+use crate::stash;
 
 /// A journal call raced against the deadline.
 pub(super) enum Bounded<T> {
@@ -33,7 +33,7 @@ pub(super) async fn within<T: Send + 'static>(
 ) -> Bounded<T> {
     let mut fut = CatchUnwind(Box::pin(fut));
     // A command the store leaves to the polling thread learns the deadline.
-    match tokio::time::timeout_at(deadline, caller::bounded(deadline, &mut fut)).await {
+    match tokio::time::timeout_at(deadline, stash::bounded(deadline, &mut fut)).await {
         Ok(Ok(v)) => Bounded::Done(v),
         Ok(Err(panic)) => {
             Bounded::Failed(format!("journal task failed: {}", panic_message(&panic)))
@@ -77,7 +77,7 @@ mod tests {
             journal.claim("G1", "TRF001", "fp", "http://core", 1).await
         }));
         let mut cx = Context::from_waker(Waker::noop());
-        let (poll, stashed) = caller::stashing(|| fut.as_mut().poll(&mut cx));
+        let (poll, stashed) = stash::stashing(|| fut.as_mut().poll(&mut cx));
         let stashed = stashed.expect("the claim was left in the stash");
         assert_eq!(stashed.due, Some(deadline));
         assert!(stashed.must_run);

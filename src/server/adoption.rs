@@ -9,7 +9,7 @@
 //!
 //! * handles the telegram by polling the same future the reactor would, in
 //!   place; the core call the future starts is left in the thread's stash
-//!   (`core_client::caller::stashing`) and run right there;
+//!   (`stash::stashing`) and run right there;
 //! * writes the answer with a blocking write (within the write timeout);
 //! * reads the next telegram with a blocking read.
 //!
@@ -61,9 +61,10 @@ use super::{
     Framer, Handling, InFlight, InFlightGuard, Inline, Limits, failed_task, panic_message,
     write_timed_out,
 };
-use crate::core_client::caller::{self, Callers, Stashed};
+use crate::core_client::caller::Callers;
 use crate::frame::FrameCodec;
 use crate::header::Echo;
+use crate::stash::{self, Stashed, Work};
 
 /// How long a telegram may wait on an adopter for anything but its core call
 /// before it goes back to the reactor, and how long a core call runs before
@@ -428,7 +429,7 @@ fn drive(
     loop {
         let mut held = lock(&slot.held);
         let h = held.as_mut()?;
-        let (poll, stashed) = caller::stashing(|| Pin::new(&mut h.flight.handling).poll(&mut cx));
+        let (poll, stashed) = stash::stashing(|| Pin::new(&mut h.flight.handling).poll(&mut cx));
         match poll {
             Poll::Ready(done) => {
                 let h = held.take().expect("held while polled");
@@ -486,7 +487,7 @@ fn lease_due(due: Option<Instant>, must_run: bool, patience: Instant) -> Instant
 }
 
 /// Runs work on the runtime's blocking pool (here only outside a runtime).
-fn run_elsewhere(work: caller::Work) {
+fn run_elsewhere(work: Work) {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => drop(runtime.spawn_blocking(move || run(work))),
         Err(_) => run(work),
@@ -495,7 +496,7 @@ fn run_elsewhere(work: caller::Work) {
 
 /// Runs a core call; a panic in it ends the call only (its caller hears
 /// "ended without a result"), as on a caller thread.
-fn run(work: caller::Work) {
+fn run(work: Work) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
 }
 

@@ -1618,7 +1618,7 @@ fn drive_here<F: std::future::Future>(fut: F) -> F::Output {
     let mut cx = Context::from_waker(&waker);
     let mut fut = std::pin::pin!(fut);
     loop {
-        let (poll, stashed) = caller::stashing(|| fut.as_mut().poll(&mut cx));
+        let (poll, stashed) = stash::stashing(|| fut.as_mut().poll(&mut cx));
         match (poll, stashed) {
             (Poll::Ready(out), stashed) => {
                 if let Some(stashed) = stashed.filter(|s| s.must_run) {
@@ -1853,7 +1853,7 @@ async fn a_command_stashed_by_a_poll_that_ends_its_future_is_marked_to_run() {
             Some(tokio::spawn(call))
         });
         let mut cx = Context::from_waker(Waker::noop());
-        let (poll, stashed) = caller::stashing(|| fut.as_mut().poll(&mut cx));
+        let (poll, stashed) = stash::stashing(|| fut.as_mut().poll(&mut cx));
         let Poll::Ready(Some(late)) = poll else {
             panic!("the future ends in its first poll")
         };
