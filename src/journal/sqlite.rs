@@ -61,9 +61,10 @@ use writer::{FnTask, Msg, Task};
 pub const PRUNE_BATCH: usize = 2_000;
 
 /// Commands that may queue for the writer (at least; twice `max_batch` if more).
-/// Beyond that a caller waits to enqueue (a connection's own thread waits
-/// for the connection and runs its command alone), so a stalled disk pushes
-/// back on the hub instead of growing memory without limit.
+/// Beyond that a caller waits to enqueue (a command that a connection's own
+/// thread took to run in place and that finds the queue filled meanwhile
+/// waits for the connection instead, and runs alone), so a stalled disk
+/// pushes back on the hub instead of growing memory without limit.
 const QUEUE_MIN: usize = 1024;
 
 /// A handle on the journal file; clones share one writer, whose thread ends
