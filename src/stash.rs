@@ -31,17 +31,19 @@ pub(crate) struct Stashed {
 }
 
 thread_local! {
-    /// `Some` while [`stashing`] runs on this thread: the first call made
-    /// meanwhile is left here instead of going to a pool thread.
+    /// `Some` while [`stashing`] runs on this thread: the first call or
+    /// command made meanwhile is left here instead of going to another
+    /// thread.
     static STASH: RefCell<Option<Option<Stashed>>> = const { RefCell::new(None) };
     /// The deadline of the innermost [`Bounded`] future being polled.
     static DEADLINE: Cell<Option<tokio::time::Instant>> = const { Cell::new(None) };
 }
 
 /// Runs `f` (a poll of a telegram's future) with this thread's stash open:
-/// the first call that `f` starts on any target is left in the stash, not
-/// handed to a caller thread, and returned with `f`'s result. The caller
-/// must run it (or drop it, which leaves its gate unstarted: "not sent").
+/// the first call or command that `f` starts is left in the stash, not
+/// handed to another thread, and returned with `f`'s result. The caller must
+/// run it; it may drop a core call instead (its gate then stays unstarted:
+/// "not sent"), never work that [`Stashed::must_run`].
 pub(crate) fn stashing<R>(f: impl FnOnce() -> R) -> (R, Option<Stashed>) {
     /// Closes the stash however `f` ends, a panic included.
     struct Close;

@@ -480,9 +480,10 @@ fn drive(
 /// telegram waiting for the journal always could stay, the patience, or its
 /// caller's deadline if that comes first.
 fn lease_due(due: Option<Instant>, must_run: bool, patience: Instant) -> Instant {
-    match due {
-        Some(due) if !must_run => due,
-        due => due.map_or(patience, |due| due.min(patience)),
+    if must_run {
+        due.map_or(patience, |due| due.min(patience))
+    } else {
+        due.unwrap_or(patience)
     }
 }
 
