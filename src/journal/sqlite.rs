@@ -5,15 +5,17 @@
 //!
 //! # Durability
 //!
-//! The file is in WAL mode. A claim, a resend's claim and a failover's URL
-//! commit with `synchronous=FULL`: the WAL is fsynced before the caller hears
-//! "ok". With `NORMAL`, WAL commits are only fsynced at checkpoints (or with
-//! the next FULL commit), so a power loss may drop the last commits while
-//! keeping the file consistent. If the lost commit is a claim whose request
-//! already left, the GUID reads as never seen after the restart, and its repeat
-//! would post the transfer a second time: claims are never NORMAL.
+//! The file is in WAL mode, and every commit runs with `synchronous=NORMAL`:
+//! written to the WAL, not fsynced, so a power loss may drop the last commits
+//! while keeping the file consistent. If the lost commit is a claim whose
+//! request already left, the GUID reads as never seen after the restart, and
+//! its repeat would post the transfer a second time. So a claim, a resend's
+//! claim and a failover's URL are answered "ok" only after an fsync of the
+//! WAL that began after their commit (`syncer`): what `synchronous=FULL`
+//! would do inside the commit, done once the connection is free, so the
+//! next commands commit while it runs.
 //!
-//! An outcome (`finish`, `finish_if`) commits with `NORMAL` unless
+//! An outcome (`finish`, `finish_if`) needs no fsync of its own unless
 //! `fsync_outcomes` is set: it is written before the answer leaves, so it
 //! survives a crash of the process, and a power loss can only take it back to
 //! the claim's `sending`, which the hub treats as E901 and settles by asking
@@ -27,6 +29,8 @@
 //! * `open`: checks a file is a healthy journal of a known schema, migrates it.
 //! * `writer`: the connection and group commit: a thread of its own, or for
 //!   a command alone, the connection thread that asks for it.
+//! * `syncer`: the WAL's fsyncs for durable writes, after their commit and
+//!   outside the lock on the connection.
 //! * `checkpoint`: WAL checkpoints on a connection and thread of their own, so
 //!   a commit does not wait for pages copied into the database file or for
 //!   most of their fsync; the writer only finishes a pass once the WAL holds
@@ -40,6 +44,7 @@
 mod checkpoint;
 pub mod lock;
 mod open;
+mod syncer;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -132,8 +137,15 @@ impl SqliteJournal {
     ) -> Result<SqliteJournal, JournalError> {
         let (tx, rx) = mpsc::channel(QUEUE_MIN.max(max_batch.saturating_mul(2)));
         let commits = Arc::new(AtomicU64::new(0));
+        let syncer = Arc::new(syncer::Syncer::new(path));
+        let thread_syncer = syncer.clone();
+        std::thread::Builder::new()
+            .name("relayhub-fsync".into())
+            .spawn(move || thread_syncer.run())
+            .map_err(|e| open_error(path, format!("cannot start the fsync thread: {e}")))?;
         let shared = Arc::new(writer::Shared::new(
             conn,
+            syncer,
             fsync_all,
             commits.clone(),
             handoff,
@@ -200,7 +212,7 @@ impl SqliteJournal {
         // Polled by a connection's own thread with no batch running or
         // forming: that thread runs the command right after this poll (see
         // `writer`), watched by its clock like a core call.
-        let here = if writer::idle(&self.shared, &self.tx) {
+        let here = if writer::idle(&self.shared, &self.tx, durable) {
             stash::stash_command(task, |task| {
                 let (shared, tx) = (self.shared.clone(), self.tx.clone());
                 Box::new(move || writer::run_here(&shared, &tx, task))

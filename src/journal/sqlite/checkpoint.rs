@@ -24,11 +24,12 @@
 //! p99 was worse; from half the backstop on, the file's fsyncs stay about as
 //! rare as the backstop made them, only off the writer.
 //!
-//! Durability is unchanged: a commit is durable once the WAL is fsynced (a
-//! FULL commit's own fsync, or, for an outcome committed with NORMAL, the
-//! next FULL commit's or a checkpoint's that copies pages: SQLite fsyncs the
-//! WAL before it copies); a checkpoint only moves committed pages, and the
-//! WAL starts over only once the file holding them is fsynced.
+//! Durability is unchanged: a commit is durable once the WAL is fsynced (by
+//! the syncer for a durable write, or, for an outcome, the next durable
+//! write's fsync or a checkpoint's that copies pages: SQLite fsyncs the WAL
+//! before it copies, at NORMAL too); a checkpoint only moves committed
+//! pages, and the WAL starts over only once the file holding them is
+//! fsynced.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -72,7 +72,8 @@ pub(super) fn open(path: &Path) -> Result<Connection, String> {
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(format!("cannot switch to WAL (journal_mode stays {mode})"));
     }
-    // See the module doc of `sqlite` for why FULL and not NORMAL.
+    // FULL while the journal is opened and migrated; the writer then
+    // switches to NORMAL and fsyncs the WAL itself (see `syncer`).
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(|e| format!("cannot set synchronous=FULL: {e}"))?;
     // Checkpoints run on a thread of their own (`checkpoint`); the writer's

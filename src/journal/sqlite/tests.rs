@@ -1176,7 +1176,7 @@ async fn open_refuses_a_newer_schema() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn open_sets_wal_and_full_sync_and_schema() {
+async fn open_sets_wal_and_normal_sync_and_schema() {
     let (dir, j) = fresh();
     j.claim("g", "TRF001", "fp", "http://core", 1)
         .await
@@ -1190,7 +1190,7 @@ async fn open_sets_wal_and_full_sync_and_schema() {
         .await
         .unwrap();
     assert_eq!(mode, "wal");
-    assert_eq!(sync, 2, "synchronous=FULL");
+    assert_eq!(sync, NORMAL, "the WAL's fsyncs are the syncer's");
     drop(j);
     let conn = Connection::open(db(&dir)).unwrap();
     let v: i64 = conn
@@ -1558,7 +1558,16 @@ async fn sync_level(j: &SqliteJournal) -> i64 {
 }
 
 const NORMAL: i64 = 1;
-const FULL: i64 = 2;
+
+/// Fsyncs of the WAL that the journal's syncer made so far.
+fn fsyncs(j: &SqliteJournal) -> u64 {
+    j.shared.syncer.done()
+}
+
+/// Runs `hook` before each fsync of the journal's syncer from now on.
+fn before_fsync(j: &SqliteJournal, hook: impl FnMut() -> Result<(), String> + Send + 'static) {
+    *j.shared.syncer.before.lock().unwrap() = Some(Box::new(hook));
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn claims_are_fsynced_and_outcomes_written_for_the_next_fsync() {
@@ -1566,12 +1575,13 @@ async fn claims_are_fsynced_and_outcomes_written_for_the_next_fsync() {
     j.claim("g1", "TRF001", "fp", "http://core", 100)
         .await
         .unwrap();
-    assert_eq!(sync_level(&j).await, FULL, "a claim's commit is fsynced");
+    assert_eq!(fsyncs(&j), 1, "a claim's answer follows an fsync");
     let done = || finish(State::Done, "0000", Some(b"ok"), None, "processed");
     j.finish("g1", done(), 110).await.unwrap();
-    assert_eq!(sync_level(&j).await, NORMAL, "an outcome's alone is not");
+    assert_eq!(fsyncs(&j), 1, "an outcome's alone needs none");
     assert_eq!(j.get("g1").await.unwrap().unwrap().state, State::Done);
-    // One batch with a claim and an outcome: fsynced.
+    // One batch with a claim and an outcome: one fsync, which the claim
+    // waits for.
     let release = pause(&j).await;
     let (a, b) = (j.clone(), j.clone());
     let claim =
@@ -1581,13 +1591,14 @@ async fn claims_are_fsynced_and_outcomes_written_for_the_next_fsync() {
     drop(release);
     assert_eq!(claim.await.unwrap().unwrap(), Claim::New);
     outcome.await.unwrap().unwrap();
+    assert_eq!(fsyncs(&j), 2, "a batch holding a claim is fsynced");
+    j.note_url("g2", "http://core2", 130).await.unwrap();
+    assert_eq!(fsyncs(&j), 3, "a failover's URL is fsynced");
     assert_eq!(
         sync_level(&j).await,
-        FULL,
-        "a batch holding a claim is fsynced"
+        NORMAL,
+        "SQLite itself fsyncs no commit"
     );
-    j.note_url("g2", "http://core2", 130).await.unwrap();
-    assert_eq!(sync_level(&j).await, FULL, "a failover's URL is fsynced");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1599,7 +1610,71 @@ async fn fsync_outcomes_fsyncs_every_commit() {
         .unwrap();
     let done = finish(State::Done, "0000", Some(b"ok"), None, "processed");
     j.finish("g1", done, 110).await.unwrap();
-    assert_eq!(sync_level(&j).await, FULL);
+    assert_eq!(fsyncs(&j), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_is_answered_after_its_fsync_and_commands_commit_meanwhile() {
+    let (_dir, j) = fresh();
+    j.claim("g1", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
+    let (held_tx, held) = std::sync::mpsc::channel::<()>();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    before_fsync(&j, move || {
+        let _ = held_tx.send(());
+        // Waits until `go` is dropped; later fsyncs pass straight on.
+        let _ = go_rx.recv();
+        Ok(())
+    });
+    let a = j.clone();
+    let claim =
+        tokio::spawn(async move { a.claim("g2", "TRF001", "fp", "http://core", 120).await });
+    tokio::task::spawn_blocking(move || held.recv_timeout(std::time::Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("the claim's fsync began");
+    // The writer is free while the fsync runs: an outcome commits and is
+    // answered, and a read sees the claim's row, committed.
+    let done = finish(State::Done, "0000", Some(b"ok"), None, "processed");
+    j.finish("g1", done, 130).await.unwrap();
+    assert_eq!(j.get("g2").await.unwrap().unwrap().state, State::Sending);
+    assert!(!claim.is_finished(), "the claim waits for its fsync");
+    assert_eq!(fsyncs(&j), 1);
+    drop(go);
+    assert_eq!(claim.await.unwrap().unwrap(), Claim::New);
+    assert_eq!(fsyncs(&j), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_fsync_fails_its_claim_and_every_durable_write_after_it() {
+    let (_dir, j) = fresh();
+    j.claim("g1", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
+    before_fsync(&j, || Err("injected".into()));
+    let failed = j
+        .claim("g2", "TRF001", "fp", "http://core", 110)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        failed.contains("fsync") && failed.contains("injected"),
+        "{failed}"
+    );
+    // The disk's next fsync would succeed; the journal still refuses.
+    *j.shared.syncer.before.lock().unwrap() = None;
+    let refused = j
+        .claim("g3", "TRF001", "fp", "http://core", 120)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("until the hub restarts"), "{refused}");
+    assert!(j.note_url("g1", "http://core2", 130).await.is_err());
+    // An outcome needs no fsync: it is still written.
+    let done = finish(State::Done, "0000", Some(b"ok"), None, "processed");
+    j.finish("g1", done, 140).await.unwrap();
+    assert_eq!(j.get("g1").await.unwrap().unwrap().state, State::Done);
 }
 
 /// Drives `fut` to the end as a connection's own thread does
@@ -1655,13 +1730,20 @@ async fn runs_on(j: &SqliteJournal) -> Result<String, JournalError> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_command_from_a_connections_own_thread_runs_there_with_the_same_durability() {
     let (_dir, j) = fresh();
+    let synced_on = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let names = synced_on.clone();
+    before_fsync(&j, move || {
+        let name = std::thread::current().name().unwrap_or("?").to_owned();
+        names.lock().unwrap().push(name);
+        Ok(())
+    });
     let here = j.clone();
     let (claim, after_claim, after_outcome, ran_on) = on_thread("conn-thread", move || {
         let claim = drive_here(here.claim("g1", "TRF001", "fp", "http://core", 100));
-        let after_claim = drive_here(sync_level(&here));
+        let after_claim = fsyncs(&here);
         let done = finish(State::Done, "0000", Some(b"ok"), None, "processed");
         drive_here(here.finish("g1", done, 110)).unwrap();
-        let after_outcome = drive_here(sync_level(&here));
+        let after_outcome = fsyncs(&here);
         (
             claim.unwrap(),
             after_claim,
@@ -1671,8 +1753,13 @@ async fn a_command_from_a_connections_own_thread_runs_there_with_the_same_durabi
     });
     assert_eq!(claim, Claim::New);
     assert_eq!(ran_on, "conn-thread", "not handed to the writer thread");
-    assert_eq!(after_claim, FULL, "a claim's commit is fsynced");
-    assert_eq!(after_outcome, NORMAL, "an outcome's alone is not");
+    assert_eq!(after_claim, 1, "a claim's answer follows an fsync");
+    assert_eq!(after_outcome, 1, "an outcome's alone needs none");
+    assert_eq!(
+        *synced_on.lock().unwrap(),
+        ["conn-thread", "conn-thread"],
+        "the claim's fsync, and the probe's (a durable write), made there"
+    );
     assert_eq!(j.commits(), 3, "the claim, the outcome and the probe");
     let row = j.get("g1").await.unwrap().unwrap();
     assert_eq!(

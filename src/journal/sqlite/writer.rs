@@ -5,23 +5,26 @@
 //! whatever is queued (up to `max_batch`), runs the writes in one
 //! `BEGIN IMMEDIATE ... COMMIT`, each inside its own `SAVEPOINT` so a failing
 //! command is undone alone (a command alone in its batch needs none: its
-//! transaction is undone whole), and answers only after the `COMMIT`: durable
-//! (fsynced) for a batch with a durable write, written for one of outcomes
-//! only (below). Concurrent telegrams therefore share one fsync instead of
-//! queueing for one each, and no caller hears "ok" for a claim that could
+//! transaction is undone whole), and answers only after the `COMMIT`: an
+//! outcome right then (written), a durable write once the WAL is fsynced
+//! after it (below). Concurrent telegrams therefore share one fsync instead
+//! of queueing for one each, and no caller hears "ok" for a claim that could
 //! still be lost.
 //!
 //! Reads run after the batch's commit, outside any transaction: they see every
 //! write acknowledged before them (and the ones of their own batch), and never
-//! an uncommitted one.
+//! an uncommitted one. A durable write is seen once committed, before its
+//! fsync: only its own caller waits for that.
 //!
-//! A batch's commit fsyncs the WAL (`synchronous=FULL`) when one of its
-//! writes is [`Task::durable`]: what only the hub knows and acts on once it
-//! is answered (a claim before its POST, a URL before a failover). A batch of
-//! records only (an outcome the core can tell again) commits with `NORMAL`:
-//! written, so it survives the process, and on disk with the next durable
-//! commit or checkpoint, since the WAL is one file written in order and an
-//! fsync covers every frame before it. `fsync_all` makes every commit FULL.
+//! Every commit runs with `synchronous=NORMAL`: written, so it survives the
+//! process. The answer of a [`Task::durable`] write (what only the hub knows
+//! and acts on once it is answered: a claim before its POST, a URL before a
+//! failover) waits for an fsync of the WAL that began after its commit, made
+//! by the syncer (`syncer`) once the lock is released, so the next batch
+//! commits meanwhile. An outcome (what the core can tell again) is on disk
+//! with the next such fsync or checkpoint, since the WAL is one file written
+//! in order and an fsync covers every frame before it. `fsync_all` makes
+//! every write's answer wait for an fsync.
 //!
 //! Between two batches the writer also finishes a WAL checkpoint when the
 //! checkpoint thread asks (see `checkpoint`): a few frames and two small
@@ -36,6 +39,10 @@
 //! joins the writer thread's next batch, so concurrent commands still share
 //! a commit. Whoever holds the [`Shared`] lock runs the batch, with the same
 //! code and the same durability, and finishes a checkpoint pass after it.
+//! The thread that ran a durable write in place fsyncs for it too (the
+//! writer thread hands its batch's answers to the syncer's thread); one
+//! that would find an fsync running queues instead, since its answer would
+//! wait for the next fsync anyway.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
@@ -45,6 +52,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
 use super::checkpoint::{self, Handoff};
+use super::syncer::Syncer;
 use crate::journal::JournalError;
 
 /// What callers send to the writer thread.
@@ -154,6 +162,10 @@ pub(super) const STOPPED: &str = "journal writer stopped";
 /// The connection, and whoever runs a batch on it.
 pub(super) struct Shared {
     writer: Mutex<Writer>,
+    /// Fsyncs the WAL for durable writes, after the lock is released.
+    pub(super) syncer: Arc<Syncer>,
+    /// Every write's answer waits for an fsync (`fsync_outcomes`).
+    fsync_all: bool,
     /// The writer thread holds a batch and waits for the lock: a command
     /// from elsewhere joins its next batch rather than cut in.
     pub(super) forming: AtomicBool,
@@ -165,7 +177,8 @@ pub(super) struct Shared {
 /// The connection and what each batch on it needs.
 struct Writer {
     conn: Connection,
-    sync: SyncLevel,
+    /// Every write's answer waits for an fsync (`fsync_outcomes`).
+    fsync_all: bool,
     commits: Arc<AtomicU64>,
     handoff: Option<Handoff>,
 }
@@ -173,21 +186,23 @@ struct Writer {
 impl Shared {
     pub(super) fn new(
         conn: Connection,
+        syncer: Arc<Syncer>,
         fsync_all: bool,
         commits: Arc<AtomicU64>,
         handoff: Option<Handoff>,
     ) -> Shared {
-        let sync = SyncLevel {
-            all: fsync_all,
-            full: None,
-        };
+        // The WAL's fsync is the syncer's (see `syncer`). Should this fail,
+        // FULL stays: only stricter.
+        let _ = control(&conn, "PRAGMA synchronous = NORMAL");
         Shared {
             writer: Mutex::new(Writer {
                 conn,
-                sync,
+                fsync_all,
                 commits,
                 handoff,
             }),
+            syncer,
+            fsync_all,
             forming: AtomicBool::new(false),
             #[cfg(test)]
             waiting: AtomicU64::new(0),
@@ -196,8 +211,10 @@ impl Shared {
 }
 
 impl Writer {
-    /// Runs one batch, then finishes a checkpoint pass if asked to.
-    fn run(&mut self, batch: impl Iterator<Item = Box<dyn Task>>) {
+    /// Runs one batch, then finishes a checkpoint pass if asked to. Returns
+    /// the answers that wait for an fsync (durable writes committed).
+    #[must_use]
+    fn run(&mut self, batch: impl Iterator<Item = Box<dyn Task>>) -> Vec<Box<dyn Reply>> {
         /// A command that panics leaves the lock poisoned, and nothing runs
         /// on the connection again; its transaction is undone here, so that
         /// the file's write lock is not held until the last handle goes.
@@ -210,12 +227,13 @@ impl Writer {
             }
         }
         let _undo = Undo(&self.conn);
-        run_batch(&self.conn, batch, &mut self.sync, &self.commits);
+        let durable = run_batch(&self.conn, batch, self.fsync_all, &self.commits);
         if let Some(handoff) = &self.handoff
             && handoff.take()
         {
             checkpoint::finish(&self.conn);
         }
+        durable
     }
 }
 
@@ -223,6 +241,15 @@ impl Writer {
 /// panicked, which leaves the lock poisoned: commands then hear
 /// [`STOPPED`], as from a writer thread that died).
 pub(super) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Msg>, max_batch: usize) {
+    /// However the thread ends, the syncer's thread ends after the answers
+    /// queued.
+    struct Close<'a>(&'a Syncer);
+    impl Drop for Close<'_> {
+        fn drop(&mut self) {
+            self.0.close();
+        }
+    }
+    let _close = Close(&shared.syncer);
     let max_batch = max_batch.max(1);
     let mut batch: Vec<Box<dyn Task>> = Vec::with_capacity(max_batch);
     while let Some(first) = rx.blocking_recv() {
@@ -243,15 +270,22 @@ pub(super) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Msg>, max_batch: u
         let Ok(mut writer) = writer else {
             return;
         };
-        writer.run(batch.drain(..));
+        let durable = writer.run(batch.drain(..));
+        drop(writer);
+        shared.syncer.queue(durable);
     }
 }
 
-/// Whether no batch is forming: nothing queued, and the writer thread not
-/// waiting for the lock with a batch in hand. Only then is a command worth
-/// running on the thread that asks (a batch may still be running).
-pub(super) fn idle(shared: &Shared, tx: &mpsc::Sender<Msg>) -> bool {
-    !shared.forming.load(Ordering::Relaxed) && tx.capacity() == tx.max_capacity()
+/// Whether a command is worth running on the thread that asks (a batch may
+/// still be running): nothing queued, the writer thread not waiting for the
+/// lock with a batch in hand, and, for a command whose answer waits for an
+/// fsync (`durable`, or every write with `fsync_outcomes`), no fsync
+/// running: its answer would wait for the next one anyway, which commands
+/// batched by the writer thread meanwhile share.
+pub(super) fn idle(shared: &Shared, tx: &mpsc::Sender<Msg>, durable: bool) -> bool {
+    !shared.forming.load(Ordering::Relaxed)
+        && tx.capacity() == tx.max_capacity()
+        && !((durable || shared.fsync_all) && shared.syncer.busy())
 }
 
 /// Runs `task` on this thread, which may block (a connection's own): alone,
@@ -260,7 +294,11 @@ pub(super) fn idle(shared: &Shared, tx: &mpsc::Sender<Msg>) -> bool {
 /// found it empty does this thread wait for the lock and run it alone.
 pub(super) fn run_here(shared: &Shared, tx: &mpsc::Sender<Msg>, task: Box<dyn Task>) {
     let task = match shared.writer.try_lock() {
-        Ok(mut writer) => return writer.run(std::iter::once(task)),
+        Ok(mut writer) => {
+            let durable = writer.run(std::iter::once(task));
+            drop(writer);
+            return shared.syncer.sync_here(durable);
+        }
         Err(TryLockError::Poisoned(_)) => return task.fail(STOPPED.into()),
         Err(TryLockError::WouldBlock) => task,
     };
@@ -278,49 +316,12 @@ pub(super) fn run_here(shared: &Shared, tx: &mpsc::Sender<Msg>, task: Box<dyn Ta
     #[cfg(test)]
     shared.waiting.fetch_add(1, Ordering::Relaxed);
     match shared.writer.lock() {
-        Ok(mut writer) => writer.run(std::iter::once(task)),
+        Ok(mut writer) => {
+            let durable = writer.run(std::iter::once(task));
+            drop(writer);
+            shared.syncer.sync_here(durable);
+        }
         Err(_) => task.fail(STOPPED.into()),
-    }
-}
-
-/// The connection's `synchronous` setting, changed only between batches
-/// that need another.
-struct SyncLevel {
-    /// Every commit FULL.
-    all: bool,
-    /// FULL (true) or NORMAL now; `None` until set, or after a failed change.
-    full: Option<bool>,
-}
-
-impl SyncLevel {
-    /// Sets FULL if one of `writes` is durable (or all are), else NORMAL.
-    /// Fails only when FULL is needed and cannot be set.
-    fn prepare(&mut self, conn: &Connection, writes: &[Box<dyn Task>]) -> Result<(), String> {
-        let full = self.all || writes.iter().any(|t| t.durable());
-        if self.full == Some(full) {
-            return Ok(());
-        }
-        let sql = if full {
-            "PRAGMA synchronous = FULL"
-        } else {
-            "PRAGMA synchronous = NORMAL"
-        };
-        match control(conn, sql) {
-            Ok(()) => {
-                self.full = Some(full);
-                Ok(())
-            }
-            // Whatever it is now, it is not known.
-            Err(e) => {
-                self.full = None;
-                if full {
-                    Err(format!("cannot set synchronous=FULL: {e}"))
-                } else {
-                    // FULL, if it stayed so, is only stricter.
-                    Ok(())
-                }
-            }
-        }
     }
 }
 
@@ -330,37 +331,39 @@ fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-/// Runs one batch: writes in one transaction, then reads.
+/// Runs one batch: writes in one transaction, then reads. Returns the
+/// answers of durable writes committed, which wait for an fsync.
 fn run_batch(
     conn: &Connection,
     batch: impl Iterator<Item = Box<dyn Task>>,
-    sync: &mut SyncLevel,
+    fsync_all: bool,
     commits: &AtomicU64,
-) {
+) -> Vec<Box<dyn Reply>> {
     let (writes, reads): (Vec<_>, Vec<_>) = batch.partition(|t| t.writes());
-    if !writes.is_empty() {
-        match sync.prepare(conn, &writes) {
-            Ok(()) => run_writes(conn, writes, commits),
-            Err(reason) => {
-                for task in writes {
-                    task.fail(reason.clone());
-                }
-            }
-        }
-    }
+    let durable = if writes.is_empty() {
+        Vec::new()
+    } else {
+        run_writes(conn, writes, fsync_all, commits)
+    };
     for task in reads {
         let (_, reply) = task.run(conn);
         reply.send(Ok(()));
     }
+    durable
 }
 
-fn run_writes(conn: &Connection, mut writes: Vec<Box<dyn Task>>, commits: &AtomicU64) {
+fn run_writes(
+    conn: &Connection,
+    mut writes: Vec<Box<dyn Task>>,
+    fsync_all: bool,
+    commits: &AtomicU64,
+) -> Vec<Box<dyn Reply>> {
     if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
         let reason = format!("cannot start a transaction: {e}");
         for task in writes {
             task.fail(reason.clone());
         }
-        return;
+        return Vec::new();
     }
     // Set once the transaction is gone (SQLite rolls it back by itself on some
     // errors, e.g. a full disk): the rest of the batch is then refused.
@@ -372,6 +375,7 @@ fn run_writes(conn: &Connection, mut writes: Vec<Box<dyn Task>>, commits: &Atomi
     if writes.len() == 1
         && let Some(task) = writes.pop()
     {
+        let durable = fsync_all || task.durable();
         let (ok, reply) = task.run(conn);
         if !ok {
             // The reply carries the command's own error.
@@ -379,7 +383,7 @@ fn run_writes(conn: &Connection, mut writes: Vec<Box<dyn Task>>, commits: &Atomi
         } else if conn.is_autocommit() {
             lost = Some("transaction rolled back by SQLite after an error".into());
         }
-        return finish_writes(conn, lost, vec![reply], commits);
+        return finish_writes(conn, lost, vec![(durable, reply)], commits);
     }
     for task in writes {
         if let Some(reason) = &lost {
@@ -391,6 +395,7 @@ fn run_writes(conn: &Connection, mut writes: Vec<Box<dyn Task>>, commits: &Atomi
             task.fail(lost.clone().unwrap_or_default());
             continue;
         }
+        let durable = fsync_all || task.durable();
         let (ok, reply) = task.run(conn);
         let end = if ok {
             control(conn, "RELEASE cmd")
@@ -402,19 +407,20 @@ fn run_writes(conn: &Connection, mut writes: Vec<Box<dyn Task>>, commits: &Atomi
         } else if conn.is_autocommit() {
             lost = Some("transaction rolled back by SQLite after an error".into());
         }
-        replies.push(reply);
+        replies.push((durable, reply));
     }
-    finish_writes(conn, lost, replies, commits);
+    finish_writes(conn, lost, replies, commits)
 }
 
 /// Commits the batch's transaction unless it was `lost` (then rolls back
-/// what is left of it), and answers every command that ran.
+/// what is left of it), and answers every command that ran, but for the
+/// durable ones committed: returned, they wait for an fsync.
 fn finish_writes(
     conn: &Connection,
     lost: Option<String>,
-    replies: Vec<Box<dyn Reply>>,
+    replies: Vec<(bool, Box<dyn Reply>)>,
     commits: &AtomicU64,
-) {
+) -> Vec<Box<dyn Reply>> {
     let commit = match lost {
         Some(reason) => Err(reason),
         None => control(conn, "COMMIT").map_err(|e| format!("commit failed: {e}")),
@@ -430,7 +436,13 @@ fn finish_writes(
             }
         }
     }
-    for reply in replies {
-        reply.send(commit.clone());
+    let mut durable = Vec::new();
+    for (waits, reply) in replies {
+        if waits && commit.is_ok() {
+            durable.push(reply);
+        } else {
+            reply.send(commit.clone());
+        }
     }
+    durable
 }

@@ -1,0 +1,375 @@
+//! The WAL's fsync, outside the lock on the connection.
+//!
+//! Every commit runs with `synchronous=NORMAL`: SQLite writes the commit's
+//! frames to the WAL and returns without an fsync. A durable write (a claim,
+//! a failover's URL) is answered only after an fsync of the WAL file that
+//! *began* after its commit. The WAL is one file written in order, so that
+//! fsync puts the commit, and every one before it, on disk: what
+//! `synchronous=FULL` does, whose only difference in WAL mode is that fsync,
+//! made inside the commit while the connection is held. Here it is made
+//! after the lock is released, so the next batch (outcomes that need no
+//! fsync, claims that share the next one) commits while it runs, instead of
+//! queueing behind it.
+//!
+//! A checkpoint that copies frames into the database file fsyncs the WAL
+//! first and the file after (at `NORMAL` too), and the WAL starts over only
+//! after that: a frame is never overwritten before it is on disk.
+//!
+//! The WAL is fsynced through a descriptor of the syncer's own, opened on
+//! the `-wal` file once and kept (Linux fsyncs a file, whichever descriptor
+//! wrote it; SQLite holds no lock on the WAL file, so this descriptor's
+//! close drops none), with `fdatasync`, as SQLite does where it has it. The
+//! file is never `stat`ed: on Linux a file whose times were read gets
+//! fine-grained times on its next write, which dirty its inode, and every
+//! fsync then waits for one more write (the inode's) before the device's
+//! flush.
+//!
+//! After an fsync fails, every durable write fails until the hub restarts:
+//! Linux may have dropped the pages it could not write, and a later fsync
+//! would succeed without them.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use super::writer::Reply;
+
+/// Fsyncs the WAL for the durable writes committed before each call.
+pub(super) struct Syncer {
+    wal: PathBuf,
+    /// Fsyncs begun so far. A commit is covered by any fsync begun after it.
+    begun: AtomicU64,
+    /// Fsyncs ended so far, failed ones too: fewer than `begun` while one runs.
+    ended: AtomicU64,
+    /// Fsyncs run one at a time, and each from the same open file.
+    file: Mutex<Disk>,
+    queue: Mutex<Queue>,
+    ready: Condvar,
+    /// Successful fsyncs.
+    done: AtomicU64,
+    /// In tests, runs before each fsync: can hold it or make it fail.
+    #[cfg(test)]
+    pub(super) before: Mutex<Option<BeforeFsync>>,
+    /// In tests, callers that have read `begun` and wait for an fsync.
+    #[cfg(test)]
+    waiting: AtomicU64,
+}
+
+/// A test's hook, run before each fsync.
+#[cfg(test)]
+pub(super) type BeforeFsync = Box<dyn FnMut() -> Result<(), String> + Send>;
+
+/// The WAL file, once open, and what its fsyncs did.
+#[derive(Default)]
+struct Disk {
+    open: Option<File>,
+    /// Fsyncs that completed, counted as `begun` counts them.
+    synced: u64,
+    failed: Option<String>,
+}
+
+/// Durable answers committed by the writer thread, waiting for an fsync.
+#[derive(Default)]
+struct Queue {
+    replies: Vec<Box<dyn Reply>>,
+    closed: bool,
+}
+
+impl Syncer {
+    /// A syncer for the journal at `db` (its WAL is `db` + `-wal`), with
+    /// the WAL open if it is there (if not, the first fsync opens it).
+    pub(super) fn new(db: &Path) -> Syncer {
+        let mut wal = db.as_os_str().to_owned();
+        wal.push("-wal");
+        let wal = PathBuf::from(wal);
+        let disk = Disk {
+            open: open(&wal).ok(),
+            ..Disk::default()
+        };
+        Syncer {
+            wal,
+            begun: AtomicU64::new(0),
+            ended: AtomicU64::new(0),
+            file: Mutex::new(disk),
+            queue: Mutex::new(Queue::default()),
+            ready: Condvar::new(),
+            done: AtomicU64::new(0),
+            #[cfg(test)]
+            before: Mutex::new(None),
+            #[cfg(test)]
+            waiting: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether an fsync is running now.
+    pub(super) fn busy(&self) -> bool {
+        self.ended.load(Ordering::Relaxed) != self.begun.load(Ordering::Relaxed)
+    }
+
+    /// Fsyncs that succeeded so far.
+    #[cfg(test)]
+    pub(super) fn done(&self) -> u64 {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// Answers `replies` (committed, durable) once an fsync begun after now
+    /// ends, run on this thread. Fsyncs that end meanwhile on other threads
+    /// count, so threads that wait together share one.
+    pub(super) fn sync_here(&self, replies: Vec<Box<dyn Reply>>) {
+        if replies.is_empty() {
+            return;
+        }
+        let seen = self.begun.load(Ordering::SeqCst);
+        #[cfg(test)]
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let result = self.sync_after(seen);
+        answer(replies, &result);
+    }
+
+    /// Hands `replies` (committed, durable) to the syncer's thread, which
+    /// answers them after its next fsync.
+    pub(super) fn queue(&self, replies: Vec<Box<dyn Reply>>) {
+        if replies.is_empty() {
+            return;
+        }
+        let mut queue = lock(&self.queue);
+        if queue.closed {
+            drop(queue);
+            // No thread to hand them to (it ended): fsync here.
+            return self.sync_here(replies);
+        }
+        queue.replies.extend(replies);
+        drop(queue);
+        self.ready.notify_one();
+    }
+
+    /// Lets the syncer's thread end once the queue is empty.
+    pub(super) fn close(&self) {
+        lock(&self.queue).closed = true;
+        self.ready.notify_all();
+    }
+
+    /// The syncer's thread: takes every answer queued, fsyncs once for all
+    /// of them, answers; ends after [`Syncer::close`] with nothing queued.
+    pub(super) fn run(self: Arc<Self>) {
+        loop {
+            let replies = {
+                let mut queue = lock(&self.queue);
+                while queue.replies.is_empty() && !queue.closed {
+                    queue = self
+                        .ready
+                        .wait(queue)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                if queue.replies.is_empty() {
+                    return;
+                }
+                std::mem::take(&mut queue.replies)
+            };
+            self.sync_here(replies);
+        }
+    }
+
+    /// Makes sure an fsync numbered above `seen` (begun after the caller
+    /// read `begun`) has ended.
+    fn sync_after(&self, seen: u64) -> Result<(), String> {
+        let mut disk = lock(&self.file);
+        if let Some(why) = &disk.failed {
+            return Err(why.clone());
+        }
+        if disk.synced > seen {
+            return Ok(());
+        }
+        let number = self.begun.fetch_add(1, Ordering::SeqCst) + 1;
+        let synced = self.fsync(&mut disk);
+        self.ended.fetch_add(1, Ordering::Relaxed);
+        match synced {
+            Ok(()) => {
+                disk.synced = number;
+                self.done.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            // Nothing was written or lost: the next fsync tries again.
+            Err(Failure::Open(why)) => Err(why),
+            Err(Failure::Sync(e)) => {
+                let why = format!(
+                    "fsync of {} failed: {e}; durable writes are refused until \
+                     the hub restarts",
+                    self.wal.display()
+                );
+                disk.failed = Some(why.clone());
+                Err(why)
+            }
+        }
+    }
+
+    /// One fsync of the WAL file (`fdatasync`: its data, and its size when
+    /// it grew; not its times).
+    fn fsync(&self, disk: &mut Disk) -> Result<(), Failure> {
+        #[cfg(test)]
+        if let Some(before) = lock(&self.before).as_mut() {
+            before().map_err(Failure::Sync)?;
+        }
+        let file = match &mut disk.open {
+            Some(file) => file,
+            none => none.insert(open(&self.wal).map_err(Failure::Open)?),
+        };
+        file.sync_data().map_err(|e| Failure::Sync(e.to_string()))
+    }
+}
+
+/// Why an fsync did not happen.
+enum Failure {
+    /// The WAL could not be opened.
+    Open(String),
+    /// The fsync itself failed.
+    Sync(String),
+}
+
+/// Opens the WAL, which the writer's connection created when it opened the
+/// journal and which stays the same file while that connection is open
+/// (SQLite deletes it only when the last connection closes), and fsyncs its
+/// directory: a new file's name is on disk only once its directory is.
+fn open(wal: &Path) -> Result<File, String> {
+    let file = File::open(wal).map_err(|e| format!("cannot open the WAL: {e}"))?;
+    let dir = match wal.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("cannot fsync the WAL's directory: {e}"))?;
+    Ok(file)
+}
+
+fn answer(replies: Vec<Box<dyn Reply>>, result: &Result<(), String>) {
+    for reply in replies {
+        reply.send(result.clone());
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    /// An answer that reports what it was sent.
+    struct Heard(mpsc::Sender<Result<(), String>>);
+
+    impl Reply for Heard {
+        fn send(self: Box<Self>, commit: Result<(), String>) {
+            let _ = self.0.send(commit);
+        }
+    }
+
+    /// One answer to hand over, and where what it is sent arrives.
+    type Listening = (Vec<Box<dyn Reply>>, mpsc::Receiver<Result<(), String>>);
+
+    fn heard() -> Listening {
+        let (tx, rx) = mpsc::channel();
+        (vec![Box::new(Heard(tx))], rx)
+    }
+
+    /// A syncer over a WAL file of its own.
+    fn syncer() -> (tempfile::TempDir, Arc<Syncer>) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("j.db");
+        std::fs::write(dir.path().join("j.db-wal"), b"frames").unwrap();
+        (dir, Arc::new(Syncer::new(&db)))
+    }
+
+    const TEN_SECONDS: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// Waits (at most 10 s) until `done`.
+    fn until(what: &str, done: impl Fn() -> bool) {
+        let give_up = std::time::Instant::now() + TEN_SECONDS;
+        while !done() {
+            assert!(std::time::Instant::now() < give_up, "still waiting: {what}");
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn commits_made_while_an_fsync_runs_share_the_next_one() {
+        let (_dir, s) = syncer();
+        let (held_tx, held) = mpsc::channel::<()>();
+        let (go, go_rx) = mpsc::channel::<()>();
+        *s.before.lock().unwrap() = Some(Box::new(move || {
+            let _ = held_tx.send(());
+            let _ = go_rx.recv();
+            Ok(())
+        }));
+        let first = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let (replies, rx) = heard();
+                s.sync_here(replies);
+                rx.recv_timeout(TEN_SECONDS).expect("answered")
+            })
+        };
+        held.recv_timeout(TEN_SECONDS)
+            .expect("the first fsync began");
+        // Committed after the first fsync began: it does not cover them.
+        let later: Vec<_> = (0..2)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    let (replies, rx) = heard();
+                    s.sync_here(replies);
+                    rx.recv_timeout(TEN_SECONDS).expect("answered")
+                })
+            })
+            .collect();
+        until("both waiting", || s.waiting.load(Ordering::SeqCst) == 3);
+        assert_eq!(s.done(), 0);
+        drop(go);
+        assert_eq!(first.join().unwrap(), Ok(()));
+        for t in later {
+            assert_eq!(t.join().unwrap(), Ok(()));
+        }
+        assert_eq!(s.done(), 2, "one fsync for the first, one for both later");
+    }
+
+    #[test]
+    fn the_thread_answers_what_was_queued_and_ends_once_closed() {
+        let (_dir, s) = syncer();
+        let thread = {
+            let s = s.clone();
+            std::thread::spawn(move || s.run())
+        };
+        let (replies, rx) = heard();
+        s.queue(replies);
+        assert_eq!(rx.recv_timeout(TEN_SECONDS), Ok(Ok(())));
+        assert_eq!(s.done(), 1);
+        s.close();
+        thread.join().unwrap();
+        // With no thread, whoever queues fsyncs.
+        let (replies, rx) = heard();
+        s.queue(replies);
+        assert_eq!(rx.try_recv().unwrap(), Ok(()));
+        assert_eq!(s.done(), 2);
+    }
+
+    #[test]
+    fn without_its_wal_file_a_durable_write_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Syncer::new(&dir.path().join("none.db"));
+        let (replies, rx) = heard();
+        s.sync_here(replies);
+        let why = rx.try_recv().unwrap().unwrap_err();
+        assert!(why.contains("cannot open the WAL"), "{why}");
+        assert_eq!(s.done(), 0);
+        // Not a failed fsync: once the file is there, the next one runs.
+        std::fs::write(dir.path().join("none.db-wal"), b"frames").unwrap();
+        let (replies, rx) = heard();
+        s.sync_here(replies);
+        assert_eq!(rx.try_recv().unwrap(), Ok(()));
+        assert_eq!(s.done(), 1);
+    }
+}
