@@ -115,8 +115,10 @@ impl SqliteJournal {
         let conn = open::open(path).map_err(|reason| open_error(path, reason))?;
         let (checkpoints, handoff) = checkpoint::Checkpointer::start(path, finish_frames)
             .map_err(|reason| open_error(path, reason))?;
+        let syncer = syncer::Syncer::start(&conn, path)
+            .map_err(|e| open_error(path, format!("cannot start the fsync thread: {e}")))?;
         let mut journal =
-            SqliteJournal::start(path, conn, max_batch, fsync_outcomes, Some(handoff))?;
+            SqliteJournal::start(path, conn, syncer, max_batch, fsync_outcomes, Some(handoff))?;
         journal.checkpoints = Some(checkpoints);
         Ok(journal)
     }
@@ -125,27 +127,23 @@ impl SqliteJournal {
     /// migrated or written (writes fail), so it is safe beside a live hub.
     pub fn open_read_only(path: &Path) -> Result<SqliteJournal, JournalError> {
         let conn = open::open_read_only(path).map_err(|reason| open_error(path, reason))?;
-        SqliteJournal::start(path, conn, 1, true, None)
+        let syncer = syncer::Syncer::idle(&conn, path);
+        SqliteJournal::start(path, conn, syncer, 1, true, None)
     }
 
     fn start(
         path: &Path,
         conn: Connection,
+        syncer: Arc<syncer::Syncer>,
         max_batch: usize,
         fsync_all: bool,
         handoff: Option<checkpoint::Handoff>,
     ) -> Result<SqliteJournal, JournalError> {
         let (tx, rx) = mpsc::channel(QUEUE_MIN.max(max_batch.saturating_mul(2)));
         let commits = Arc::new(AtomicU64::new(0));
-        let syncer = Arc::new(syncer::Syncer::new(path));
-        let thread_syncer = syncer.clone();
-        std::thread::Builder::new()
-            .name("relayhub-fsync".into())
-            .spawn(move || thread_syncer.run())
-            .map_err(|e| open_error(path, format!("cannot start the fsync thread: {e}")))?;
         let shared = Arc::new(writer::Shared::new(
             conn,
-            syncer,
+            syncer.clone(),
             fsync_all,
             commits.clone(),
             handoff,
@@ -154,7 +152,11 @@ impl SqliteJournal {
         std::thread::Builder::new()
             .name("relayhub-journal".into())
             .spawn(move || writer::run(thread_shared, rx, max_batch))
-            .map_err(|e| open_error(path, format!("cannot start the writer thread: {e}")))?;
+            .map_err(|e| {
+                // Its thread would otherwise wait for answers forever.
+                syncer.close();
+                open_error(path, format!("cannot start the writer thread: {e}"))
+            })?;
         Ok(SqliteJournal {
             tx,
             commits,
@@ -212,7 +214,7 @@ impl SqliteJournal {
         // Polled by a connection's own thread with no batch running or
         // forming: that thread runs the command right after this poll (see
         // `writer`), watched by its clock like a core call.
-        let here = if writer::idle(&self.shared, &self.tx, durable) {
+        let here = if writer::idle(&self.shared, &self.tx, writes, durable) {
             stash::stash_command(task, |task| {
                 let (shared, tx) = (self.shared.clone(), self.tx.clone());
                 Box::new(move || writer::run_here(&shared, &tx, task))

@@ -33,6 +33,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
+use rusqlite::Connection;
+
 use super::writer::Reply;
 
 /// Fsyncs the WAL for the durable writes committed before each call.
@@ -77,21 +79,35 @@ struct Queue {
 }
 
 impl Syncer {
-    /// A syncer for the journal at `db` (its WAL is `db` + `-wal`), with
-    /// the WAL open if it is there (if not, the first fsync opens it).
-    pub(super) fn new(db: &Path) -> Syncer {
-        let mut wal = db.as_os_str().to_owned();
-        wal.push("-wal");
-        let wal = PathBuf::from(wal);
-        let disk = Disk {
-            open: open(&wal).ok(),
-            ..Disk::default()
-        };
+    /// A syncer for the journal `conn` has open, whose WAL is the file
+    /// SQLite opened + `-wal` (a symbolic link is followed: SQLite keeps the
+    /// WAL beside the file the link names), with its own thread.
+    pub(super) fn start(conn: &Connection, path: &Path) -> std::io::Result<Arc<Syncer>> {
+        let syncer = Arc::new(Syncer::new(wal_of(conn, path)));
+        lock(&syncer.file).open = open(&syncer.wal).ok();
+        let thread = syncer.clone();
+        std::thread::Builder::new()
+            .name("relayhub-fsync".into())
+            .spawn(move || thread.run())?;
+        Ok(syncer)
+    }
+
+    /// A syncer with no thread and nothing open, for a journal opened for
+    /// reading: it never makes a durable write.
+    pub(super) fn idle(conn: &Connection, path: &Path) -> Arc<Syncer> {
+        let syncer = Syncer::new(wal_of(conn, path));
+        syncer.close();
+        Arc::new(syncer)
+    }
+
+    /// A syncer for the WAL file `wal`, not yet open (the first fsync opens
+    /// it), answering on the caller's thread until `run` has one of its own.
+    fn new(wal: PathBuf) -> Syncer {
         Syncer {
             wal,
             begun: AtomicU64::new(0),
             ended: AtomicU64::new(0),
-            file: Mutex::new(disk),
+            file: Mutex::new(Disk::default()),
             queue: Mutex::new(Queue::default()),
             ready: Condvar::new(),
             done: AtomicU64::new(0),
@@ -105,6 +121,18 @@ impl Syncer {
     /// Whether an fsync is running now.
     pub(super) fn busy(&self) -> bool {
         self.ended.load(Ordering::Relaxed) != self.begun.load(Ordering::Relaxed)
+    }
+
+    /// The WAL file this syncer fsyncs.
+    #[cfg(test)]
+    pub(super) fn wal(&self) -> &Path {
+        &self.wal
+    }
+
+    /// Whether [`Syncer::close`] was called.
+    #[cfg(test)]
+    pub(super) fn closed(&self) -> bool {
+        lock(&self.queue).closed
     }
 
     /// Fsyncs that succeeded so far.
@@ -219,6 +247,20 @@ impl Syncer {
     }
 }
 
+/// The WAL file of the journal `conn` has open. SQLite names it after the
+/// database file it opened, which it finds by following symbolic links; the
+/// name it reports is taken, and only without one (a name that is not
+/// UTF-8) is the link resolved here the same way.
+fn wal_of(conn: &Connection, path: &Path) -> PathBuf {
+    let db = match conn.path() {
+        Some(db) if !db.is_empty() => PathBuf::from(db),
+        _ => std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned()),
+    };
+    let mut wal = db.into_os_string();
+    wal.push("-wal");
+    PathBuf::from(wal)
+}
+
 /// Why an fsync did not happen.
 enum Failure {
     /// The WAL could not be opened.
@@ -279,9 +321,9 @@ mod tests {
     /// A syncer over a WAL file of its own.
     fn syncer() -> (tempfile::TempDir, Arc<Syncer>) {
         let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("j.db");
-        std::fs::write(dir.path().join("j.db-wal"), b"frames").unwrap();
-        (dir, Arc::new(Syncer::new(&db)))
+        let wal = dir.path().join("j.db-wal");
+        std::fs::write(&wal, b"frames").unwrap();
+        (dir, Arc::new(Syncer::new(wal)))
     }
 
     const TEN_SECONDS: std::time::Duration = std::time::Duration::from_secs(10);
@@ -359,7 +401,7 @@ mod tests {
     #[test]
     fn without_its_wal_file_a_durable_write_fails() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Syncer::new(&dir.path().join("none.db"));
+        let s = Syncer::new(dir.path().join("none.db-wal"));
         let (replies, rx) = heard();
         s.sync_here(replies);
         let why = rx.try_recv().unwrap().unwrap_err();

@@ -1637,8 +1637,15 @@ async fn a_claim_is_answered_after_its_fsync_and_commands_commit_meanwhile() {
     // The writer is free while the fsync runs: an outcome commits and is
     // answered, and a read sees the claim's row, committed.
     let done = finish(State::Done, "0000", Some(b"ok"), None, "processed");
-    j.finish("g1", done, 130).await.unwrap();
-    assert_eq!(j.get("g2").await.unwrap().unwrap().state, State::Sending);
+    let ten_seconds = std::time::Duration::from_secs(10);
+    tokio::time::timeout(ten_seconds, j.finish("g1", done, 130))
+        .await
+        .expect("an outcome commits while an fsync runs")
+        .unwrap();
+    let row = tokio::time::timeout(ten_seconds, j.get("g2"))
+        .await
+        .expect("a read runs while an fsync runs");
+    assert_eq!(row.unwrap().unwrap().state, State::Sending);
     assert!(!claim.is_finished(), "the claim waits for its fsync");
     assert_eq!(fsyncs(&j), 1);
     drop(go);
@@ -1675,6 +1682,85 @@ async fn a_failed_fsync_fails_its_claim_and_every_durable_write_after_it() {
     let done = finish(State::Done, "0000", Some(b"ok"), None, "processed");
     j.finish("g1", done, 140).await.unwrap();
     assert_eq!(j.get("g1").await.unwrap().unwrap().state, State::Done);
+}
+
+/// Holds the journal's next fsync until the returned sender is dropped;
+/// returns once it began.
+async fn hold_next_fsync(j: &SqliteJournal) -> std::sync::mpsc::Sender<()> {
+    let (held_tx, held) = std::sync::mpsc::channel::<()>();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    before_fsync(j, move || {
+        let _ = held_tx.send(());
+        let _ = go_rx.recv();
+        Ok(())
+    });
+    let a = j.clone();
+    tokio::spawn(async move { a.claim("held", "TRF001", "fp", "http://core", 1).await });
+    tokio::task::spawn_blocking(move || held.recv_timeout(std::time::Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("an fsync began");
+    go
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn while_an_fsync_runs_only_what_waits_for_one_leaves_the_connection_thread() {
+    for fsync_outcomes in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let j = SqliteJournal::open_with(&db(&dir), 64, fsync_outcomes).unwrap();
+        let idle = |writes, durable| writer::idle(&j.shared, &j.tx, writes, durable);
+        assert!(idle(true, true) && idle(true, false) && idle(false, false));
+        let go = hold_next_fsync(&j).await;
+        assert!(!idle(true, true), "a claim would wait for the next fsync");
+        assert_eq!(idle(true, false), !fsync_outcomes, "an outcome");
+        assert!(idle(false, false), "a read never waits for an fsync");
+        drop(go);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fsync_thread_ends_with_the_writer() {
+    let (_dir, j) = fresh();
+    let syncer = j.shared.syncer.clone();
+    assert!(!syncer.closed());
+    drop(j);
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !syncer.closed() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the syncer is still open"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Creates `link.db`, a symbolic link to `real.db`, and opens the journal
+/// through it.
+fn open_through_a_link(dir: &tempfile::TempDir) -> SqliteJournal {
+    let real = dir.path().join("real.db");
+    std::fs::File::create(&real).unwrap();
+    std::os::unix::fs::symlink(&real, dir.path().join("link.db")).unwrap();
+    open(&dir.path().join("link.db"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn through_a_symbolic_link_the_wal_beside_the_real_file_is_fsynced() {
+    use std::os::unix::fs::MetadataExt;
+    for stale in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        if stale {
+            // A file SQLite never writes, with the link's name + `-wal`.
+            std::fs::write(dir.path().join("link.db-wal"), b"stale").unwrap();
+        }
+        let j = open_through_a_link(&dir);
+        j.claim("g1", "TRF001", "fp", "http://core", 100)
+            .await
+            .unwrap();
+        assert_eq!(fsyncs(&j), 1);
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        let written = dir.path().join("real.db-wal");
+        assert_eq!(ino(j.shared.syncer.wal()), ino(&written), "stale: {stale}");
+    }
 }
 
 /// Drives `fut` to the end as a connection's own thread does

@@ -279,13 +279,14 @@ pub(super) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Msg>, max_batch: u
 /// Whether a command is worth running on the thread that asks (a batch may
 /// still be running): nothing queued, the writer thread not waiting for the
 /// lock with a batch in hand, and, for a command whose answer waits for an
-/// fsync (`durable`, or every write with `fsync_outcomes`), no fsync
+/// fsync (`durable`, or any write with `fsync_outcomes`), no fsync
 /// running: its answer would wait for the next one anyway, which commands
 /// batched by the writer thread meanwhile share.
-pub(super) fn idle(shared: &Shared, tx: &mpsc::Sender<Msg>, durable: bool) -> bool {
+pub(super) fn idle(shared: &Shared, tx: &mpsc::Sender<Msg>, writes: bool, durable: bool) -> bool {
+    let fsyncs = durable || (writes && shared.fsync_all);
     !shared.forming.load(Ordering::Relaxed)
         && tx.capacity() == tx.max_capacity()
-        && !((durable || shared.fsync_all) && shared.syncer.busy())
+        && !(fsyncs && shared.syncer.busy())
 }
 
 /// Runs `task` on this thread, which may block (a connection's own): alone,
