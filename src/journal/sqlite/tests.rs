@@ -1619,21 +1619,7 @@ async fn a_claim_is_answered_after_its_fsync_and_commands_commit_meanwhile() {
     j.claim("g1", "TRF001", "fp", "http://core", 100)
         .await
         .unwrap();
-    let (held_tx, held) = std::sync::mpsc::channel::<()>();
-    let (go, go_rx) = std::sync::mpsc::channel::<()>();
-    before_fsync(&j, move || {
-        let _ = held_tx.send(());
-        // Waits until `go` is dropped; later fsyncs pass straight on.
-        let _ = go_rx.recv();
-        Ok(())
-    });
-    let a = j.clone();
-    let claim =
-        tokio::spawn(async move { a.claim("g2", "TRF001", "fp", "http://core", 120).await });
-    tokio::task::spawn_blocking(move || held.recv_timeout(std::time::Duration::from_secs(10)))
-        .await
-        .unwrap()
-        .expect("the claim's fsync began");
+    let (go, claim) = hold_next_fsync(&j).await;
     // The writer is free while the fsync runs: an outcome commits and is
     // answered, and a read sees the claim's row, committed.
     let done = finish(State::Done, "0000", Some(b"ok"), None, "processed");
@@ -1642,7 +1628,7 @@ async fn a_claim_is_answered_after_its_fsync_and_commands_commit_meanwhile() {
         .await
         .expect("an outcome commits while an fsync runs")
         .unwrap();
-    let row = tokio::time::timeout(ten_seconds, j.get("g2"))
+    let row = tokio::time::timeout(ten_seconds, j.get("held"))
         .await
         .expect("a read runs while an fsync runs");
     assert_eq!(row.unwrap().unwrap().state, State::Sending);
@@ -1684,9 +1670,15 @@ async fn a_failed_fsync_fails_its_claim_and_every_durable_write_after_it() {
     assert_eq!(j.get("g1").await.unwrap().unwrap().state, State::Done);
 }
 
-/// Holds the journal's next fsync until the returned sender is dropped;
-/// returns once it began.
-async fn hold_next_fsync(j: &SqliteJournal) -> std::sync::mpsc::Sender<()> {
+/// Claims the GUID `held` and holds the fsync it waits for until the
+/// returned sender is dropped (later fsyncs pass straight on); returns once
+/// that fsync began, with the claim's task.
+async fn hold_next_fsync(
+    j: &SqliteJournal,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    tokio::task::JoinHandle<Result<Claim, JournalError>>,
+) {
     let (held_tx, held) = std::sync::mpsc::channel::<()>();
     let (go, go_rx) = std::sync::mpsc::channel::<()>();
     before_fsync(j, move || {
@@ -1695,12 +1687,13 @@ async fn hold_next_fsync(j: &SqliteJournal) -> std::sync::mpsc::Sender<()> {
         Ok(())
     });
     let a = j.clone();
-    tokio::spawn(async move { a.claim("held", "TRF001", "fp", "http://core", 1).await });
+    let claim =
+        tokio::spawn(async move { a.claim("held", "TRF001", "fp", "http://core", 1).await });
     tokio::task::spawn_blocking(move || held.recv_timeout(std::time::Duration::from_secs(10)))
         .await
         .unwrap()
         .expect("an fsync began");
-    go
+    (go, claim)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1710,7 +1703,7 @@ async fn while_an_fsync_runs_only_what_waits_for_one_leaves_the_connection_threa
         let j = SqliteJournal::open_with(&db(&dir), 64, fsync_outcomes).unwrap();
         let idle = |writes, durable| writer::idle(&j.shared, &j.tx, writes, durable);
         assert!(idle(true, true) && idle(true, false) && idle(false, false));
-        let go = hold_next_fsync(&j).await;
+        let (go, _claim) = hold_next_fsync(&j).await;
         assert!(!idle(true, true), "a claim would wait for the next fsync");
         assert_eq!(idle(true, false), !fsync_outcomes, "an outcome");
         assert!(idle(false, false), "a read never waits for an fsync");
