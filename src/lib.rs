@@ -33,9 +33,10 @@
 //! | [`random`] | jitter, GUIDs and hub names (not secrets) |
 //! | [`bench`] | the load generator: through the hub or straight to the core, side by side |
 
-// One `unsafe` block in the crate (the SQLite journal fsyncing through
-// SQLite's own file handle); any other must be allowed where it is, with
-// its safety argument written above it.
+// Two places with `unsafe` in the crate, both in the SQLite journal: the
+// checkpoint fsyncing the database file through SQLite's own handle, and the
+// syncer asking SQLite for its WAL's file name. Any other must be allowed
+// where it is, with its safety argument written above it.
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

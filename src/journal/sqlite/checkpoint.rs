@@ -83,7 +83,7 @@ impl Checkpointer {
         finish_frames: i64,
     ) -> Result<(Checkpointer, Handoff), String> {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags)
+        let conn = Connection::open_with_flags(super::open::file_name(path), flags)
             .map_err(|e| format!("cannot open the checkpoint connection: {e}"))?;
         conn.busy_timeout(super::open::BUSY_TIMEOUT)
             .map_err(|e| format!("cannot set busy timeout: {e}"))?;

@@ -1,6 +1,7 @@
 //! Opening a journal file: refuse anything that is not (or cannot become) a
 //! healthy journal of a schema this build knows, before the hub takes traffic.
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::time::Duration;
 
@@ -46,11 +47,11 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The error is the reason, in words meant for the operator.
 pub(super) fn open(path: &Path) -> Result<Connection, String> {
     check_path(path)?;
-    // No URI parsing: the path is a file name, whatever it looks like.
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(path, flags).map_err(|e| format!("cannot open: {e}"))?;
+    let conn = Connection::open_with_flags(file_name(path), flags)
+        .map_err(|e| format!("cannot open: {e}"))?;
     // Every statement the journal runs stays prepared (rusqlite keeps 16 by
     // default; the writer alone runs more, and an evicted one is parsed again).
     conn.set_prepared_statement_cache_capacity(STATEMENTS);
@@ -99,7 +100,8 @@ pub(super) fn open_read_only(path: &Path) -> Result<Connection, String> {
         return Err("no such file".into());
     }
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(path, flags).map_err(|e| format!("cannot open: {e}"))?;
+    let conn = Connection::open_with_flags(file_name(path), flags)
+        .map_err(|e| format!("cannot open: {e}"))?;
     conn.set_prepared_statement_cache_capacity(STATEMENTS);
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| format!("cannot set busy timeout: {e}"))?;
@@ -121,6 +123,18 @@ pub(super) fn open_read_only(path: &Path) -> Result<Connection, String> {
 }
 
 /// The parent directory exists and the path is not a directory itself.
+/// `path` as SQLite reads a plain file name: the SQLite this build bundles
+/// reads a name that begins with `file:` as a URI (whatever the open flags
+/// say), so a relative path such as `file:journal.db` is given as
+/// `./file:journal.db`, the same file.
+pub(super) fn file_name(path: &Path) -> Cow<'_, Path> {
+    if path.as_os_str().as_encoded_bytes().starts_with(b"file:") {
+        Cow::Owned(Path::new(".").join(path))
+    } else {
+        Cow::Borrowed(path)
+    }
+}
+
 fn check_path(path: &Path) -> Result<(), String> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if dir.exists() && !dir.is_dir() {

@@ -247,18 +247,35 @@ impl Syncer {
     }
 }
 
-/// The WAL file of the journal `conn` has open. SQLite names it after the
-/// database file it opened, which it finds by following symbolic links; the
-/// name it reports is taken, and only without one (a name that is not
-/// UTF-8) is the link resolved here the same way.
+/// The WAL file of the journal `conn` has open, named as SQLite names it:
+/// after the database file it opened, which it finds by following symbolic
+/// links (and by reading a name that begins with `file:` as a URI). Only
+/// should SQLite report no name is the link resolved here the same way.
+#[allow(unsafe_code)]
 fn wal_of(conn: &Connection, path: &Path) -> PathBuf {
-    let db = match conn.path() {
-        Some(db) if !db.is_empty() => PathBuf::from(db),
-        _ => std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned()),
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: `conn.handle()` is the open connection, borrowed for this
+    // call. `sqlite3_db_filename` returns the pager's own file name (or
+    // null), which stays valid while the connection is open and is the kind
+    // of pointer `sqlite3_filename_wal` takes; that returns the WAL's name
+    // stored beside it. The bytes are copied before the borrow ends.
+    let wal = unsafe {
+        let db = rusqlite::ffi::sqlite3_db_filename(conn.handle(), c"main".as_ptr());
+        let wal = match db.is_null() {
+            true => std::ptr::null(),
+            false => rusqlite::ffi::sqlite3_filename_wal(db),
+        };
+        (!wal.is_null()).then(|| std::ffi::CStr::from_ptr(wal).to_bytes().to_vec())
     };
-    let mut wal = db.into_os_string();
-    wal.push("-wal");
-    PathBuf::from(wal)
+    match wal {
+        Some(wal) if !wal.is_empty() => PathBuf::from(std::ffi::OsStr::from_bytes(&wal)),
+        _ => {
+            let db = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+            let mut wal = db.into_os_string();
+            wal.push("-wal");
+            PathBuf::from(wal)
+        }
+    }
 }
 
 /// Why an fsync did not happen.

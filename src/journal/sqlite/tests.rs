@@ -1635,7 +1635,8 @@ async fn a_claim_is_answered_after_its_fsync_and_commands_commit_meanwhile() {
     assert!(!claim.is_finished(), "the claim waits for its fsync");
     assert_eq!(fsyncs(&j), 1);
     drop(go);
-    assert_eq!(claim.await.unwrap().unwrap(), Claim::New);
+    let claimed = tokio::time::timeout(ten_seconds, claim).await;
+    assert_eq!(claimed.expect("answered").unwrap().unwrap(), Claim::New);
     assert_eq!(fsyncs(&j), 2);
 }
 
@@ -1717,14 +1718,17 @@ async fn the_fsync_thread_ends_with_the_writer() {
     let syncer = j.shared.syncer.clone();
     assert!(!syncer.closed());
     drop(j);
+    // Once the writer's `Shared` and the fsync thread's handle are gone
+    // (that thread returned), only this test's is left.
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !syncer.closed() {
+    while Arc::strong_count(&syncer) > 1 {
         assert!(
             std::time::Instant::now() < give_up,
-            "the syncer is still open"
+            "the fsync thread is still running"
         );
         tokio::task::yield_now().await;
     }
+    assert!(syncer.closed());
 }
 
 /// Creates `link.db`, a symbolic link to `real.db`, and opens the journal
@@ -1754,6 +1758,37 @@ async fn through_a_symbolic_link_the_wal_beside_the_real_file_is_fsynced() {
         let written = dir.path().join("real.db-wal");
         assert_eq!(ino(j.shared.syncer.wal()), ino(&written), "stale: {stale}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_name_not_utf8_has_its_wal_fsynced() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(std::ffi::OsStr::from_bytes(b"j\xff.db"));
+    let j = open(&path);
+    j.claim("g1", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
+    assert_eq!(fsyncs(&j), 1);
+    let written = dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"j\xff.db-wal"));
+    let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+    assert_eq!(ino(j.shared.syncer.wal()), ino(&written));
+}
+
+#[test]
+fn a_name_that_begins_with_file_colon_is_a_file_not_a_uri() {
+    assert_eq!(
+        open::file_name(Path::new("file:j.db?mode=memory")),
+        Path::new("./file:j.db?mode=memory")
+    );
+    assert_eq!(
+        open::file_name(Path::new("/tmp/j.db")),
+        Path::new("/tmp/j.db")
+    );
+    assert_eq!(open::file_name(Path::new("j.db")), Path::new("j.db"));
 }
 
 /// Drives `fut` to the end as a connection's own thread does
