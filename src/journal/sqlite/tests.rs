@@ -1731,6 +1731,34 @@ async fn the_fsync_thread_ends_with_the_writer() {
     assert!(syncer.closed());
 }
 
+/// Descriptors this process holds on `file` (its `/proc/self/fd` links).
+fn descriptors_of(file: &Path) -> usize {
+    let file = std::fs::canonicalize(file).unwrap();
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == file))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_journals_descriptors_of_its_file_are_all_closed_with_it() {
+    let (dir, j) = fresh();
+    let file = db(&dir);
+    j.claim("g1", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
+    // The writer's connection, the checkpoint thread's, and that thread's
+    // own descriptor for starting the file's writes.
+    assert_eq!(descriptors_of(&file), 3);
+    drop(j);
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while descriptors_of(&file) > 0 {
+        assert!(std::time::Instant::now() < give_up, "a descriptor is left");
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Creates `link.db`, a symbolic link to `real.db`, and opens the journal
 /// through it.
 fn open_through_a_link(dir: &tempfile::TempDir) -> SqliteJournal {
