@@ -28,8 +28,8 @@
 //! fsync, and the disk's flush that each claim's WAL fsync makes waits for
 //! every write in flight: one fsync of a second's scattered pages (30-46
 //! ms once a journal has grown past its cache of hot index pages) held
-//! claims for as long. So after each pass that copied pages this thread
-//! starts their writes to the disk at once ([`write_back`]:
+//! claims for as long. So after each pass that found something new this
+//! thread starts the file's writes to the disk at once ([`write_back`]:
 //! `sync_file_range(SYNC_FILE_RANGE_WRITE)`, which waits for none), and
 //! while the WAL grows it passes every [`BUSY_INTERVAL`]: the writes go out
 //! in tenths of a second, and the file's fsync finds little left to write
@@ -44,10 +44,9 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, ffi};
 
@@ -81,11 +80,6 @@ pub(super) struct Checkpointer {
 pub(super) struct Handoff {
     asked: Arc<AtomicBool>,
     _stop: mpsc::Sender<()>,
-    /// The thread's descriptor of the database file, held here too: the
-    /// writer drops its connection before its `Handoff` and the thread its
-    /// connection before its handle, so the descriptor is closed only once
-    /// both connections are (see [`Checkpointer::start`]).
-    _file: Option<Arc<File>>,
 }
 
 impl Handoff {
@@ -108,36 +102,18 @@ impl Checkpointer {
             .map_err(|e| format!("cannot open the checkpoint connection: {e}"))?;
         conn.busy_timeout(super::open::BUSY_TIMEOUT)
             .map_err(|e| format!("cannot set busy timeout: {e}"))?;
-        // Only for `write_back`; without it the passes run as before. POSIX
-        // drops every lock a process holds on a file when any descriptor of
-        // it is closed, SQLite's included: this one is closed only after
-        // both of the journal's connections (see `Handoff::_file`).
-        let file = File::open(super::open::file_name(path)).ok().map(Arc::new);
+        // Only for `write_back`; without it the passes run as before.
+        let file = descriptor(path);
         let (stop, stopped) = mpsc::channel::<()>();
         let done = Arc::new(AtomicU64::new(0));
         let asked = Arc::new(AtomicBool::new(false));
-        let (counter, ask, own) = (done.clone(), asked.clone(), file.clone());
+        let (counter, ask) = (done.clone(), asked.clone());
         std::thread::Builder::new()
             .name("relayhub-checkpoint".into())
             .stack_size(256 * 1024)
-            .spawn(move || {
-                run(
-                    &conn,
-                    finish_frames,
-                    &stopped,
-                    &counter,
-                    &ask,
-                    own.as_deref(),
-                );
-                drop(conn);
-                drop(own);
-            })
+            .spawn(move || run(&conn, finish_frames, &stopped, &counter, &ask, file))
             .map_err(|e| format!("cannot start the checkpoint thread: {e}"))?;
-        let handoff = Handoff {
-            asked,
-            _stop: stop,
-            _file: file,
-        };
+        let handoff = Handoff { asked, _stop: stop };
         Ok((Checkpointer { done }, handoff))
     }
 
@@ -145,6 +121,42 @@ impl Checkpointer {
     pub(super) fn done(&self) -> u64 {
         self.done.load(Ordering::Relaxed)
     }
+}
+
+/// Descriptors opened by [`descriptor`], by the file's device and inode.
+static DESCRIPTORS: Mutex<Vec<(u64, u64, &'static File)>> = Mutex::new(Vec::new());
+
+/// A descriptor of the database file at `path` for [`write_back`]: one per
+/// file for the life of the process, never closed. POSIX drops every lock a
+/// process holds on a file when any descriptor of it is closed, SQLite's
+/// included; closed with its journal, it could take the locks of a journal
+/// on the same file opened again since (a connection without its shared
+/// lock can have its WAL checkpointed and deleted under it by another
+/// process). Held, the file's inode is not reused, so its number names it.
+/// `None` if the file cannot be opened: the passes run without it.
+fn descriptor(path: &Path) -> Option<&'static File> {
+    use std::os::unix::fs::MetadataExt;
+    let path = super::open::file_name(path);
+    let mut held = DESCRIPTORS.lock().unwrap_or_else(PoisonError::into_inner);
+    let find = |held: &[(u64, u64, &'static File)], meta: &std::fs::Metadata| {
+        held.iter()
+            .find(|(dev, ino, _)| (*dev, *ino) == (meta.dev(), meta.ino()))
+            .map(|(_, _, file)| *file)
+    };
+    if let Some(file) = find(&held, &std::fs::metadata(&path).ok()?) {
+        return Some(file);
+    }
+    let file = File::open(&path).ok()?;
+    let meta = file.metadata().ok();
+    // Leaked on purpose: never closed (see above).
+    let file: &'static File = Box::leak(Box::new(file));
+    let meta = meta?;
+    // Replaced since the look-up: a second descriptor, kept as well.
+    if let Some(known) = find(&held, &meta) {
+        return Some(known);
+    }
+    held.push((meta.dev(), meta.ino(), file));
+    Some(file)
 }
 
 /// One pass's `(busy, frames in the WAL, frames copied)`.
@@ -170,6 +182,7 @@ fn run(
 ) {
     let mut last = None;
     let mut wait = INTERVAL;
+    let mut finished = Instant::now();
     // Wakes every INTERVAL (BUSY_INTERVAL while the WAL grows) until the
     // writer is gone.
     while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(wait) {
@@ -184,15 +197,18 @@ fn run(
         done.fetch_add(1, Ordering::Relaxed);
         // A short WAL, or nothing new since the last pass: the WAL starts
         // over by itself once a pass ends between two commits, or already has.
-        let (_, frames, copied) = result;
+        let (_, frames, _) = result;
         let unchanged = last.replace(result) == Some(result);
         if !unchanged {
             wait = BUSY_INTERVAL;
-            if let Some(file) = file.filter(|_| copied > 0) {
+            if let Some(file) = file {
                 write_back(file);
             }
         }
-        if frames < finish_frames || unchanged {
+        // At most every INTERVAL, as when passes came no faster: while a
+        // reader holds an old snapshot the WAL cannot start over, however
+        // often the writer is asked.
+        if frames < finish_frames || unchanged || finished.elapsed() < INTERVAL {
             continue;
         }
         // SQLite fsyncs the file only when a pass copies the last frame, which
@@ -205,6 +221,7 @@ fn run(
             continue;
         }
         asked.store(true, Ordering::Release);
+        finished = Instant::now();
     }
 }
 
@@ -292,7 +309,7 @@ pub(super) fn finish(conn: &Connection) {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux", target_arch = "x86_64"))]
 mod tests {
     use std::io::Write;
 
@@ -302,7 +319,6 @@ mod tests {
     /// being written), by Linux's `cachestat` (6.5 on); `None` where the
     /// kernel has no such call.
     #[allow(unsafe_code)]
-    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
     fn dirty_pages(file: &File) -> Option<u64> {
         use std::os::fd::AsRawFd;
         #[repr(C)]
@@ -337,7 +353,22 @@ mod tests {
     }
 
     #[test]
-    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    fn one_descriptor_per_file_whatever_the_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        File::create(&path).unwrap();
+        let link = dir.path().join("link.db");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let first = descriptor(&path).expect("opened");
+        assert!(std::ptr::eq(first, descriptor(&path).unwrap()));
+        assert!(std::ptr::eq(first, descriptor(&link).unwrap()));
+        let other = dir.path().join("other.db");
+        File::create(&other).unwrap();
+        assert!(!std::ptr::eq(first, descriptor(&other).unwrap()));
+        assert!(descriptor(&dir.path().join("absent.db")).is_none());
+    }
+
+    #[test]
     fn write_back_leaves_no_page_of_the_file_dirty() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pages");
