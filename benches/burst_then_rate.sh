@@ -22,21 +22,8 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; }
 trap 'cleanup; rm -rf "$WORK"' EXIT
 
-# wait_ready FILE: the HOST:PORT of the `listening on` line, within 10 s.
-wait_ready() {
-    local i
-    for i in $(seq 1 200); do
-        if grep -q 'listening on' "$1" 2>/dev/null; then
-            sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$1" | head -n1
-            return 0
-        fi
-        sleep 0.05
-    done
-    echo "burst_then_rate.sh: no ready line in $1" >&2
-    return 1
-}
-# num FILE KEY: the first `"KEY": number` in a JSON report.
-num() { sed -n "s/^ *\"$2\": \([-0-9.e+]*\),\{0,1\}$/\1/p" "$1" | head -n1; }
+# wait_ready, num
+. benches/common.sh
 
 printf '%-5s %-40s %10s %9s %9s %9s %9s\n' round hub "burst/s" "p50 ms" "p99 ms" "p999 ms" "wrong/na"
 for round in $(seq 1 "$ROUNDS"); do

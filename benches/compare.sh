@@ -87,19 +87,8 @@ echo "work folder (logs, JSON reports): $WORK" >&2
 
 TCK=$(getconf CLK_TCK)
 
-# wait_ready FILE: the HOST:PORT of the `listening on` line, within 10 s.
-wait_ready() {
-    local i
-    for i in $(seq 1 200); do
-        if grep -q 'listening on' "$1" 2>/dev/null; then
-            sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$1" | head -n1
-            return 0
-        fi
-        sleep 0.05
-    done
-    echo "compare.sh: no ready line in $1" >&2
-    return 1
-}
+# wait_ready, num
+. benches/common.sh
 
 # start_core NAME [ARGS...] -> sets CORE_PID, CORE_ADDR
 start_core() {
@@ -125,8 +114,6 @@ stop_all() {
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # status PID KEY: a number from /proc/PID/status (kB for Vm*).
 status() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
-# num FILE KEY: the first `"KEY": number` in a JSON report.
-num() { sed -n "s/^ *\"$2\": \([-0-9.e+]*\),\{0,1\}$/\1/p" "$1" | head -n1; }
 calc() { awk "BEGIN { printf \"%.${2:-2}f\", $1 }"; }
 
 # bench NAME ARGS...: runs `relayhub bench --json ARGS` into $WORK/NAME.json and
