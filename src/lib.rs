@@ -33,10 +33,11 @@
 //! | [`random`] | jitter, GUIDs and hub names (not secrets) |
 //! | [`bench`] | the load generator: through the hub or straight to the core, side by side |
 
-// Two places with `unsafe` in the crate, both in the SQLite journal: the
-// checkpoint fsyncing the database file through SQLite's own handle, and the
-// syncer asking SQLite for its WAL's file name. Any other must be allowed
-// where it is, with its safety argument written above it.
+// Three places with `unsafe` in the crate, all in the SQLite journal: the
+// checkpoint fsyncing the database file through SQLite's own handle and
+// starting its writes (`sync_file_range`), and the syncer asking SQLite for
+// its WAL's file name. Any other must be allowed where it is, with its
+// safety argument written above it.
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
