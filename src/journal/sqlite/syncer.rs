@@ -88,6 +88,8 @@ impl Syncer {
         let thread = syncer.clone();
         std::thread::Builder::new()
             .name("relayhub-fsync".into())
+            // It only waits on the disk and sends answers: no deep calls.
+            .stack_size(128 * 1024)
             .spawn(move || thread.run())?;
         Ok(syncer)
     }
