@@ -122,7 +122,6 @@ pub(super) fn open_read_only(path: &Path) -> Result<Connection, String> {
     Ok(conn)
 }
 
-/// The parent directory exists and the path is not a directory itself.
 /// `path` as SQLite reads a plain file name: the SQLite this build bundles
 /// reads a name that begins with `file:` as a URI (whatever the open flags
 /// say), so a relative path such as `file:journal.db` is given as
@@ -135,6 +134,7 @@ pub(super) fn file_name(path: &Path) -> Cow<'_, Path> {
     }
 }
 
+/// The parent directory exists and the path is not a directory itself.
 fn check_path(path: &Path) -> Result<(), String> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if dir.exists() && !dir.is_dir() {

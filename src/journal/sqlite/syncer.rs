@@ -263,9 +263,10 @@ fn wal_of(conn: &Connection, path: &Path) -> PathBuf {
     // stored beside it. The bytes are copied before the borrow ends.
     let wal = unsafe {
         let db = rusqlite::ffi::sqlite3_db_filename(conn.handle(), c"main".as_ptr());
-        let wal = match db.is_null() {
-            true => std::ptr::null(),
-            false => rusqlite::ffi::sqlite3_filename_wal(db),
+        let wal = if db.is_null() {
+            std::ptr::null()
+        } else {
+            rusqlite::ffi::sqlite3_filename_wal(db)
         };
         (!wal.is_null()).then(|| std::ffi::CStr::from_ptr(wal).to_bytes().to_vec())
     };

@@ -45,7 +45,7 @@
 //! wait for the next fsync anyway.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use rusqlite::Connection;
 use tokio::sync::mpsc::error::TrySendError;
@@ -177,8 +177,6 @@ pub(super) struct Shared {
 /// The connection and what each batch on it needs.
 struct Writer {
     conn: Connection,
-    /// Every write's answer waits for an fsync (`fsync_outcomes`).
-    fsync_all: bool,
     commits: Arc<AtomicU64>,
     handoff: Option<Handoff>,
 }
@@ -197,7 +195,6 @@ impl Shared {
         Shared {
             writer: Mutex::new(Writer {
                 conn,
-                fsync_all,
                 commits,
                 handoff,
             }),
@@ -208,13 +205,29 @@ impl Shared {
             waiting: AtomicU64::new(0),
         }
     }
+
+    /// Runs one batch on the connection `writer` holds, then lets it go.
+    /// Returns the answers that wait for an fsync (durable writes
+    /// committed), for whoever fsyncs.
+    #[must_use]
+    fn run_unlocking(
+        &self,
+        mut writer: MutexGuard<'_, Writer>,
+        batch: impl Iterator<Item = Box<dyn Task>>,
+    ) -> Vec<Box<dyn Reply>> {
+        writer.run(batch, self.fsync_all)
+    }
 }
 
 impl Writer {
     /// Runs one batch, then finishes a checkpoint pass if asked to. Returns
     /// the answers that wait for an fsync (durable writes committed).
     #[must_use]
-    fn run(&mut self, batch: impl Iterator<Item = Box<dyn Task>>) -> Vec<Box<dyn Reply>> {
+    fn run(
+        &mut self,
+        batch: impl Iterator<Item = Box<dyn Task>>,
+        fsync_all: bool,
+    ) -> Vec<Box<dyn Reply>> {
         /// A command that panics leaves the lock poisoned, and nothing runs
         /// on the connection again; its transaction is undone here, so that
         /// the file's write lock is not held until the last handle goes.
@@ -227,7 +240,7 @@ impl Writer {
             }
         }
         let _undo = Undo(&self.conn);
-        let durable = run_batch(&self.conn, batch, self.fsync_all, &self.commits);
+        let durable = run_batch(&self.conn, batch, fsync_all, &self.commits);
         if let Some(handoff) = &self.handoff
             && handoff.take()
         {
@@ -267,12 +280,12 @@ pub(super) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Msg>, max_batch: u
         shared.forming.store(true, Ordering::Relaxed);
         let writer = shared.writer.lock();
         shared.forming.store(false, Ordering::Relaxed);
-        let Ok(mut writer) = writer else {
+        let Ok(writer) = writer else {
             return;
         };
-        let durable = writer.run(batch.drain(..));
-        drop(writer);
-        shared.syncer.queue(durable);
+        shared
+            .syncer
+            .queue(shared.run_unlocking(writer, batch.drain(..)));
     }
 }
 
@@ -295,10 +308,10 @@ pub(super) fn idle(shared: &Shared, tx: &mpsc::Sender<Msg>, writes: bool, durabl
 /// found it empty does this thread wait for the lock and run it alone.
 pub(super) fn run_here(shared: &Shared, tx: &mpsc::Sender<Msg>, task: Box<dyn Task>) {
     let task = match shared.writer.try_lock() {
-        Ok(mut writer) => {
-            let durable = writer.run(std::iter::once(task));
-            drop(writer);
-            return shared.syncer.sync_here(durable);
+        Ok(writer) => {
+            return shared
+                .syncer
+                .sync_here(shared.run_unlocking(writer, std::iter::once(task)));
         }
         Err(TryLockError::Poisoned(_)) => return task.fail(STOPPED.into()),
         Err(TryLockError::WouldBlock) => task,
@@ -317,9 +330,8 @@ pub(super) fn run_here(shared: &Shared, tx: &mpsc::Sender<Msg>, task: Box<dyn Ta
     #[cfg(test)]
     shared.waiting.fetch_add(1, Ordering::Relaxed);
     match shared.writer.lock() {
-        Ok(mut writer) => {
-            let durable = writer.run(std::iter::once(task));
-            drop(writer);
+        Ok(writer) => {
+            let durable = shared.run_unlocking(writer, std::iter::once(task));
             shared.syncer.sync_here(durable);
         }
         Err(_) => task.fail(STOPPED.into()),
