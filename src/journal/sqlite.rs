@@ -255,7 +255,7 @@ impl SqliteJournal {
                 let row = select_row(c, &guid)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
                 return Ok(Claim::Existing(row));
             }
-            add_event(c, &guid, now_ms, State::Sending, None, "attempt 1")?;
+            add_event(c, c.last_insert_rowid(), now_ms, State::Sending, None, "attempt 1")?;
             Ok(Claim::New)
         })
         .await
@@ -272,18 +272,19 @@ impl SqliteJournal {
     ) -> Result<bool, JournalError> {
         let (guid, url) = (guid.to_owned(), url.to_owned());
         self.call(true, move |c| {
-            let changed = c
+            let changed: Option<i64> = c
                 .prepare_cached(
                     "UPDATE journal SET state = 'sending', attempts = attempts + 1, \
                      last_attempt_ms = ?2, updated_ms = ?2, url = ?4 \
-                     WHERE guid = ?1 AND state = 'not_sent' AND attempts = ?3",
+                     WHERE guid = ?1 AND state = 'not_sent' AND attempts = ?3 RETURNING id",
                 )?
-                .execute(params![guid, now_ms, attempts, url])?;
-            if changed == 0 {
+                .query_row(params![guid, now_ms, attempts, url], |r| r.get(0))
+                .optional()?;
+            let Some(id) = changed else {
                 return Ok(false);
-            }
+            };
             let note = format!("attempt {}", u64::from(attempts) + 1);
-            add_event(c, &guid, now_ms, State::Sending, None, &note)?;
+            add_event(c, id, now_ms, State::Sending, None, &note)?;
             Ok(true)
         })
         .await
@@ -293,18 +294,19 @@ impl SqliteJournal {
     pub async fn note_url(&self, guid: &str, url: &str, now_ms: i64) -> Result<bool, JournalError> {
         let (guid, url) = (guid.to_owned(), url.to_owned());
         self.call(true, move |c| {
-            let changed = c
+            let changed: Option<i64> = c
                 .prepare_cached(
                     "UPDATE journal SET url = ?2, updated_ms = ?3 \
-                     WHERE guid = ?1 AND state = 'sending'",
+                     WHERE guid = ?1 AND state = 'sending' RETURNING id",
                 )?
-                .execute(params![guid, url, now_ms])?;
-            if changed == 0 {
+                .query_row(params![guid, url, now_ms], |r| r.get(0))
+                .optional()?;
+            let Some(id) = changed else {
                 return Ok(false);
-            }
+            };
             add_event(
                 c,
-                &guid,
+                id,
                 now_ms,
                 State::Sending,
                 None,
@@ -333,11 +335,11 @@ impl SqliteJournal {
         self.record(move |c| {
             // The writer runs one command at a time, so nothing changes the row
             // between this read and the update.
-            let current: Option<(String, u32)> = c
-                .prepare_cached("SELECT state, attempts FROM journal WHERE guid = ?1")?
-                .query_row([&guid], |r| Ok((r.get(0)?, r.get(1)?)))
+            let current: Option<(i64, String, u32)> = c
+                .prepare_cached("SELECT id, state, attempts FROM journal WHERE guid = ?1")?
+                .query_row([&guid], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                 .optional()?;
-            let Some((current, attempts)) = current else {
+            let Some((id, current, attempts)) = current else {
                 return Ok(false);
             };
             if !only_if.is_empty() && !only_if.iter().any(|s| s.as_str() == current) {
@@ -349,17 +351,17 @@ impl SqliteJournal {
             c.prepare_cached(
                 "UPDATE journal SET state = ?2, code = ?3, answer = ?4, \
                  last_error = COALESCE(?5, last_error), answered_ms = ?6, updated_ms = ?6 \
-                 WHERE guid = ?1",
+                 WHERE id = ?1",
             )?
             .execute(params![
-                guid,
+                id,
                 f.state.as_str(),
                 f.code,
                 f.answer,
                 f.error,
                 now_ms
             ])?;
-            add_event(c, &guid, now_ms, f.state, Some(&f.code), &f.note)?;
+            add_event(c, id, now_ms, f.state, Some(&f.code), &f.note)?;
             Ok(true)
         })
         .await
@@ -376,7 +378,8 @@ impl SqliteJournal {
         let guid = guid.to_owned();
         self.call(false, move |c| {
             let mut stmt = c.prepare_cached(
-                "SELECT at_ms, state, code, note FROM journal_events WHERE guid = ?1 ORDER BY id",
+                "SELECT at_ms, state, code, note FROM journal_events \
+                 WHERE journal_id = (SELECT id FROM journal WHERE guid = ?1) ORDER BY id",
             )?;
             let events = stmt.query_map([&guid], |r| {
                 Ok(Event {
@@ -396,7 +399,7 @@ impl SqliteJournal {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.call(false, move |c| {
             let mut stmt = c.prepare_cached(&format!(
-                "SELECT {ROW_COLUMNS} FROM journal WHERE state = ?1 ORDER BY created_ms, rowid LIMIT ?2"
+                "SELECT {ROW_COLUMNS} FROM journal WHERE state = ?1 ORDER BY created_ms, id LIMIT ?2"
             ))?;
             let rows = stmt.query_map(params![state.as_str(), limit], read_row)?;
             rows.collect()
@@ -419,9 +422,9 @@ impl SqliteJournal {
     pub async fn recover(&self, now_ms: i64) -> Result<u64, JournalError> {
         self.call(true, move |c| {
             c.prepare_cached(
-                "INSERT INTO journal_events (guid, at_ms, state, code, note) \
-                 SELECT guid, ?1, 'unknown', 'E901', 'was in flight when the hub stopped' \
-                 FROM journal WHERE state = 'sending' ORDER BY created_ms, rowid",
+                "INSERT INTO journal_events (journal_id, at_ms, state, code, note) \
+                 SELECT id, ?1, 'unknown', 'E901', 'was in flight when the hub stopped' \
+                 FROM journal WHERE state = 'sending' ORDER BY created_ms, id",
             )?
             .execute([now_ms])?;
             let n = c
@@ -485,42 +488,44 @@ fn open_error(path: &Path, reason: String) -> JournalError {
 }
 
 /// The oldest settled rows updated before `?1`, at most `?2`, through the
-/// partial index of migration 0002: the WHERE repeats the index's condition
+/// partial index of migration 0003: the WHERE repeats the index's condition
 /// word for word, which SQLite needs to use it, and `INDEXED BY` makes the
 /// statement fail rather than fall back to the state index and a sort of
 /// every `done` row (the planner's pick on a table without statistics).
-const PRUNE_SELECT: &str = "SELECT guid FROM journal INDEXED BY journal_settled_updated \
+const PRUNE_SELECT: &str = "SELECT id FROM journal INDEXED BY journal_settled_updated \
      WHERE state IN ('done', 'not_sent') AND updated_ms < ?1 \
      ORDER BY updated_ms LIMIT ?2";
 
 /// Deletes up to `limit` of the oldest settled rows updated before
 /// `before_ms`, with their history.
 fn prune_batch(c: &Connection, before_ms: i64, limit: i64) -> rusqlite::Result<u64> {
-    let guids: Vec<String> = c
+    let ids: Vec<i64> = c
         .prepare_cached(PRUNE_SELECT)?
         .query_map(params![before_ms, limit], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
-    let mut events = c.prepare_cached("DELETE FROM journal_events WHERE guid = ?1")?;
-    let mut rows = c.prepare_cached("DELETE FROM journal WHERE guid = ?1")?;
-    for guid in &guids {
-        events.execute([guid])?;
-        rows.execute([guid])?;
+    let mut events = c.prepare_cached("DELETE FROM journal_events WHERE journal_id = ?1")?;
+    let mut rows = c.prepare_cached("DELETE FROM journal WHERE id = ?1")?;
+    for id in &ids {
+        events.execute([id])?;
+        rows.execute([id])?;
     }
-    Ok(guids.len() as u64)
+    Ok(ids.len() as u64)
 }
 
+/// Adds an event to the history of the row whose `id` is `journal_id`.
 fn add_event(
     c: &Connection,
-    guid: &str,
+    journal_id: i64,
     at_ms: i64,
     state: State,
     code: Option<&str>,
     note: &str,
 ) -> rusqlite::Result<()> {
     c.prepare_cached(
-        "INSERT INTO journal_events (guid, at_ms, state, code, note) VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO journal_events (journal_id, at_ms, state, code, note) \
+         VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
-    .execute(params![guid, at_ms, state.as_str(), code, note])?;
+    .execute(params![journal_id, at_ms, state.as_str(), code, note])?;
     Ok(())
 }
 

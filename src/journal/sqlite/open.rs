@@ -13,11 +13,12 @@ use rusqlite::{Connection, OpenFlags};
 pub(super) const APPLICATION_ID: i32 = 0x7268_6a6c;
 
 /// Schema migrations; migration `n` (1-based) brings `user_version` to `n`.
-const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0001_init.sql"),
     include_str!("../../../migrations/sqlite/0002_attempt_url.sql"),
     include_str!("../../../migrations/sqlite/0003_prune_index.sql"),
     include_str!("../../../migrations/sqlite/0004_state_checks.sql"),
+    include_str!("../../../migrations/sqlite/0005_events_by_row_id.sql"),
 ];
 
 /// The newest schema version this build reads and writes.

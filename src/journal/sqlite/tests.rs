@@ -451,8 +451,8 @@ async fn fill(j: &SqliteJournal, n: u64, at_ms: i64, unknown_every: u64) -> u64 
             params![n as i64, at_ms, unknown_every as i64],
         )?;
         c.execute(
-            "INSERT INTO journal_events (guid, at_ms, state, code, note) \
-             SELECT guid, updated_ms, state, code, 'filled' FROM journal \
+            "INSERT INTO journal_events (journal_id, at_ms, state, code, note) \
+             SELECT id, updated_ms, state, code, 'filled' FROM journal \
              WHERE guid LIKE 'FILL%'",
             [],
         )?;
@@ -495,7 +495,7 @@ async fn prune_in_batches_deletes_every_settled_row_and_its_history() {
     assert_eq!(j.prune(50_000).await.unwrap(), 0);
 }
 
-/// The prune's query walks the partial index of migration 0002, not the table.
+/// The prune's query walks the partial index of migration 0003, not the table.
 #[tokio::test(flavor = "multi_thread")]
 async fn prune_finds_its_rows_through_the_index() {
     let (_dir, j) = fresh();
@@ -703,7 +703,7 @@ async fn failing_command_fails_alone_in_its_batch() {
             j.call(true, |c| {
                 // Writes a row, then violates NOT NULL: the row must go too.
                 c.execute(
-                    "INSERT INTO journal_events (guid, at_ms, state, note) VALUES ('bad', 1, 'done', 'x')",
+                    "INSERT INTO journal_events (journal_id, at_ms, state, note) VALUES (-1, 1, 'done', 'x')",
                     [],
                 )?;
                 c.execute("INSERT INTO journal (guid) VALUES ('bad')", [])
@@ -726,7 +726,7 @@ async fn failing_command_fails_alone_in_its_batch() {
         other => panic!("expected a write error, got {other:?}"),
     }
     assert_eq!(j.commits() - before, 1, "one batch, one commit");
-    assert!(j.history("bad").await.unwrap().is_empty());
+    assert_eq!(events_total(&j).await, 2, "a's and b's, not the bad one's");
     assert!(j.get("a").await.unwrap().is_some() && j.get("b").await.unwrap().is_some());
 }
 
@@ -740,7 +740,7 @@ async fn a_failing_command_alone_is_undone_whole() {
     let bad = j
         .call(true, |c| {
             c.execute(
-                "INSERT INTO journal_events (guid, at_ms, state, note) VALUES ('bad', 1, 'done', 'x')",
+                "INSERT INTO journal_events (journal_id, at_ms, state, note) VALUES (-1, 1, 'done', 'x')",
                 [],
             )?;
             c.execute("INSERT INTO journal (guid) VALUES ('bad')", [])
@@ -751,10 +751,7 @@ async fn a_failing_command_alone_is_undone_whole() {
         other => panic!("expected a write error, got {other:?}"),
     }
     assert_eq!(j.commits(), before, "nothing committed");
-    assert!(
-        j.history("bad").await.unwrap().is_empty(),
-        "its first insert undone"
-    );
+    assert_eq!(events_total(&j).await, 0, "its first insert undone");
     assert_eq!(
         j.claim("g", "TRF001", "fp", "http://core", 1)
             .await
@@ -939,12 +936,14 @@ async fn version_3_is_migrated_to_state_checks_without_temporary_tables() {
     let insert_row = "INSERT INTO journal (guid, tx_code, fingerprint, state, attempts, \
         last_attempt_ms, created_ms, updated_ms) VALUES ('n', 't', 'f', 'sending', 1, 1, 1, 1)";
     let insert_event =
-        "INSERT INTO journal_events (guid, at_ms, state, note) VALUES ('n', 1, 'done', 'x')";
+        "INSERT INTO journal_events (journal_id, at_ms, state, note) VALUES (1, 1, 'done', 'x')";
     {
         let conn = Connection::open(&path).unwrap();
         assert!(uses_a_temporary_table(&conn, insert_row), "the old schema");
+        let old_insert_event =
+            "INSERT INTO journal_events (guid, at_ms, state, note) VALUES ('n', 1, 'done', 'x')";
         assert!(
-            uses_a_temporary_table(&conn, insert_event),
+            uses_a_temporary_table(&conn, old_insert_event),
             "the old schema"
         );
     }
@@ -996,7 +995,7 @@ async fn version_3_is_migrated_to_state_checks_without_temporary_tables() {
             [format!("g-{state}"), state.to_string()],
         );
         let event = conn.execute(
-            "INSERT INTO journal_events (guid, at_ms, state, note) VALUES ('g', 1, ?1, 'x')",
+            "INSERT INTO journal_events (journal_id, at_ms, state, note) VALUES (1, 1, ?1, 'x')",
             [state],
         );
         assert_eq!((row.is_ok(), event.is_ok()), (ok, ok), "{state:?}");
@@ -1004,12 +1003,142 @@ async fn version_3_is_migrated_to_state_checks_without_temporary_tables() {
     let indexes: i64 = conn
         .query_row(
             "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name IN \
-             ('journal_state_created', 'journal_settled_updated', 'journal_events_guid')",
+             ('journal_state_created', 'journal_settled_updated', 'journal_events_journal')",
             [],
             |r| r.get(0),
         )
         .unwrap();
     assert_eq!(indexes, 3);
+}
+
+/// A journal of schema version 4 (events keyed by GUID): two rows whose
+/// rowids are not 1 and 2, their events interleaved, one of them still
+/// `sending`, and an event with no row.
+fn version_4_journal(path: &Path) {
+    let conn = Connection::open(path).unwrap();
+    for sql in &open::MIGRATIONS[..4] {
+        conn.execute_batch(sql).unwrap();
+    }
+    conn.execute_batch(&format!(
+        "PRAGMA user_version = 4; PRAGMA application_id = {};
+         PRAGMA journal_mode = WAL;
+         INSERT INTO journal (rowid, guid, tx_code, fingerprint, state, code, answer,
+           attempts, last_attempt_ms, answered_ms, created_ms, updated_ms, url)
+         VALUES (5, 'A', 'TRF001', 'fa', 'done', '0000', X'41', 1, 10, 11, 10, 11, 'http://a'),
+                (9, 'B', 'TRF001', 'fb', 'sending', NULL, NULL, 1, 12, NULL, 12, 12, 'http://b');
+         INSERT INTO journal_events (id, guid, at_ms, state, code, note)
+         VALUES (3, 'A', 10, 'sending', NULL, 'attempt 1'),
+                (4, 'B', 12, 'sending', NULL, 'attempt 1'),
+                (6, 'A', 11, 'done', '0000', 'processed'),
+                (8, 'GONE', 13, 'done', '0000', 'an event with no row');",
+        open::APPLICATION_ID
+    ))
+    .unwrap();
+}
+
+/// The query plan of `sql` (bound to `params`), one line per step.
+fn plan(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Vec<String> {
+    conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .unwrap()
+        .query_map(params, |r| r.get::<_, String>(3))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn version_4_is_migrated_to_events_by_row_id_and_keeps_every_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    version_4_journal(&path);
+    let j = open(&path);
+    let notes =
+        |events: Vec<Event>| -> Vec<String> { events.into_iter().map(|e| e.note).collect() };
+    assert_eq!(
+        notes(j.history("A").await.unwrap()),
+        ["attempt 1", "processed"]
+    );
+    assert_eq!(notes(j.history("B").await.unwrap()), ["attempt 1"]);
+    let a = j.get("A").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            a.state,
+            a.code.as_deref(),
+            a.answer.as_deref(),
+            a.url.as_deref()
+        ),
+        (State::Done, Some("0000"), Some(&b"A"[..]), Some("http://a"))
+    );
+    // The row left `sending` is recovered, its event found by the row's id.
+    assert_eq!(j.recover(20).await.unwrap(), 1);
+    assert_eq!(
+        notes(j.history("B").await.unwrap()),
+        ["attempt 1", "was in flight when the hub stopped"]
+    );
+    // A GUID is still claimed once; new rows and events go on after the old ids.
+    assert!(matches!(
+        j.claim("A", "TRF001", "fa", "http://a", 21).await.unwrap(),
+        Claim::Existing(_)
+    ));
+    assert_eq!(
+        j.claim("C", "TRF001", "fc", "http://c", 21).await.unwrap(),
+        Claim::New
+    );
+    let done = finish(State::Done, "0000", None, None, "processed");
+    j.finish("C", done, 22).await.unwrap();
+    assert_eq!(
+        notes(j.history("C").await.unwrap()),
+        ["attempt 1", "processed"]
+    );
+    assert_eq!(j.prune(12).await.unwrap(), 1, "A, updated at 11");
+    assert!(j.history("A").await.unwrap().is_empty());
+    drop(j);
+
+    let conn = Connection::open(&path).unwrap();
+    let ids = |sql: &str| -> Vec<(i64, i64)> {
+        conn.prepare(sql)
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    assert_eq!(
+        ids("SELECT id, created_ms FROM journal ORDER BY id"),
+        [(9, 12), (10, 21)]
+    );
+    // The old event ids kept; the event with no row not carried over; the
+    // pruned row's events gone with it.
+    assert_eq!(
+        ids("SELECT id, journal_id FROM journal_events ORDER BY id"),
+        [(4, 9), (7, 9), (8, 10), (9, 10)]
+    );
+    // A history is read through the index on the row's id, with no sort.
+    let history = plan(
+        &conn,
+        "SELECT at_ms, state, code, note FROM journal_events \
+         WHERE journal_id = (SELECT id FROM journal WHERE guid = ?1) ORDER BY id",
+        ["C"],
+    );
+    assert!(
+        history.iter().any(|p| p.contains("journal_events_journal")),
+        "{history:?}"
+    );
+    assert!(
+        !history.iter().any(|p| p.contains("TEMP B-TREE")),
+        "{history:?}"
+    );
+    let guid_index: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'journal_events_guid'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        guid_index, 0,
+        "no index on the events' GUIDs is left to keep up"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1357,7 +1486,7 @@ async fn prune_of_a_million_rows_timing() {
             let n = j
                 .call(true, |c| {
                     c.execute(
-                        "DELETE FROM journal_events WHERE guid IN (SELECT guid FROM journal \
+                        "DELETE FROM journal_events WHERE journal_id IN (SELECT id FROM journal \
                          WHERE updated_ms < ?1 AND state NOT IN ('sending', 'unknown'))",
                         [i64::MAX / 2],
                     )?;
