@@ -1139,6 +1139,40 @@ async fn version_4_is_migrated_to_events_by_row_id_and_keeps_every_history() {
         guid_index, 0,
         "no index on the events' GUIDs is left to keep up"
     );
+    // The rebuilt tables are still STRICT and keep their checks.
+    for (sql, refused) in [
+        (
+            "UPDATE journal SET attempts = 'x' WHERE id = 9",
+            "cannot store TEXT",
+        ),
+        (
+            "UPDATE journal SET attempts = -1 WHERE id = 9",
+            "CHECK constraint",
+        ),
+        (
+            "UPDATE journal SET state = 'sent' WHERE id = 9",
+            "CHECK constraint",
+        ),
+        (
+            "UPDATE journal SET guid = 'C' WHERE id = 9",
+            "UNIQUE constraint",
+        ),
+        (
+            "UPDATE journal_events SET journal_id = 'x' WHERE id = 4",
+            "cannot store TEXT",
+        ),
+        (
+            "UPDATE journal_events SET journal_id = NULL WHERE id = 4",
+            "NOT NULL constraint",
+        ),
+        (
+            "UPDATE journal_events SET state = 'sent' WHERE id = 4",
+            "CHECK constraint",
+        ),
+    ] {
+        let e = conn.execute(sql, []).expect_err(sql).to_string();
+        assert!(e.contains(refused), "{sql}: {e}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
