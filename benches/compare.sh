@@ -13,8 +13,12 @@
 # run) and their ratio, p50 and p99. Then the core alone and the first hub at
 # one fixed rate (half the lower closed-loop throughput): the latency added.
 #   --slow-core          the fixture answers after 200 ms; 1,000 concurrent
-#                        transfers: throughput against the Little's-law bound,
-#                        hub RSS and threads.
+#                        transfers through each of SLOW_RELAYS (the yardstick,
+#                        then the hub with the memory journal), each with a
+#                        corebank of its own: throughput against the
+#                        Little's-law bound, RSS, threads and CPU. The
+#                        yardstick's share is what this machine allows a
+#                        relay with a thread per call.
 #   --connections-scale  10,000 idle channel connections held open, a load
 #                        through a few more: hub RSS per connection.
 #   --tls                the cost of TLS: at each of CONNECTIONS, the hub with
@@ -31,7 +35,8 @@
 # ROUNDS (1: the whole matrix again, for run-to-run spread), RELAYS ("yardstick
 # hub:memory hub:sqlite"; an entry is `yardstick` or
 # `hub:JOURNAL[:name][@BIN][+VAR=VALUE...]`, see start_relay), FIXED_RATE (1; 0
-# skips the fixed-rate part), FIXED_RATE_PER_S, SLOW_CONNECTIONS (1000),
+# skips the fixed-rate part), FIXED_RATE_PER_S, SLOW_RELAYS ("yardstick
+# hub:memory", entries as in RELAYS), SLOW_CONNECTIONS (1000),
 # SLOW_DURATION (15s), IDLE (10000), LOG (info: the RUST_LOG of the servers;
 # their logs go to files in the work folder), TLS_KEY (ec: P-256 keys; rsa:
 # 2048-bit RSA), FRESH (1000 telegrams per fresh-connection run, each a
@@ -52,6 +57,7 @@ RELAYS=${RELAYS:-yardstick hub:memory hub:sqlite}
 FIXED_RATE=${FIXED_RATE:-1}
 YARD_BIN=${YARD_BIN:-target/release/examples/yardstick}
 WARMUP=${WARMUP:-3000}
+SLOW_RELAYS=${SLOW_RELAYS:-yardstick hub:memory}
 SLOW_CONNECTIONS=${SLOW_CONNECTIONS:-1000}
 SLOW_DURATION=${SLOW_DURATION:-15s}
 IDLE=${IDLE:-10000}
@@ -66,13 +72,13 @@ for arg in "$@"; do
         --connections-scale) modes+=(scale) ;;
         --tls) modes+=(tls) ;;
         --all) modes=(compare slow scale tls) ;;
-        -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
         *) echo "compare.sh: unknown argument $arg" >&2; exit 64 ;;
     esac
 done
 [ ${#modes[@]} -eq 0 ] && modes=(compare)
 
-for b in "$HUB_BIN" "$CORE_BIN" $(case " $RELAYS " in *" yardstick "*) echo "$YARD_BIN" ;; esac); do
+for b in "$HUB_BIN" "$CORE_BIN" $(case " $RELAYS $SLOW_RELAYS " in *" yardstick "*) echo "$YARD_BIN" ;; esac); do
     [ -x "$b" ] || { echo "compare.sh: $b not found; run cargo build --release --workspace --bins --examples first" >&2; exit 1; }
 done
 
@@ -306,27 +312,36 @@ http_post() { # ADDR PATH BODY: a tiny HTTP client, so the script needs no curl.
 }
 
 run_slow() {
-    echo "== slow core: 200 ms per transfer, $SLOW_CONNECTIONS concurrent, $SLOW_DURATION ==" >&2
+    local entry
+    for entry in $SLOW_RELAYS; do slow_one "$entry"; done
+}
+
+# slow_one ENTRY: the slow-core run through one relay (see start_relay), with
+# a core of its own.
+slow_one() {
+    local entry=$1 name
+    name="slow-$(relay_label "$entry" | tr -c 'A-Za-z0-9_.-' _)"
+    echo "== slow core: 200 ms per transfer, $SLOW_CONNECTIONS concurrent, $SLOW_DURATION, $(relay_label "$entry") ==" >&2
     ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-    start_core slow; start_hub slow
+    start_core "$name"; start_relay "$entry" "$name"
     local rss0 thr0
-    bench slow-warm --to "$HUB_ADDR" -c 8 -n 1000
+    bench "$name-warm" --to "$HUB_ADDR" -c 8 -n 1000
     rss0=$(status "$HUB_PID" VmRSS); thr0=$(status "$HUB_PID" Threads)
     # new_guid: today's date, then the prefix; the rule matches this run's GUIDs only.
     local prefix; prefix="$(date +%Y%m%d)SLOW"
     http_post "$CORE_ADDR" /_admin/faults \
         "{\"match\":{\"guid_prefix\":\"$prefix\",\"method\":\"POST\"},\"action\":{\"delay_ms\":200,\"phase\":\"before_apply\"}}"
-    sample "$HUB_PID" "$WORK/slow-sample" & local sampler=$!
-    measured slow --to "$HUB_ADDR" -c "$SLOW_CONNECTIONS" -d "$SLOW_DURATION" --guid-prefix SLOW --timeout 5s
+    sample "$HUB_PID" "$WORK/$name-sample" & local sampler=$!
+    measured "$name" --to "$HUB_ADDR" -c "$SLOW_CONNECTIONS" -d "$SLOW_DURATION" --guid-prefix SLOW --timeout 5s
     kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true
     local hwm peak_thr peak_rss
     hwm=$(status "$HUB_PID" VmHWM)
-    read -r peak_thr peak_rss <"$WORK/slow-sample"
+    read -r peak_thr peak_rss <"$WORK/$name-sample"
     stop_all
-    local f="$WORK/slow.json" bound
+    local f="$WORK/$name.json" bound
     bound=$(calc "$SLOW_CONNECTIONS / 0.2" 0)
     echo
-    echo "relayhub with a slow core: 200 ms per transfer, $SLOW_CONNECTIONS concurrent transfers, $SLOW_DURATION"
+    echo "$(relay_label "$entry") with a slow core: 200 ms per transfer, $SLOW_CONNECTIONS concurrent transfers, $SLOW_DURATION"
     printf '%-44s %14s\n' "throughput (transfers/s)" "$(calc "$(num "$f" throughput)" 0)"
     printf '%-44s %14s\n' "Little's-law bound (concurrency / 0.2 s)" "$bound"
     printf '%-44s %14s\n' "share of the bound" "$(calc "100 * $(num "$f" throughput) / $bound" 1) %"
@@ -335,12 +350,13 @@ run_slow() {
     done
     printf '%-44s %14s\n' "codes" "$(tr -d '\n ' <"$f" | sed -n 's/.*"codes":{\([^}]*\)}.*/\1/p')"
     printf '%-44s %14s\n' "wrong / no answer" "$(num "$f" wrong) / $(num "$f" errors)"
-    printf '%-44s %14s\n' "hub RSS before -> peak (MB)" "$(calc "$rss0 / 1024" 1) -> $(calc "$peak_rss / 1024" 1)"
-    printf '%-44s %14s\n' "hub VmHWM (MB)" "$(calc "$hwm / 1024" 1)"
-    printf '%-44s %14s\n' "hub threads before -> peak" "$thr0 -> $peak_thr"
-    printf '%-44s %14s\n' "hub RSS per concurrent transfer (KB)" \
+    printf '%-44s %14s\n' "relay RSS before -> peak (MB)" "$(calc "$rss0 / 1024" 1) -> $(calc "$peak_rss / 1024" 1)"
+    printf '%-44s %14s\n' "relay VmHWM (MB)" "$(calc "$hwm / 1024" 1)"
+    printf '%-44s %14s\n' "relay threads before -> peak" "$thr0 -> $peak_thr"
+    printf '%-44s %14s\n' "relay RSS per concurrent transfer (KB)" \
         "$(calc "($peak_rss - $rss0) / $SLOW_CONNECTIONS" 1)"
-    printf '%-44s %14s\n' "hub CPU s per 1,000 telegrams" "$(per1000 "$HUB_TICKS" "$f")"
+    printf '%-44s %14s\n' "relay CPU s per 1,000 telegrams" "$(per1000 "$HUB_TICKS" "$f")"
+    printf '%-44s %14s\n' "core CPU s per 1,000 telegrams" "$(per1000 "$CORE_TICKS" "$f")"
 }
 
 run_scale() {
