@@ -800,21 +800,31 @@ fn open_twice_in_sequence_and_concurrently() {
     open(&path);
 }
 
-/// A journal of schema version 1 (before the prune index), as an older
-/// build left it.
-fn version_1_journal(path: &Path) {
+/// A journal of schema `version` as a build of that version left it: its
+/// migrations, its marks, then `rows` (SQL that fills it).
+fn journal_at_version(path: &Path, version: usize, rows: &str) {
     let conn = Connection::open(path).unwrap();
-    conn.execute_batch(include_str!("../../../migrations/sqlite/0001_init.sql"))
-        .unwrap();
+    for sql in &open::MIGRATIONS[..version] {
+        conn.execute_batch(sql).unwrap();
+    }
     conn.execute_batch(&format!(
-        "PRAGMA user_version = 1; PRAGMA application_id = {};
-         PRAGMA journal_mode = WAL;
-         INSERT INTO journal (guid, tx_code, fingerprint, state, code, attempts,
-           last_attempt_ms, created_ms, updated_ms)
-         VALUES ('old', 'TRF001', 'fp', 'done', '0000', 1, 5, 5, 5);",
+        "PRAGMA user_version = {version}; PRAGMA application_id = {};
+         PRAGMA journal_mode = WAL; {rows}",
         open::APPLICATION_ID
     ))
     .unwrap();
+}
+
+/// A journal of schema version 1 (before the prune index), as an older
+/// build left it.
+fn version_1_journal(path: &Path) {
+    journal_at_version(
+        path,
+        1,
+        "INSERT INTO journal (guid, tx_code, fingerprint, state, code, attempts,
+           last_attempt_ms, created_ms, updated_ms)
+         VALUES ('old', 'TRF001', 'fp', 'done', '0000', 1, 5, 5, 5);",
+    );
 }
 
 fn schema_version_and_index(path: &Path) -> (i64, bool) {
@@ -851,25 +861,15 @@ async fn a_version_1_journal_is_migrated_and_keeps_its_rows() {
 /// A journal of schema version 3 (`state IN (...)` checks), with a row, its
 /// events and the ids they had.
 fn version_3_journal(path: &Path) {
-    let conn = Connection::open(path).unwrap();
-    for sql in [
-        include_str!("../../../migrations/sqlite/0001_init.sql"),
-        include_str!("../../../migrations/sqlite/0002_attempt_url.sql"),
-        include_str!("../../../migrations/sqlite/0003_prune_index.sql"),
-    ] {
-        conn.execute_batch(sql).unwrap();
-    }
-    conn.execute_batch(&format!(
-        "PRAGMA user_version = 3; PRAGMA application_id = {};
-         PRAGMA journal_mode = WAL;
-         INSERT INTO journal (guid, tx_code, fingerprint, state, code, answer, attempts,
+    journal_at_version(
+        path,
+        3,
+        "INSERT INTO journal (guid, tx_code, fingerprint, state, code, answer, attempts,
            last_attempt_ms, answered_ms, last_error, created_ms, updated_ms, url)
          VALUES ('v3', 'TRF001', 'fp', 'done', '0000', X'4142', 2, 5, 6, 'late', 4, 6, 'http://core');
          INSERT INTO journal_events (id, guid, at_ms, state, code, note)
          VALUES (7, 'v3', 4, 'sending', NULL, 'attempt 1'), (9, 'v3', 6, 'done', '0000', 'processed');",
-        open::APPLICATION_ID
-    ))
-    .unwrap();
+    );
 }
 
 fn page_size(path: &Path) -> i64 {
@@ -1015,14 +1015,10 @@ async fn version_3_is_migrated_to_state_checks_without_temporary_tables() {
 /// rowids are not 1 and 2, their events interleaved, one of them still
 /// `sending`, and an event with no row.
 fn version_4_journal(path: &Path) {
-    let conn = Connection::open(path).unwrap();
-    for sql in &open::MIGRATIONS[..4] {
-        conn.execute_batch(sql).unwrap();
-    }
-    conn.execute_batch(&format!(
-        "PRAGMA user_version = 4; PRAGMA application_id = {};
-         PRAGMA journal_mode = WAL;
-         INSERT INTO journal (rowid, guid, tx_code, fingerprint, state, code, answer,
+    journal_at_version(
+        path,
+        4,
+        "INSERT INTO journal (rowid, guid, tx_code, fingerprint, state, code, answer,
            attempts, last_attempt_ms, answered_ms, created_ms, updated_ms, url)
          VALUES (5, 'A', 'TRF001', 'fa', 'done', '0000', X'41', 1, 10, 11, 10, 11, 'http://a'),
                 (9, 'B', 'TRF001', 'fb', 'sending', NULL, NULL, 1, 12, NULL, 12, 12, 'http://b');
@@ -1031,9 +1027,7 @@ fn version_4_journal(path: &Path) {
                 (4, 'B', 12, 'sending', NULL, 'attempt 1'),
                 (6, 'A', 11, 'done', '0000', 'processed'),
                 (8, 'GONE', 13, 'done', '0000', 'an event with no row');",
-        open::APPLICATION_ID
-    ))
-    .unwrap();
+    );
 }
 
 /// The query plan of `sql` (bound to `params`), one line per step.
