@@ -1,7 +1,8 @@
 //! The journal across restarts (docs/protocol.md section 8): a GUID in flight when
 //! the real `relayhub` process is SIGKILLed is unknown after the restart, so
-//! its resend is an inquiry, never a second POST; and final answers in a
-//! SQLite journal are replayed by the next hub on the same file.
+//! its resend is an inquiry, never a second POST; final answers in a SQLite
+//! journal are replayed by the next hub on the same file; and a file written
+//! by an older schema keeps that promise once the hub has migrated it.
 
 #![cfg(unix)]
 
@@ -153,6 +154,134 @@ async fn sqlite_journal_replays_final_answers_after_a_restart() {
     assert_eq!((posts(&core, &ok), gets(&core, &ok)), (1, 0));
     assert_eq!((posts(&core, &rejected), gets(&core, &rejected)), (1, 0));
     assert_eq!(core.balance(ACC1), Some(1_000_000 - 22_000));
+}
+
+/// `rows` written as the build before schema version 5 wrote them: a journal
+/// of schema version 4 (events keyed by GUID), the first row `unknown` after
+/// an attempt whose answer never came, the second left `sending` by a crash.
+/// The application id is taken from `like`, a journal of this build.
+fn write_version_4(
+    path: &std::path::Path,
+    like: &std::path::Path,
+    rows: &[relayhub::journal::Row; 2],
+) {
+    use rusqlite::{Connection, params};
+    let app_id: i64 = Connection::open(like)
+        .unwrap()
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .unwrap();
+    let conn = Connection::open(path).unwrap();
+    for sql in [
+        include_str!("../../migrations/sqlite/0001_init.sql"),
+        include_str!("../../migrations/sqlite/0002_attempt_url.sql"),
+        include_str!("../../migrations/sqlite/0003_prune_index.sql"),
+        include_str!("../../migrations/sqlite/0004_state_checks.sql"),
+    ] {
+        conn.execute_batch(sql).unwrap();
+    }
+    conn.execute_batch(&format!(
+        "PRAGMA user_version = 4; PRAGMA application_id = {app_id}; PRAGMA journal_mode = WAL;"
+    ))
+    .unwrap();
+    for (row, state, rowid) in [(&rows[0], "unknown", 7), (&rows[1], "sending", 3)] {
+        conn.execute(
+            "INSERT INTO journal (rowid, guid, tx_code, fingerprint, state, code, attempts, \
+             last_attempt_ms, created_ms, updated_ms, url) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 1, 1000, 1000, 1001, ?7)",
+            params![
+                rowid,
+                row.guid,
+                row.tx_code,
+                row.fingerprint,
+                state,
+                (state == "unknown").then_some("E901"),
+                row.url
+            ],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO journal_events (guid, at_ms, state, note) \
+             VALUES (?1, 1000, 'sending', 'attempt 1')",
+            [&row.guid],
+        )
+        .unwrap();
+    }
+    conn.execute(
+        "INSERT INTO journal_events (guid, at_ms, state, code, note) \
+         VALUES (?1, 1001, 'unknown', 'E901', 'no answer within the budget')",
+        [&rows[0].guid],
+    )
+    .unwrap();
+}
+
+/// A journal written by the build before schema version 5, holding a GUID
+/// left `unknown` and one left `sending` by a crash, both applied by the
+/// core: the real hub migrates the file at its start, answers each resend by
+/// inquiry (never a second POST), and each GUID's history keeps its old
+/// events and goes on after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_4_journal_keeps_the_one_rule_after_the_upgrade() {
+    let core = start_core().await;
+    let dir = TempDir::new("journal-v4");
+    let (unknown, sending) = (guid("V4UN"), guid("V4SE"));
+    let telegrams = [transfer(&unknown, 11_000), transfer(&sending, 12_000)];
+    // The core applies both, through a hub on a journal of its own whose
+    // rows give the fingerprints and URL the older build would have written.
+    let scratch = dir.join("scratch.db");
+    let hub = HubSpec::new(&core.url())
+        .journal(scratch.to_str().unwrap())
+        .start()
+        .await;
+    for t in &telegrams {
+        ok_body(&hub.send(t).await);
+    }
+    let rows = [
+        hub.row(&unknown).await.expect("journaled"),
+        hub.row(&sending).await.expect("journaled"),
+    ];
+    hub.shutdown().await;
+
+    let journal = dir.join("journal.db");
+    write_version_4(&journal, &scratch, &rows);
+    let mut hub = start_hub_process(&core.url(), &journal, 2000);
+    for (g, t) in [&unknown, &sending].into_iter().zip(&telegrams) {
+        let (_, _, balance) = ok_body(&hub.send(t).await);
+        assert!(balance < 1_000_000, "{g}: the applied transfer's answer");
+        assert_eq!(posts(&core, g), 1, "{g}: no second POST after the upgrade");
+        assert_eq!(gets(&core, g), 1, "{g}: answered by one inquiry");
+    }
+    let status = hub.terminate();
+    assert_eq!(status.code(), Some(0), "log:\n{}", hub.stderr());
+
+    let j = Journal::open(journal.to_str().unwrap(), 16)
+        .await
+        .expect("open the migrated journal");
+    let story = |events: Vec<relayhub::journal::Event>| -> Vec<(State, Option<String>)> {
+        events.into_iter().map(|e| (e.state, e.code)).collect()
+    };
+    let done = (State::Done, Some("0000".to_string()));
+    assert_eq!(
+        story(j.history(&unknown).await.unwrap()),
+        [
+            (State::Sending, None),
+            (State::Unknown, Some("E901".into())),
+            done.clone()
+        ]
+    );
+    assert_eq!(
+        story(j.history(&sending).await.unwrap()),
+        [
+            (State::Sending, None),
+            (State::Unknown, Some("E901".into())),
+            done
+        ],
+        "recovered at the start, then settled"
+    );
+    let version: i64 = rusqlite::Connection::open(&journal)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 5);
 }
 
 /// How often the WAL of `journal` has started over (its header's checkpoint
