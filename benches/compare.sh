@@ -78,7 +78,12 @@ for arg in "$@"; do
 done
 [ ${#modes[@]} -eq 0 ] && modes=(compare)
 
-for b in "$HUB_BIN" "$CORE_BIN" $(case " $RELAYS $SLOW_RELAYS " in *" yardstick "*) echo "$YARD_BIN" ;; esac); do
+# The relays the chosen modes run: the yardstick's binary only if one does.
+needed=
+for m in "${modes[@]}"; do
+    case "$m" in compare) needed+=" $RELAYS" ;; slow) needed+=" $SLOW_RELAYS" ;; esac
+done
+for b in "$HUB_BIN" "$CORE_BIN" $(case " $needed " in *" yardstick "*) echo "$YARD_BIN" ;; esac); do
     [ -x "$b" ] || { echo "compare.sh: $b not found; run cargo build --release --workspace --bins --examples first" >&2; exit 1; }
 done
 
@@ -159,7 +164,8 @@ sample() {
         t=$(status "$pid" Threads 2>/dev/null || echo 0); r=$(status "$pid" VmRSS 2>/dev/null || echo 0)
         [ "${t:-0}" -gt "$max_t" ] && max_t=$t
         [ "${r:-0}" -gt "$max_r" ] && max_r=$r
-        echo "$max_t $max_r" >"$out"
+        # Whole or not at all: the reader may stop this loop at any point.
+        echo "$max_t $max_r" >"$out.part" && mv "$out.part" "$out"
         sleep 0.1
     done
 }

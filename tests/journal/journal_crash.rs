@@ -253,35 +253,63 @@ async fn a_version_4_journal_keeps_the_one_rule_after_the_upgrade() {
     let status = hub.terminate();
     assert_eq!(status.code(), Some(0), "log:\n{}", hub.stderr());
 
-    let j = Journal::open(journal.to_str().unwrap(), 16)
-        .await
-        .expect("open the migrated journal");
-    let story = |events: Vec<relayhub::journal::Event>| -> Vec<(State, Option<String>)> {
-        events.into_iter().map(|e| (e.state, e.code)).collect()
-    };
-    let done = (State::Done, Some("0000".to_string()));
-    assert_eq!(
-        story(j.history(&unknown).await.unwrap()),
-        [
-            (State::Sending, None),
-            (State::Unknown, Some("E901".into())),
-            done.clone()
-        ]
-    );
-    assert_eq!(
-        story(j.history(&sending).await.unwrap()),
-        [
-            (State::Sending, None),
-            (State::Unknown, Some("E901".into())),
-            done
-        ],
-        "recovered at the start, then settled"
-    );
+    // Read before this test opens the file itself (which would migrate it).
     let version: i64 = rusqlite::Connection::open(&journal)
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 5, "migrated by the hub");
+
+    let j = Journal::open(journal.to_str().unwrap(), 16)
+        .await
+        .expect("open the migrated journal");
+    // (state, code, note), and when for the events the older build wrote.
+    type Step = (State, Option<String>, String, Option<i64>);
+    let story = |events: Vec<relayhub::journal::Event>| -> Vec<Step> {
+        events
+            .into_iter()
+            .map(|e| {
+                let old = e.at_ms <= 1001;
+                (
+                    e.state,
+                    e.code,
+                    if old { e.note } else { String::new() },
+                    old.then_some(e.at_ms),
+                )
+            })
+            .collect()
+    };
+    let step = |state, code: Option<&str>, note: &str, at: Option<i64>| -> Step {
+        (state, code.map(str::to_string), note.to_string(), at)
+    };
+    let settled = step(State::Done, Some("0000"), "", None);
+    assert_eq!(
+        story(j.history(&unknown).await.unwrap()),
+        [
+            step(State::Sending, None, "attempt 1", Some(1000)),
+            step(
+                State::Unknown,
+                Some("E901"),
+                "no answer within the budget",
+                Some(1001)
+            ),
+            settled.clone()
+        ]
+    );
+    let recovered = j.history(&sending).await.unwrap();
+    assert_eq!(
+        recovered[1].note, "was in flight when the hub stopped",
+        "{recovered:?}"
+    );
+    assert_eq!(
+        story(recovered),
+        [
+            step(State::Sending, None, "attempt 1", Some(1000)),
+            (State::Unknown, Some("E901".into()), String::new(), None),
+            settled
+        ],
+        "recovered at the start, then settled"
+    );
 }
 
 /// How often the WAL of `journal` has started over (its header's checkpoint
