@@ -377,10 +377,7 @@ impl SqliteJournal {
     pub async fn history(&self, guid: &str) -> Result<Vec<Event>, JournalError> {
         let guid = guid.to_owned();
         self.call(false, move |c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT at_ms, state, code, note FROM journal_events \
-                 WHERE journal_id = (SELECT id FROM journal WHERE guid = ?1) ORDER BY id",
-            )?;
+            let mut stmt = c.prepare_cached(HISTORY_SELECT)?;
             let events = stmt.query_map([&guid], |r| {
                 Ok(Event {
                     at_ms: r.get(0)?,
@@ -486,6 +483,10 @@ fn open_error(path: &Path, reason: String) -> JournalError {
         reason,
     }
 }
+
+/// A GUID's events, oldest first: found through the index on the row's id.
+const HISTORY_SELECT: &str = "SELECT at_ms, state, code, note FROM journal_events \
+     WHERE journal_id = (SELECT id FROM journal WHERE guid = ?1) ORDER BY id";
 
 /// The oldest settled rows updated before `?1`, at most `?2`, through the
 /// partial index of migration 0003: the WHERE repeats the index's condition

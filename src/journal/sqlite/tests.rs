@@ -499,20 +499,22 @@ async fn prune_in_batches_deletes_every_settled_row_and_its_history() {
 #[tokio::test(flavor = "multi_thread")]
 async fn prune_finds_its_rows_through_the_index() {
     let (_dir, j) = fresh();
-    let plan: Vec<String> = j
-        .call(false, |c| {
-            let mut st = c.prepare(&format!("EXPLAIN QUERY PLAN {PRUNE_SELECT}"))?;
-            st.query_map(params![1, 2], |r| r.get::<_, String>(3))?
-                .collect()
-        })
+    let steps: Vec<String> = j
+        .call(false, |c| Ok(plan(c, PRUNE_SELECT, params![1, 2])))
         .await
         .unwrap();
     assert!(
-        plan.iter().any(|p| p.contains("journal_settled_updated")),
-        "{plan:?}"
+        steps.iter().any(|p| p.contains("journal_settled_updated")),
+        "{steps:?}"
     );
-    assert!(!plan.iter().any(|p| p.contains("SCAN journal")), "{plan:?}");
-    assert!(!plan.iter().any(|p| p.contains("TEMP B-TREE")), "{plan:?}");
+    assert!(
+        !steps.iter().any(|p| p.contains("SCAN journal")),
+        "{steps:?}"
+    );
+    assert!(
+        !steps.iter().any(|p| p.contains("TEMP B-TREE")),
+        "{steps:?}"
+    );
 }
 
 /// Claims queued while a prune runs are served between its batches, not
@@ -1108,12 +1110,7 @@ async fn version_4_is_migrated_to_events_by_row_id_and_keeps_every_history() {
         [(4, 9), (7, 9), (8, 10), (9, 10)]
     );
     // A history is read through the index on the row's id, with no sort.
-    let history = plan(
-        &conn,
-        "SELECT at_ms, state, code, note FROM journal_events \
-         WHERE journal_id = (SELECT id FROM journal WHERE guid = ?1) ORDER BY id",
-        ["C"],
-    );
+    let history = plan(&conn, HISTORY_SELECT, ["C"]);
     assert!(
         history.iter().any(|p| p.contains("journal_events_journal")),
         "{history:?}"
