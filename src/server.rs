@@ -580,13 +580,20 @@ async fn serve_plain<H: Answerer>(
         let Ok(Back::Resume(lent, resumed)) = back.await else {
             return;
         };
-        match lent
-            .set_nonblocking(true)
-            .and_then(|()| TcpStream::from_std(lent))
-        {
+        // A telegram still being handled is answered whatever happens to
+        // the socket's registration: through a second descriptor, since a
+        // failed registration closes the one it was given.
+        let spare = resumed.inline.as_ref().and_then(|_| lent.try_clone().ok());
+        match adopters.resume(lent) {
             Ok(s) => (stream, carry) = (s, resumed),
             Err(e) => {
-                debug!(%e, "a connection could not return to the reactor; closed");
+                match (resumed.inline, spare) {
+                    (Some(flight), Some(spare)) => {
+                        debug!(%e, "a connection could not return to the reactor; its telegram in flight is answered, then it is closed");
+                        adoption::answer_then_close(spare, flight, limits).await;
+                    }
+                    _ => debug!(%e, "a connection could not return to the reactor; closed"),
+                }
                 return;
             }
         }
@@ -1027,11 +1034,18 @@ mod tests {
     async fn one_lent_connection<H: Answerer>(
         hub: H,
     ) -> (TcpStream, Arc<InFlight>, tokio::task::JoinHandle<()>) {
+        one_lent_connection_with(hub, Arc::new(Adopters::new())).await
+    }
+
+    /// [`one_lent_connection`] with these adopters.
+    async fn one_lent_connection_with<H: Answerer>(
+        hub: H,
+        adopters: Arc<Adopters>,
+    ) -> (TcpStream, Arc<InFlight>, tokio::task::JoinHandle<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let limits = Limits::from(&ServerConfig::default());
         let in_flight = Arc::new(InFlight::default());
-        let adopters = Arc::new(Adopters::new());
         let server = tokio::spawn({
             let in_flight = in_flight.clone();
             async move {
@@ -1301,6 +1315,44 @@ mod tests {
             "the E901 was not written within 3 s (the adopter ran the orphaned call first: {ran_before_release})"
         );
         assert!(!ran_before_release, "a call whose future is gone was run");
+    }
+
+    /// The telegram in flight when its connection comes back from an
+    /// adopter is answered even when the socket cannot be registered with
+    /// the reactor again (`epoll` out of memory or watches): on its own,
+    /// then the connection closes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_telegram_is_answered_when_its_connection_cannot_return_to_the_reactor() {
+        let (hub, release, call_thread) = scripted();
+        let adopters = Arc::new(Adopters::new());
+        let (mut channel, in_flight, server) =
+            one_lent_connection_with(hub, adopters.clone()).await;
+        let quick = "20261129IBANK0000000000000000QCK";
+        let answer = exchange(&mut channel, &header("TRF001", quick)).await;
+        assert_eq!(&answer[60..64], b"0000");
+
+        adopters.refuse_return.store(true, Ordering::SeqCst);
+        // Its deadline takes the telegram back while its call still blocks.
+        let held = "20261129IBANK0000000000000000RFS";
+        let answer = exchange(&mut channel, &header("BLOCKD", held)).await;
+        assert_eq!(&answer[..38], format!("BLOCKD{held}").as_bytes());
+        assert_eq!(&answer[60..64], b"E901", "answered at the deadline");
+        let thread = tokio::task::spawn_blocking(move || call_thread.recv().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(thread, "relayhub-conn");
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(10), channel.read_to_end(&mut rest));
+        assert!(
+            matches!(closed.await, Ok(Ok(0))),
+            "the connection closes after the answer, with nothing more: {rest:?}"
+        );
+        release.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the connection's task ends")
+            .unwrap();
+        assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

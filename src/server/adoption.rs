@@ -133,6 +133,10 @@ pub(super) struct Adopters {
     /// connection (and its answer) until the call ends, so nothing is lent.
     ticking: bool,
     runtime: tokio::runtime::Handle,
+    /// In tests: a connection that comes back cannot be registered with
+    /// the reactor again (as when `epoll` refuses it).
+    #[cfg(test)]
+    pub(super) refuse_return: std::sync::atomic::AtomicBool,
 }
 
 impl Adopters {
@@ -146,7 +150,19 @@ impl Adopters {
             clock,
             ticking,
             runtime,
+            #[cfg(test)]
+            refuse_return: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Registers a connection that came back with the reactor.
+    pub(super) fn resume(&self, stream: StdStream) -> std::io::Result<tokio::net::TcpStream> {
+        #[cfg(test)]
+        if self.refuse_return.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("refused by the test"));
+        }
+        stream.set_nonblocking(true)?;
+        tokio::net::TcpStream::from_std(stream)
     }
 
     /// The same with adopter threads of `stack` bytes (a test makes them
@@ -499,6 +515,44 @@ fn run_elsewhere(work: Work) {
 /// "ended without a result"), as on a caller thread.
 fn run(work: Work) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+}
+
+/// Answers the telegram still being handled on a connection that could not
+/// go back to the reactor (its socket not registered again), on `stream`, a
+/// second descriptor of its socket, then closes it: the channel hears the
+/// answer it waits for, at its budget as ever, and no next telegram is read.
+pub(super) async fn answer_then_close(stream: StdStream, flight: Inline, limits: Limits) {
+    let Inline {
+        handling,
+        echo,
+        guard,
+        ..
+    } = flight;
+    let (echo, reply) = match handling.await {
+        Ok(answer) => answer,
+        Err(p) => failed_task(echo, &panic_message(&p)),
+    };
+    let mut answers = Answers {
+        framer: Framer::new(FrameCodec::new(limits.prefix, limits.max_telegram_len)),
+        write_timeout: limits.write_timeout,
+        socket_timeout: Duration::ZERO,
+    };
+    let written = tokio::task::spawn_blocking(move || {
+        let mut stream = stream;
+        // The descriptors share the socket's flags: the reactor's were
+        // non-blocking.
+        if let Err(e) = stream.set_nonblocking(false) {
+            debug!(%e, "cannot write the answer of a connection that could not return to the reactor");
+            return;
+        }
+        answers.write(&mut stream, &echo, reply.code.as_str(), &reply.body);
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+    })
+    .await;
+    if let Err(e) = written {
+        debug!(%e, "the answer of a connection that could not return to the reactor was not written");
+    }
+    drop(guard);
 }
 
 /// Gives a connection whose telegram is still being handled back to the
