@@ -644,15 +644,22 @@ impl Target {
         }
         match tokio::time::timeout_at(deadline, &mut rx).await {
             Ok(Ok(result)) => {
-                if let Ok(answer) = &result
-                    && (300..=399).contains(&answer.status)
-                {
-                    // The hub follows no redirect: the URL is wrong.
-                    tracing::error!(
-                        target_name = %self.name,
-                        status = answer.status,
-                        "the core answered a redirect: configuration error, check the target's urls; the outcome is unknown (E901)"
-                    );
+                if let Ok(answer) = &result {
+                    match answer.status {
+                        // The hub follows no redirect: the URL is wrong.
+                        300..=399 => tracing::error!(
+                            target_name = %self.name,
+                            status = answer.status,
+                            "the core answered a redirect: configuration error, check the target's urls; the outcome is unknown (E901)"
+                        ),
+                        // Not HTTP as a core speaks it: something else answers.
+                        ..=199 | 600.. => tracing::error!(
+                            target_name = %self.name,
+                            status = answer.status,
+                            "the core answered a status outside HTTP's classes: check the target's urls; the outcome is unknown (E901)"
+                        ),
+                        _ => {}
+                    }
                 }
                 CallEnd::Done(result)
             }

@@ -212,6 +212,11 @@ pub fn classify_transfer(status: u16, body: &[u8], table: &CodeTable) -> Outcome
         300..=399 => Outcome::Unknown(format!(
             "{status}: a redirect answered to the transfer (check the target's urls); the core may have processed it"
         )),
+        // Outside HTTP's classes (a 101 Switching Protocols, or 600 and
+        // above): not a refusal anyone defined, so no proof nothing moved.
+        ..=199 | 600.. => Outcome::Unknown(format!(
+            "{status}: a status outside HTTP's classes answered to the transfer; the core may have processed it"
+        )),
         422 => match json_object(body).as_ref().and_then(result_of) {
             Some(r) if table.business(r).is_some() => Outcome::Rejected(r.to_string()),
             Some(r) => Outcome::TargetError(format!("422 with unmapped result {r:?}")),
@@ -333,8 +338,11 @@ mod tests {
         for s in [502, 504, 409, 201, 202, 204] {
             assert_eq!(code_of_transfer(s, ok), Code::UNKNOWN, "{s}");
         }
-        // A redirect may follow processing (303 See Other): never final.
-        for s in [300, 301, 302, 303, 304, 307, 308, 399] {
+        // A redirect may follow processing (303 See Other), and a status
+        // outside HTTP's classes proves nothing: never final.
+        for s in [
+            300, 301, 302, 303, 304, 307, 308, 399, 0, 101, 199, 600, 999,
+        ] {
             assert_eq!(code_of_transfer(s, ""), Code::UNKNOWN, "{s}");
             assert_eq!(code_of_transfer(s, ok), Code::UNKNOWN, "{s}");
         }
