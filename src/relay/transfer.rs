@@ -230,7 +230,7 @@ impl Transfer<'_> {
     /// (maximum, cooldown), then claimed by a compare-and-set on the attempts.
     async fn resend(&self, row: &Row, now: i64) -> Resend {
         let policy = self.hub.policy;
-        let allowed = 1 + policy.max_resends;
+        let allowed = attempts_allowed(policy.max_resends);
         if row.attempts >= allowed {
             info!(attempts = row.attempts, "resend refused: past the maximum");
             return Resend::Answer(
@@ -529,6 +529,12 @@ fn fenced(why: String) -> (Reply, String) {
     (bounded::claim_failed(), format!("not sent: {why}"))
 }
 
+/// Attempts a GUID may have in all: the first and `max_resends` more (no
+/// limit past `u32::MAX`, which no GUID reaches).
+fn attempts_allowed(max_resends: u32) -> u32 {
+    max_resends.saturating_add(1)
+}
+
 /// What the resend policy and the resend claim decided.
 enum Resend {
     Post(u32),
@@ -540,6 +546,17 @@ enum Resend {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Any configured maximum is a number of attempts, the largest too
+    /// (it overflowed: a panic in a debug build, no resend at all in a
+    /// release one).
+    #[test]
+    fn every_maximum_of_resends_allows_one_attempt_more() {
+        assert_eq!(attempts_allowed(0), 1);
+        assert_eq!(attempts_allowed(3), 4);
+        assert_eq!(attempts_allowed(u32::MAX - 1), u32::MAX);
+        assert_eq!(attempts_allowed(u32::MAX), u32::MAX);
+    }
 
     /// The body as an object built and serialized whole: the header's two
     /// keys, then the fields over them.
