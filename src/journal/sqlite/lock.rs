@@ -48,10 +48,29 @@ pub fn lock_path(db: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// The journal's one name: symbolic links followed and the path made
+/// absolute, as SQLite names the file it opens, so that every name of the
+/// same file (a link, `./journal.db`, a path through `..`) has the same lock.
+/// A file not made yet is named by its directory's one name.
+fn one_name(db: &Path) -> PathBuf {
+    if let Ok(real) = std::fs::canonicalize(db) {
+        return real;
+    }
+    let dir = match db.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    match (std::fs::canonicalize(dir), db.file_name()) {
+        (Ok(dir), Some(name)) => dir.join(name),
+        _ => db.to_path_buf(),
+    }
+}
+
 impl FileLock {
-    /// Takes the lock of the journal at `db` without waiting.
+    /// Takes the lock of the journal at `db` (under its one name) without
+    /// waiting.
     pub fn acquire(db: &Path) -> Result<FileLock, LockError> {
-        let path = lock_path(db);
+        let path = lock_path(&one_name(db));
         let io = |e: std::io::Error| LockError::Io {
             lock: path.clone(),
             reason: e.to_string(),
@@ -137,6 +156,40 @@ mod tests {
         }
         drop(first);
         FileLock::acquire(&db).expect("free again once dropped");
+    }
+
+    /// A second owner through another name of the same file (a symbolic
+    /// link, a path with `.` in it, a linked directory) is refused: it took a
+    /// lock of its own and its start-up marked the first hub's live claims
+    /// unknown.
+    #[cfg(unix)]
+    #[test]
+    fn every_name_of_the_file_has_the_same_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let real_dir = std::fs::canonicalize(dir.path()).unwrap();
+        let db = dir.path().join("journal.db");
+        std::fs::write(&db, b"").unwrap();
+        let link = dir.path().join("alias.db");
+        std::os::unix::fs::symlink(&db, &link).unwrap();
+        let dotted = dir.path().join(".").join("journal.db");
+        let first = FileLock::acquire(&link).expect("first lock, through the link");
+        assert_eq!(first.path(), real_dir.join("journal.db.lock"));
+        for other in [&db, &dotted] {
+            assert!(
+                matches!(FileLock::acquire(other), Err(LockError::Held { .. })),
+                "{} took a second lock",
+                other.display()
+            );
+        }
+        // A file not made yet, through a linked directory.
+        let linked_dir = dir.path().join("linked");
+        std::os::unix::fs::symlink(dir.path(), &linked_dir).unwrap();
+        let new = FileLock::acquire(&linked_dir.join("new.db")).expect("a new file's lock");
+        assert_eq!(new.path(), real_dir.join("new.db.lock"));
+        assert!(matches!(
+            FileLock::acquire(&dir.path().join("new.db")),
+            Err(LockError::Held { .. })
+        ));
     }
 
     #[test]
