@@ -59,15 +59,19 @@ pub(super) async fn run(
         Record::Known(Some(row)) => ask_plan(target, row.url.as_deref()),
         _ => (None, true),
     };
+    // A transfer of this GUID handled by this hub around the inquiry: its
+    // claim may not be in the journal yet (or a resend may be claiming a
+    // `not_sent` row), and its POST may follow the GET.
+    let own_call = |hub: &Hub| hub.late_calls.running(orig) || hub.flights.contains(orig);
+    let own_call_before = own_call(hub);
     let mut outcome = inquire(target, orig, pin, &rules.codes, deadline.work).await;
     if outcome == Outcome::NeverReceived {
+        let call_running = own_call_before || own_call(hub);
         let verdict = match &record {
-            // The hub has no attempt of it: nothing of this hub can be on the wire.
-            Record::Known(None) if !hub.late_calls.running(orig) => Verdict::NeverReceived,
             Record::Known(Some(row)) if matches!(row.state, State::Sending | State::Unknown) => {
                 match attempt_age(&hub.journal, row, deadline.work).await {
                     Ok(attempt_age) => settle::judge_never_received(&AttemptFacts {
-                        call_running: hub.late_calls.running(orig) || hub.flights.contains(orig),
+                        call_running,
                         asked_attempt_url,
                         attempt_age,
                         wire_grace: target.wire_grace,
@@ -75,9 +79,11 @@ pub(super) async fn run(
                     Err(_) => Verdict::NoProof("the journal's clock could not be read"),
                 }
             }
-            // Settled or never sent: the journal already holds the truth.
-            Record::Known(Some(_)) => Verdict::NeverReceived,
-            Record::Known(None) => Verdict::NoProof("the hub's own call is still running"),
+            // No attempt of it (nothing of this hub can be on the wire), or
+            // one settled or never sent (the journal holds the truth), and no
+            // transfer of it under way here.
+            Record::Known(_) if !call_running => Verdict::NeverReceived,
+            Record::Known(_) => Verdict::NoProof("the hub's own call is still running"),
             Record::Unavailable(_) => Verdict::NoProof("the hub's journal could not be read"),
         };
         if let Verdict::NoProof(why) = verdict {
@@ -197,6 +203,66 @@ fn is_guid(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The core's "never received" about a GUID whose transfer this hub
+    /// leads right now (its claim not in the journal yet, its POST still to
+    /// go) proves nothing: E901, not E904 ("no money moved"), which could
+    /// make the channel start a new transaction beside the first. Once no
+    /// transfer of it is under way, the same answer is E904.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn never_received_while_this_hub_leads_the_transfer_is_no_proof() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let core = corebank::start(listener, corebank::default_seed()).await;
+        let daemon = crate::daemon::Daemon::start(crate::daemon::Source {
+            file: None,
+            overrides: crate::config::Overrides {
+                listen: Some("127.0.0.1:0".into()),
+                core_url: Some(core.url()),
+                budget_ms: Some(1500),
+                connect_timeout_ms: None,
+                journal: Some("memory".into()),
+                admin_listen: None,
+            },
+        })
+        .await
+        .expect("hub starts");
+        let hub = daemon.hub().clone();
+        let layouts = crate::layout::builtin();
+        let ask = |guid: &str, orig: &str| {
+            let fields = serde_json::json!({ "orig_guid": orig });
+            crate::client::build_telegram(
+                &layouts["INQ001"],
+                guid,
+                "IBANK",
+                "20261202120000",
+                fields.as_object().unwrap(),
+            )
+            .unwrap()
+        };
+        let orig = "20261202IBANK0000000000000LEAD01";
+        let peer = std::net::IpAddr::from([127, 0, 0, 1]);
+
+        let lead = hub.flights.join(orig, "fingerprint");
+        assert!(matches!(lead, super::super::flights::Joined::Lead(_)));
+        let telegram = ask("20261202IBANK0000000000000ASK001", orig);
+        let (_, reply) = hub.handle(&telegram, peer, None, Instant::now()).await;
+        assert_eq!(reply.code, Code::UNKNOWN, "asked while the transfer is led");
+
+        drop(lead);
+        let telegram = ask("20261202IBANK0000000000000ASK002", orig);
+        let (_, reply) = hub.handle(&telegram, peer, None, Instant::now()).await;
+        assert_eq!(
+            reply.code.as_str(),
+            "E904",
+            "asked once nothing is under way"
+        );
+        assert_eq!(
+            core.stats().by_guid.get(orig).map(|g| g.post),
+            Some(0),
+            "no POST"
+        );
+        daemon.shutdown().await;
+    }
 
     #[test]
     fn a_pause_past_the_clock_does_not_fit() {
