@@ -123,6 +123,15 @@ impl SqliteJournal {
         Ok(journal)
     }
 
+    /// In tests: every fsync of the database file by the checkpoint thread
+    /// fails from now on.
+    #[cfg(test)]
+    pub(super) fn fail_file_syncs(&self) {
+        if let Some(c) = &self.checkpoints {
+            c.fail_file_syncs();
+        }
+    }
+
     /// Opens an existing journal for reading only: nothing is created,
     /// migrated or written (writes fail), so it is safe beside a live hub.
     pub fn open_read_only(path: &Path) -> Result<SqliteJournal, JournalError> {

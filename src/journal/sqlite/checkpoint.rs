@@ -41,6 +41,16 @@
 //! before it copies, at NORMAL too); a checkpoint only moves committed
 //! pages, and the WAL starts over only once the file holding them is
 //! fsynced.
+//!
+//! A failed write or fsync of the database file ends that: Linux reports a
+//! write-back error once to each open descriptor and may drop the pages it
+//! could not write, so a later fsync through another descriptor (the
+//! writer's, when it finishes a pass) can succeed without them, and the WAL
+//! would start over on top of the only copy of those commits. So after one,
+//! no pass runs or finishes again, the writer's own automatic checkpoint is
+//! turned off, and durable writes are refused (as after a failed fsync of
+//! the WAL) until the hub restarts; SQLite then replays the whole WAL into
+//! the file.
 
 use std::fs::File;
 use std::path::Path;
@@ -48,7 +58,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, ffi};
+
+use super::syncer::Syncer;
 
 /// How often the WAL is checkpointed while nothing is written.
 pub(super) const INTERVAL: Duration = Duration::from_millis(500);
@@ -72,6 +85,9 @@ pub(super) const FINISH_FRAMES: i64 = BACKSTOP_PAGES / 2;
 #[derive(Clone)]
 pub(super) struct Checkpointer {
     done: Arc<AtomicU64>,
+    /// In tests: every fsync of the file fails from now on.
+    #[cfg(test)]
+    fail_syncs: Arc<AtomicBool>,
 }
 
 /// What the writer holds (with the connection, whichever thread runs a
@@ -79,12 +95,54 @@ pub(super) struct Checkpointer {
 /// stops once the writer is gone).
 pub(super) struct Handoff {
     asked: Arc<AtomicBool>,
+    /// Why the thread stopped after a failed write or fsync of the file.
+    broken: Arc<Mutex<Option<String>>>,
+    /// The writer has stopped checkpointing (its backstop off, durable
+    /// writes refused).
+    stopped: bool,
     _stop: mpsc::Sender<()>,
 }
 
 impl Handoff {
+    /// Run by the writer between batches: finishes a pass the thread asked
+    /// it to, or, once a write or fsync of the file has failed (here or on
+    /// the thread), turns checkpoints off for good: the writer's automatic
+    /// one on `conn`, durable writes refused through `syncer`.
+    pub(super) fn between_batches(&mut self, conn: &Connection, syncer: &Syncer) {
+        if self.stopped {
+            return;
+        }
+        let broken = self
+            .broken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let why = match broken {
+            Some(why) => why,
+            None if self.take() => match finish(conn) {
+                Ok(()) => return,
+                Err(why) => why,
+            },
+            None => return,
+        };
+        self.stopped = true;
+        // Nor when the connection closes (SQLite's last connection otherwise
+        // checkpoints and deletes the WAL).
+        let off = conn
+            .execute_batch("PRAGMA wal_autocheckpoint = 0")
+            .and_then(|()| conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true));
+        if let Err(e) = off {
+            tracing::error!(error = %e, "cannot turn the journal's automatic checkpoints off");
+        }
+        syncer.fail(format!(
+            "{why}; the journal's WAL is kept whole and durable writes are refused until \
+             the hub restarts"
+        ));
+        tracing::error!(%why, "journal checkpoints stopped: durable writes are refused until the hub restarts, which replays the WAL into the file");
+    }
+
     /// Whether a pass asked to be finished since the last call.
-    pub(super) fn take(&self) -> bool {
+    fn take(&self) -> bool {
         self.asked.load(Ordering::Relaxed) && self.asked.swap(false, Ordering::Acquire)
     }
 }
@@ -107,14 +165,40 @@ impl Checkpointer {
         let (stop, stopped) = mpsc::channel::<()>();
         let done = Arc::new(AtomicU64::new(0));
         let asked = Arc::new(AtomicBool::new(false));
-        let (counter, ask) = (done.clone(), asked.clone());
+        let broken = Arc::new(Mutex::new(None));
+        let fail_syncs = Arc::new(AtomicBool::new(false));
+        let thread = Thread {
+            finish_frames,
+            done: done.clone(),
+            asked: asked.clone(),
+            broken: broken.clone(),
+            fail_syncs: fail_syncs.clone(),
+        };
         std::thread::Builder::new()
             .name("relayhub-checkpoint".into())
             .stack_size(256 * 1024)
-            .spawn(move || run(&conn, finish_frames, &stopped, &counter, &ask, file))
+            .spawn(move || thread.run(&conn, &stopped, file))
             .map_err(|e| format!("cannot start the checkpoint thread: {e}"))?;
-        let handoff = Handoff { asked, _stop: stop };
-        Ok((Checkpointer { done }, handoff))
+        let handoff = Handoff {
+            asked,
+            broken,
+            stopped: false,
+            _stop: stop,
+        };
+        #[cfg(not(test))]
+        let _ = fail_syncs;
+        let checkpointer = Checkpointer {
+            done,
+            #[cfg(test)]
+            fail_syncs,
+        };
+        Ok((checkpointer, handoff))
+    }
+
+    /// In tests: every fsync of the file fails from now on.
+    #[cfg(test)]
+    pub(super) fn fail_file_syncs(&self) {
+        self.fail_syncs.store(true, Ordering::SeqCst);
     }
 
     /// Checkpoints run so far (that copied pages or found none to copy).
@@ -172,56 +256,84 @@ fn failed(e: &dyn std::fmt::Display) {
     tracing::warn!(error = %e, "journal checkpoint failed; retrying");
 }
 
-fn run(
-    conn: &Connection,
+/// Whether a checkpoint's error is the disk's (a write or fsync that
+/// failed), not a lock or a busy reader's.
+fn is_io(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::SystemIoFailure)
+}
+
+/// The checkpoint thread's share of the state.
+struct Thread {
     finish_frames: i64,
-    stopped: &mpsc::Receiver<()>,
-    done: &AtomicU64,
-    asked: &AtomicBool,
-    file: Option<&File>,
-) {
-    let mut last = None;
-    let mut wait = INTERVAL;
-    let mut finished = Instant::now();
-    // Wakes every INTERVAL (BUSY_INTERVAL while the WAL grows) until the
-    // writer is gone.
-    while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(wait) {
-        wait = INTERVAL;
-        let result = match passive(conn) {
-            Ok(result) => result,
-            Err(e) => {
-                failed(&e);
+    done: Arc<AtomicU64>,
+    asked: Arc<AtomicBool>,
+    broken: Arc<Mutex<Option<String>>>,
+    fail_syncs: Arc<AtomicBool>,
+}
+
+impl Thread {
+    /// Stops the passes for good after a failed write or fsync of the file
+    /// (the writer, between batches, does the rest).
+    fn broke(&self, why: String) {
+        metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "checkpoint")
+            .increment(1);
+        self.broken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(why);
+    }
+
+    fn run(&self, conn: &Connection, stopped: &mpsc::Receiver<()>, file: Option<&File>) {
+        let (finish_frames, done, asked) = (self.finish_frames, &*self.done, &*self.asked);
+        let mut last = None;
+        let mut wait = INTERVAL;
+        let mut finished = Instant::now();
+        // Wakes every INTERVAL (BUSY_INTERVAL while the WAL grows) until the
+        // writer is gone.
+        while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(wait) {
+            wait = INTERVAL;
+            let result = match passive(conn) {
+                Ok(result) => result,
+                Err(e) if is_io(&e) => {
+                    return self.broke(format!("a checkpoint of the journal failed: {e}"));
+                }
+                Err(e) => {
+                    failed(&e);
+                    continue;
+                }
+            };
+            done.fetch_add(1, Ordering::Relaxed);
+            // A short WAL, or nothing new since the last pass: the WAL starts
+            // over by itself once a pass ends between two commits, or already has.
+            let (_, frames, _) = result;
+            let unchanged = last.replace(result) == Some(result);
+            if !unchanged {
+                wait = BUSY_INTERVAL;
+                if let Some(file) = file {
+                    write_back(file);
+                }
+            }
+            // At most every INTERVAL, as when passes came no faster: while a
+            // reader holds an old snapshot the WAL cannot start over, however
+            // often the writer is asked.
+            if frames < finish_frames || unchanged || finished.elapsed() < INTERVAL {
                 continue;
             }
-        };
-        done.fetch_add(1, Ordering::Relaxed);
-        // A short WAL, or nothing new since the last pass: the WAL starts
-        // over by itself once a pass ends between two commits, or already has.
-        let (_, frames, _) = result;
-        let unchanged = last.replace(result) == Some(result);
-        if !unchanged {
-            wait = BUSY_INTERVAL;
-            if let Some(file) = file {
-                write_back(file);
+            // SQLite fsyncs the file only when a pass copies the last frame,
+            // which under steady writes it never does: the pages are written
+            // here, so the writer's finishing has little left to fsync. A
+            // failure here is the disk's: the pages copied so far may be lost
+            // (see the module's doc).
+            let synced = match self.fail_syncs.load(Ordering::Relaxed) {
+                true => Err("fsync of the database file failed (a test's)".to_string()),
+                false => sync_file(conn),
+            };
+            if let Err(e) = synced {
+                return self.broke(e);
             }
+            asked.store(true, Ordering::Release);
+            finished = Instant::now();
         }
-        // At most every INTERVAL, as when passes came no faster: while a
-        // reader holds an old snapshot the WAL cannot start over, however
-        // often the writer is asked.
-        if frames < finish_frames || unchanged || finished.elapsed() < INTERVAL {
-            continue;
-        }
-        // SQLite fsyncs the file only when a pass copies the last frame, which
-        // under steady writes it never does: the pages are written here, so
-        // the writer's finishing has little left to fsync. (Durability does
-        // not rest on this fsync: the WAL starts over only after the writer's
-        // own checkpoint has fsynced the file with every frame in it.)
-        if let Err(e) = sync_file(conn) {
-            failed(&e);
-            continue;
-        }
-        asked.store(true, Ordering::Release);
-        finished = Instant::now();
     }
 }
 
@@ -302,10 +414,16 @@ fn sync_file(conn: &Connection) -> Result<(), String> {
 /// Run by the writer between batches when its [`Handoff`] was asked: copies
 /// what was committed since the last pass (nothing else writes meanwhile, so
 /// it copies the last frame, and SQLite fsyncs the WAL and the file), so the
-/// writer's next transaction starts the WAL over.
-pub(super) fn finish(conn: &Connection) {
-    if let Err(e) = passive(conn) {
-        failed(&e);
+/// writer's next transaction starts the WAL over. `Err`: a write or fsync of
+/// the file failed.
+fn finish(conn: &Connection) -> Result<(), String> {
+    match passive(conn) {
+        Ok(_) => Ok(()),
+        Err(e) if is_io(&e) => Err(format!("a checkpoint of the journal failed: {e}")),
+        Err(e) => {
+            failed(&e);
+            Ok(())
+        }
     }
 }
 

@@ -174,6 +174,12 @@ impl Syncer {
         self.ready.notify_one();
     }
 
+    /// Refuses every durable write from now on, as after a failed fsync of
+    /// the WAL: `why` is what they hear (the first reason stays).
+    pub(super) fn fail(&self, why: String) {
+        lock(&self.file).failed.get_or_insert(why);
+    }
+
     /// Lets the syncer's thread end once the queue is empty.
     pub(super) fn close(&self) {
         lock(&self.queue).closed = true;

@@ -1598,6 +1598,73 @@ fn wal_state(dir: &Path) -> (u32, u64) {
     (starts, len.saturating_sub(32) / (24 + page))
 }
 
+/// A failed fsync of the database file (here the checkpoint thread's): the
+/// pages copied since its last fsync may be lost, and the WAL holds the only
+/// copy of those commits. It is never started over again in this process,
+/// and durable writes are refused as after a failed fsync of the WAL; the
+/// next open finds every claim confirmed before, and the outcomes after.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_fsync_of_the_file_keeps_the_wal_whole_and_refuses_durable_writes() {
+    use std::time::{Duration, Instant};
+    const FINISH: i64 = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let j = SqliteJournal::open_finishing(&db(&dir), 64, false, FINISH).unwrap();
+    more_checkpoints(&j, 1).await;
+    j.claim("BROKEN-FIRST", "TRF001", "fp", "http://core", 10_000_000)
+        .await
+        .unwrap();
+    j.fail_file_syncs();
+    // Claims until one is refused: the thread fsyncs the file at its next
+    // pass that finds FINISH frames or more.
+    let give_up = Instant::now() + Duration::from_secs(60);
+    let mut confirmed = Vec::new();
+    let refused = loop {
+        let g = format!("BROKEN{:026}", confirmed.len());
+        match j.claim(&g, "TRF001", "fp", "http://core", 10_000_000).await {
+            Ok(Claim::New) => confirmed.push(g),
+            Ok(other) => panic!("{g}: {other:?}"),
+            Err(e) => break e,
+        }
+        assert!(
+            Instant::now() < give_up,
+            "no durable write refused within 60 s ({} confirmed)",
+            confirmed.len()
+        );
+    };
+    assert!(
+        refused
+            .to_string()
+            .contains("fsync of the database file failed"),
+        "{refused}"
+    );
+    let again = j.claim("BROKEN-AFTER", "TRF001", "fp", "http://core", 10_000_000);
+    assert!(again.await.is_err(), "a durable write after the failure");
+    // Outcomes need no fsync and still commit; the WAL grows and never
+    // starts over again (no pass, no automatic checkpoint).
+    let (at_failure, _) = wal_state(dir.path());
+    for g in &confirmed {
+        let done = finish(State::Done, "0000", None, None, "processed");
+        assert!(
+            j.finish_if(g, &[State::Sending], done, 10_000_001)
+                .await
+                .unwrap()
+        );
+    }
+    assert_eq!(
+        wal_state(dir.path()).0,
+        at_failure,
+        "the WAL started over after the file's fsync failed"
+    );
+    // (That the writer's connection does not checkpoint when it closes is
+    // not seen here: it closes on its own thread, after this drop returns.)
+    drop(j);
+    let j = SqliteJournal::open(&db(&dir), 64).unwrap();
+    for g in &confirmed {
+        let row = j.get(g).await.unwrap();
+        assert_eq!(row.map(|r| r.state), Some(State::Done), "{g}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn under_steady_claims_the_wal_starts_over_long_before_the_backstop() {
     use std::sync::atomic::{AtomicBool, Ordering};

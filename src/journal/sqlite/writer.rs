@@ -51,7 +51,7 @@ use rusqlite::Connection;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
-use super::checkpoint::{self, Handoff};
+use super::checkpoint::Handoff;
 use super::syncer::Syncer;
 use crate::journal::JournalError;
 
@@ -215,7 +215,7 @@ impl Shared {
         mut writer: MutexGuard<'_, Writer>,
         batch: impl Iterator<Item = Box<dyn Task>>,
     ) -> Vec<Box<dyn Reply>> {
-        writer.run(batch, self.fsync_all)
+        writer.run(batch, self.fsync_all, &self.syncer)
     }
 }
 
@@ -227,6 +227,7 @@ impl Writer {
         &mut self,
         batch: impl Iterator<Item = Box<dyn Task>>,
         fsync_all: bool,
+        syncer: &Syncer,
     ) -> Vec<Box<dyn Reply>> {
         /// A command that panics leaves the lock poisoned, and nothing runs
         /// on the connection again; its transaction is undone here, so that
@@ -241,10 +242,8 @@ impl Writer {
         }
         let _undo = Undo(&self.conn);
         let durable = run_batch(&self.conn, batch, fsync_all, &self.commits);
-        if let Some(handoff) = &self.handoff
-            && handoff.take()
-        {
-            checkpoint::finish(&self.conn);
+        if let Some(handoff) = &mut self.handoff {
+            handoff.between_batches(&self.conn, syncer);
         }
         durable
     }
