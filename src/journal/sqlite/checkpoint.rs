@@ -121,7 +121,11 @@ impl Handoff {
             Some(why) => why,
             None if self.take() => match finish(conn) {
                 Ok(()) => return,
-                Err(why) => why,
+                Err(why) => {
+                    metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "checkpoint")
+                        .increment(1);
+                    why
+                }
             },
             None => return,
         };
