@@ -1076,12 +1076,41 @@ mod tests {
         std::sync::mpsc::Sender<()>,
         std::sync::mpsc::Receiver<String>,
     ) {
+        lent_scripted_with(Arc::new(Adopters::new())).await
+    }
+
+    /// [`lent_scripted`] with these adopters.
+    async fn lent_scripted_with(
+        adopters: Arc<Adopters>,
+    ) -> (
+        TcpStream,
+        Arc<InFlight>,
+        tokio::task::JoinHandle<()>,
+        std::sync::mpsc::Sender<()>,
+        std::sync::mpsc::Receiver<String>,
+    ) {
         let (hub, release, call_thread) = scripted();
-        let (mut channel, in_flight, server) = one_lent_connection(hub).await;
+        let (mut channel, in_flight, server) = one_lent_connection_with(hub, adopters).await;
         let quick = "20261129IBANK0000000000000000QCK";
         let answer = exchange(&mut channel, &header("TRF001", quick)).await;
         assert_eq!(&answer[60..64], b"0000");
         (channel, in_flight, server, release, call_thread)
+    }
+
+    /// Sends a `BLOCKD` telegram: its call blocks the adopter past its
+    /// deadline, which alone takes the telegram back; answered E901 then.
+    async fn blocked_past_its_deadline(
+        channel: &mut TcpStream,
+        held: &str,
+        call_thread: std::sync::mpsc::Receiver<String>,
+    ) {
+        let answer = exchange(channel, &header("BLOCKD", held)).await;
+        assert_eq!(&answer[..38], format!("BLOCKD{held}").as_bytes());
+        assert_eq!(&answer[60..64], b"E901", "answered at the deadline");
+        let thread = tokio::task::spawn_blocking(move || call_thread.recv().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(thread, "relayhub-conn");
     }
 
     /// Waits (bounded) until `in_flight` telegrams are read and unanswered.
@@ -1323,24 +1352,13 @@ mod tests {
     /// then the connection closes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_telegram_is_answered_when_its_connection_cannot_return_to_the_reactor() {
-        let (hub, release, call_thread) = scripted();
         let adopters = Arc::new(Adopters::new());
-        let (mut channel, in_flight, server) =
-            one_lent_connection_with(hub, adopters.clone()).await;
-        let quick = "20261129IBANK0000000000000000QCK";
-        let answer = exchange(&mut channel, &header("TRF001", quick)).await;
-        assert_eq!(&answer[60..64], b"0000");
+        let (mut channel, in_flight, server, release, call_thread) =
+            lent_scripted_with(adopters.clone()).await;
 
         adopters.refuse_return.store(true, Ordering::SeqCst);
-        // Its deadline takes the telegram back while its call still blocks.
         let held = "20261129IBANK0000000000000000RFS";
-        let answer = exchange(&mut channel, &header("BLOCKD", held)).await;
-        assert_eq!(&answer[..38], format!("BLOCKD{held}").as_bytes());
-        assert_eq!(&answer[60..64], b"E901", "answered at the deadline");
-        let thread = tokio::task::spawn_blocking(move || call_thread.recv().unwrap())
-            .await
-            .unwrap();
-        assert_eq!(thread, "relayhub-conn");
+        blocked_past_its_deadline(&mut channel, held, call_thread).await;
         let mut rest = Vec::new();
         let closed = tokio::time::timeout(Duration::from_secs(10), channel.read_to_end(&mut rest));
         assert!(
@@ -1362,13 +1380,7 @@ mod tests {
         // The call blocks its adopter past its deadline, and nothing else
         // comes from the channel: the deadline alone takes the telegram back.
         let held = "20261129IBANK0000000000000000DUE";
-        let answer = exchange(&mut channel, &header("BLOCKD", held)).await;
-        assert_eq!(&answer[..38], format!("BLOCKD{held}").as_bytes());
-        assert_eq!(&answer[60..64], b"E901", "answered at the deadline");
-        let thread = tokio::task::spawn_blocking(move || call_thread.recv().unwrap())
-            .await
-            .unwrap();
-        assert_eq!(thread, "relayhub-conn");
+        blocked_past_its_deadline(&mut channel, held, call_thread).await;
         // The connection goes on while the call still blocks its adopter.
         let next = "20261129IBANK0000000000000000NXT";
         let answer = exchange(&mut channel, &header("TRF001", next)).await;
