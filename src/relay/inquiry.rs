@@ -213,22 +213,7 @@ mod tests {
     async fn never_received_while_this_hub_leads_the_transfer_is_no_proof() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let core = corebank::start(listener, corebank::default_seed()).await;
-        let mut config = crate::config::Config::default();
-        config.apply(&crate::config::Overrides {
-            core_url: Some(core.url()),
-            budget_ms: Some(1500),
-            ..Default::default()
-        });
-        let budget = Duration::from_millis(config.server.budget_ms);
-        let target = Target::new(&config.targets[0], budget).unwrap();
-        let names = [target.name.clone()];
-        let hub = Hub::new(
-            Rules::build(&config, &names).unwrap(),
-            vec![std::sync::Arc::new(target)],
-            crate::journal::Journal::Memory(Default::default()),
-            budget,
-            super::super::ResendPolicy::from(&config.journal),
-        );
+        let hub = super::super::test_hub(core.url());
         let layouts = crate::layout::builtin();
         let ask = |guid: &str, orig: &str| {
             let fields = serde_json::json!({ "orig_guid": orig });

@@ -248,3 +248,25 @@ impl Hub {
         }
     }
 }
+
+/// A hub with a memory journal calling the core at `core_url`, built from
+/// the relay's own parts, for the relay's unit tests.
+#[cfg(test)]
+fn test_hub(core_url: String) -> Hub {
+    let mut config = crate::config::Config::default();
+    config.apply(&crate::config::Overrides {
+        core_url: Some(core_url),
+        budget_ms: Some(1500),
+        ..Default::default()
+    });
+    let budget = Duration::from_millis(config.server.budget_ms);
+    let target = Target::new(&config.targets[0], budget).expect("target");
+    let names = [target.name.clone()];
+    Hub::new(
+        Rules::build(&config, &names).expect("rules"),
+        vec![Arc::new(target)],
+        Journal::Memory(Default::default()),
+        budget,
+        ResendPolicy::from(&config.journal),
+    )
+}

@@ -341,9 +341,23 @@ pub(super) fn finish_later(
     });
 }
 
-/// Asks the core about every unknown transfer and journals what it says.
+/// Asks the core about every unknown transfer, and every orphaned one, and
+/// journals what it says.
+///
+/// Orphaned: left `sending` in a journal of this hub alone, with no telegram
+/// or late call of this hub on it: its outcome could not be journaled and
+/// the retries gave up (the next start would take it for unknown). On a
+/// shared journal another hub may be sending it; its lease decides.
 pub(super) async fn reconcile(hub: &Hub) -> Result<Vec<(String, Code)>, JournalError> {
-    let rows = hub.journal.list(State::Unknown, usize::MAX).await?;
+    let mut rows = hub.journal.list(State::Unknown, usize::MAX).await?;
+    if !hub.journal.is_shared() {
+        let sending = hub.journal.list(State::Sending, usize::MAX).await?;
+        rows.extend(
+            sending.into_iter().filter(|row| {
+                !hub.flights.contains(&row.guid) && !hub.late_calls.running(&row.guid)
+            }),
+        );
+    }
     let rules = hub.rules();
     let mut report = Vec::with_capacity(rows.len());
     for row in rows {
@@ -352,8 +366,11 @@ pub(super) async fn reconcile(hub: &Hub) -> Result<Vec<(String, Code)>, JournalE
             continue;
         };
         let deadline = Deadline::new(Instant::now(), hub.budget);
-        let (reply, note) =
-            after_unknown(hub, &row, route, &rules, deadline, &[State::Unknown]).await;
+        let from: &'static [State] = match row.state {
+            State::Sending => &[State::Sending],
+            _ => &[State::Unknown],
+        };
+        let (reply, note) = after_unknown(hub, &row, route, &rules, deadline, from).await;
         info!(guid = %row.guid, code = %reply.code, "{note}");
         report.push((row.guid, reply.code));
     }
@@ -371,6 +388,44 @@ mod tests {
             attempt_age: Duration::from_secs(60),
             wire_grace: Duration::from_secs(35),
         }
+    }
+
+    /// A row left `sending` whose outcome was never journaled, on a live
+    /// hub with nothing of it in flight, is settled by a reconcile like an
+    /// unknown one; one that a telegram of this hub leads is left alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reconcile_settles_orphaned_sending_rows_and_not_led_ones() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let core = corebank::start(listener, corebank::default_seed()).await;
+        let hub = super::super::test_hub(core.url());
+        // Claimed two minutes ago (past the wire grace), never posted.
+        let long_ago = now_ms() - 120_000;
+        let (orphan, led) = (
+            "20261202IBANK0000000000000ORPH01",
+            "20261202IBANK0000000000000LEAD02",
+        );
+        for g in [orphan, led] {
+            hub.journal
+                .claim(g, "TRF001", "fingerprint", &core.url(), long_ago)
+                .await
+                .unwrap();
+        }
+        let lead = hub.flights.join(led, "fingerprint");
+        assert!(matches!(lead, super::super::flights::Joined::Lead(_)));
+
+        let report = hub.reconcile().await.unwrap();
+        let codes: Vec<(&str, &str)> = report
+            .iter()
+            .map(|(g, c)| (g.as_str(), c.as_str()))
+            .collect();
+        assert_eq!(codes, [(orphan, "E904")], "only the orphan is reconciled");
+        let state = |g: &'static str| {
+            let journal = hub.journal.clone();
+            async move { journal.get(g).await.unwrap().unwrap().state }
+        };
+        assert_eq!(state(orphan).await, State::NotSent);
+        assert_eq!(state(led).await, State::Sending);
+        drop(lead);
     }
 
     #[test]
