@@ -46,15 +46,7 @@ pub(super) async fn run(
         );
     }
     let target = hub.target(route);
-    let record = {
-        let (journal, g) = (hub.journal.clone(), orig.to_string());
-        match bounded::within(deadline.work, async move { journal.get(&g).await }).await {
-            Bounded::Done(Ok(row)) => Record::Known(row),
-            Bounded::Done(Err(e)) => Record::Unavailable(e.to_string()),
-            Bounded::Failed(e) => Record::Unavailable(e),
-            Bounded::Late(_) => Record::Unavailable("no answer within the budget".into()),
-        }
-    };
+    let record = read_record(hub, orig, deadline).await;
     let (pin, asked_attempt_url) = match &record {
         Record::Known(Some(row)) => ask_plan(target, row.url.as_deref()),
         _ => (None, true),
@@ -67,7 +59,12 @@ pub(super) async fn run(
     let mut outcome = inquire(target, orig, pin, &rules.codes, deadline.work).await;
     if outcome == Outcome::NeverReceived {
         let call_running = own_call_before || own_call(hub);
+        // A whole transfer may have been claimed, sent and answered while
+        // the GET was out (its flight gone again by now): the journal says.
+        let unchanged = attempt_of(&record).is_some()
+            && attempt_of(&record) == attempt_of(&read_record(hub, orig, deadline).await);
         let verdict = match &record {
+            _ if !unchanged => Verdict::NoProof("a transfer of it began while the core was asked"),
             Record::Known(Some(row)) if matches!(row.state, State::Sending | State::Unknown) => {
                 match attempt_age(&hub.journal, row, deadline.work).await {
                     Ok(attempt_age) => settle::judge_never_received(&AttemptFacts {
@@ -185,6 +182,26 @@ pub(super) async fn inquire(
     outcome
 }
 
+/// The hub's record of `guid`, read within the telegram's work deadline.
+async fn read_record(hub: &Hub, guid: &str, deadline: Deadline) -> Record {
+    let (journal, g) = (hub.journal.clone(), guid.to_string());
+    match bounded::within(deadline.work, async move { journal.get(&g).await }).await {
+        Bounded::Done(Ok(row)) => Record::Known(row),
+        Bounded::Done(Err(e)) => Record::Unavailable(e.to_string()),
+        Bounded::Failed(e) => Record::Unavailable(e),
+        Bounded::Late(_) => Record::Unavailable("no answer within the budget".into()),
+    }
+}
+
+/// Which attempt a record shows (`None`: it could not be read): two reads
+/// that agree saw no transfer of the GUID begin or end between them.
+fn attempt_of(record: &Record) -> Option<Option<(State, u32)>> {
+    match record {
+        Record::Known(row) => Some(row.as_ref().map(|r| (r.state, r.attempts))),
+        Record::Unavailable(_) => None,
+    }
+}
+
 /// Whether a pause (and a little room to call again) ends before `deadline`;
 /// a pause too long to add to the clock does not fit.
 pub(super) fn fits(pause: Duration, deadline: Instant) -> bool {
@@ -248,6 +265,61 @@ mod tests {
             Some(0),
             "no POST"
         );
+    }
+
+    /// A whole transfer of the GUID (claimed, sent, processed, its flight
+    /// gone) fits while the inquiry's GET is out, the core having decided
+    /// "never received" before the POST came: the journal read again after
+    /// the GET shows it, and the answer is not E904.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_transfer_while_the_inquiry_is_out_is_not_missed() {
+        use corebank::{FaultMethod, FaultRule, Phase};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let core = corebank::start(listener, corebank::default_seed()).await;
+        let hub = super::super::test_hub(core.url());
+        let layouts = crate::layout::builtin();
+        let orig = "20261202IBANK0000000000000RACE01";
+        let peer = std::net::IpAddr::from([127, 0, 0, 1]);
+        // The GET's answer ("never received", decided on arrival) comes late.
+        core.add_fault(
+            FaultRule::guid(orig)
+                .method(FaultMethod::Get)
+                .phase(Phase::AfterApply)
+                .delay_ms(400),
+        );
+        let fields = serde_json::json!({ "orig_guid": orig });
+        let ask = crate::client::build_telegram(
+            &layouts["INQ001"],
+            "20261202IBANK0000000000000ASK003",
+            "IBANK",
+            "20261202120000",
+            fields.as_object().unwrap(),
+        )
+        .unwrap();
+        let fields = serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
+            "to_account": "1002003004002", "amount": 1000, "memo": "x" });
+        let trf = crate::client::build_telegram(
+            &layouts["TRF001"],
+            orig,
+            "IBANK",
+            "20261202120000",
+            fields.as_object().unwrap(),
+        )
+        .unwrap();
+        let inquiry = hub.handle(&ask, peer, None, Instant::now());
+        let transfer = async {
+            // Once the core has the GET (bounded: the inquiry's budget).
+            let give_up = Instant::now() + Duration::from_secs(10);
+            while core.stats().by_guid.get(orig).map_or(0, |g| g.get) == 0 {
+                assert!(Instant::now() < give_up, "the GET never reached the core");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            hub.handle(&trf, peer, None, Instant::now()).await
+        };
+        let ((_, asked), (_, sent)) = tokio::join!(inquiry, transfer);
+        assert_eq!(sent.code, Code::OK);
+        assert!(core.stats().by_guid[orig].applied);
+        assert_eq!(asked.code, Code::UNKNOWN, "money moved while it asked");
     }
 
     #[test]
