@@ -30,6 +30,9 @@ use std::path::{Path, PathBuf};
 pub struct FileLock {
     _file: File,
     path: PathBuf,
+    /// The lock under the name the journal was given, where that is another
+    /// file (a link's): builds before the one name locked only that one.
+    _given: Option<File>,
 }
 
 /// Why the lock was not taken.
@@ -51,70 +54,98 @@ pub fn lock_path(db: &Path) -> PathBuf {
 /// The journal's one name: symbolic links followed and the path made
 /// absolute, as SQLite names the file it opens, so that every name of the
 /// same file (a link, `./journal.db`, a path through `..`) has the same lock.
-/// A file not made yet is named by its directory's one name.
+/// A link is followed even to a file not made yet (SQLite makes the link's
+/// target), at most 40 deep as the kernel does; a file not made yet is named
+/// by its directory's one name.
 fn one_name(db: &Path) -> PathBuf {
-    if let Ok(real) = std::fs::canonicalize(db) {
-        return real;
+    let mut path = db.to_path_buf();
+    for _ in 0..40 {
+        if let Ok(real) = std::fs::canonicalize(&path) {
+            return real;
+        }
+        match std::fs::read_link(&path) {
+            // Relative to the link's directory; an absolute target replaces it.
+            Ok(target) => {
+                path = path
+                    .parent()
+                    .map_or(target.clone(), |dir| dir.join(&target))
+            }
+            Err(_) => break,
+        }
     }
-    let dir = match db.parent() {
+    let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     };
-    match (std::fs::canonicalize(dir), db.file_name()) {
+    match (std::fs::canonicalize(dir), path.file_name()) {
         (Ok(dir), Some(name)) => dir.join(name),
-        _ => db.to_path_buf(),
+        _ => path,
     }
 }
 
 impl FileLock {
-    /// Takes the lock of the journal at `db` (under its one name) without
-    /// waiting.
+    /// Takes the lock of the journal at `db` without waiting: under its one
+    /// name, and under the name given too where that is another file.
     pub fn acquire(db: &Path) -> Result<FileLock, LockError> {
         let path = lock_path(&one_name(db));
-        let io = |e: std::io::Error| LockError::Io {
-            lock: path.clone(),
-            reason: e.to_string(),
+        let file = take(&path)?;
+        let given = lock_path(db);
+        let given = match one_name(&given) == path {
+            true => None,
+            false => Some(take(&given)?),
         };
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io)?;
-        // `File::try_lock`: flock(2) on Unix, LockFileEx on Windows (Rust 1.89).
-        let locked = file.try_lock();
-        match locked {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                let holder = holder.trim();
-                return Err(LockError::Held {
-                    lock: path.clone(),
-                    holder: if holder.is_empty() {
-                        "a process that has not written its name yet".into()
-                    } else {
-                        holder.to_string()
-                    },
-                });
-            }
-            Err(TryLockError::Error(e)) => return Err(io(e)),
-        }
-        // Who holds it, for the message of the next one refused.
-        let me = holder_name();
-        file.set_len(0)
-            .and_then(|()| file.rewind())
-            .and_then(|()| file.write_all(me.as_bytes()))
-            .and_then(|()| file.flush())
-            .map_err(io)?;
-        Ok(FileLock { _file: file, path })
+        Ok(FileLock {
+            _file: file,
+            path,
+            _given: given,
+        })
     }
 
     /// The lock file's path.
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Takes the lock file at `path`, and writes this process's name in it.
+fn take(path: &Path) -> Result<File, LockError> {
+    let io = |e: std::io::Error| LockError::Io {
+        lock: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(io)?;
+    // `File::try_lock`: flock(2) on Unix, LockFileEx on Windows (Rust 1.89).
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            return Err(LockError::Held {
+                lock: path.to_path_buf(),
+                holder: if holder.is_empty() {
+                    "a process that has not written its name yet".into()
+                } else {
+                    holder.to_string()
+                },
+            });
+        }
+        Err(TryLockError::Error(e)) => return Err(io(e)),
+    }
+    // Who holds it, for the message of the next one refused.
+    let me = holder_name();
+    file.set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| file.write_all(me.as_bytes()))
+        .and_then(|()| file.flush())
+        .map_err(io)?;
+    Ok(file)
 }
 
 /// `pid 1234: relayhub serve`.
@@ -190,6 +221,60 @@ mod tests {
             FileLock::acquire(&dir.path().join("new.db")),
             Err(LockError::Held { .. })
         ));
+    }
+
+    /// A link made before the first start, to a file SQLite has not made
+    /// yet, names the same lock before and after SQLite makes it.
+    #[cfg(unix)]
+    #[test]
+    fn a_link_to_a_file_not_made_yet_has_the_lock_of_its_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let link = dir.path().join("journal.db");
+        std::os::unix::fs::symlink(data.join("journal.db"), &link).unwrap();
+        let first = FileLock::acquire(&link).expect("first owner");
+        assert_eq!(
+            first.path(),
+            std::fs::canonicalize(&data)
+                .unwrap()
+                .join("journal.db.lock")
+        );
+        std::fs::write(data.join("journal.db"), b"").unwrap();
+        for name in [&link, &data.join("journal.db")] {
+            assert!(
+                matches!(FileLock::acquire(name), Err(LockError::Held { .. })),
+                "{} took a second lock",
+                name.display()
+            );
+        }
+    }
+
+    /// A hub of a build before the one name locks only `<name given>.lock`:
+    /// through a link, that lock is taken too, so neither can own the
+    /// journal beside the other.
+    #[cfg(unix)]
+    #[test]
+    fn the_lock_of_the_name_given_is_taken_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("journal.db");
+        std::fs::write(&real, b"").unwrap();
+        let link = dir.path().join("alias.db");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let older = File::create(lock_path(&link)).unwrap();
+        older.try_lock().unwrap();
+        assert!(matches!(
+            FileLock::acquire(&link),
+            Err(LockError::Held { .. })
+        ));
+        drop(older);
+        let lock = FileLock::acquire(&link).expect("free once the older hub is gone");
+        let again = File::open(lock_path(&link)).unwrap();
+        assert!(
+            matches!(again.try_lock(), Err(TryLockError::WouldBlock)),
+            "the link's own lock is held for older builds"
+        );
+        drop(lock);
     }
 
     #[test]
