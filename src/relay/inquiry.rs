@@ -221,6 +221,27 @@ fn is_guid(s: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// The fixture on a port of its own, and a hub calling it.
+    async fn core_and_hub() -> (corebank::CoreBank, Hub) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let core = corebank::start(listener, corebank::default_seed()).await;
+        let hub = super::super::test_hub(core.url());
+        (core, hub)
+    }
+
+    /// A telegram of `tx` from IBANK with these fields.
+    fn telegram(tx: &str, guid: &str, fields: serde_json::Value) -> Vec<u8> {
+        let layouts = crate::layout::builtin();
+        crate::client::build_telegram(
+            &layouts[tx],
+            guid,
+            "IBANK",
+            "20261202120000",
+            fields.as_object().unwrap(),
+        )
+        .unwrap()
+    }
+
     /// The core's "never received" about a GUID whose transfer this hub
     /// leads right now (its claim not in the journal yet, its POST still to
     /// go) proves nothing: E901, not E904 ("no money moved"), which could
@@ -228,33 +249,22 @@ mod tests {
     /// transfer of it is under way, the same answer is E904.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn never_received_while_this_hub_leads_the_transfer_is_no_proof() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let core = corebank::start(listener, corebank::default_seed()).await;
-        let hub = super::super::test_hub(core.url());
-        let layouts = crate::layout::builtin();
+        let (core, hub) = core_and_hub().await;
         let ask = |guid: &str, orig: &str| {
-            let fields = serde_json::json!({ "orig_guid": orig });
-            crate::client::build_telegram(
-                &layouts["INQ001"],
-                guid,
-                "IBANK",
-                "20261202120000",
-                fields.as_object().unwrap(),
-            )
-            .unwrap()
+            telegram("INQ001", guid, serde_json::json!({ "orig_guid": orig }))
         };
         let orig = "20261202IBANK0000000000000LEAD01";
         let peer = std::net::IpAddr::from([127, 0, 0, 1]);
 
         let lead = hub.flights.join(orig, "fingerprint");
         assert!(matches!(lead, super::super::flights::Joined::Lead(_)));
-        let telegram = ask("20261202IBANK0000000000000ASK001", orig);
-        let (_, reply) = hub.handle(&telegram, peer, None, Instant::now()).await;
+        let question = ask("20261202IBANK0000000000000ASK001", orig);
+        let (_, reply) = hub.handle(&question, peer, None, Instant::now()).await;
         assert_eq!(reply.code, Code::UNKNOWN, "asked while the transfer is led");
 
         drop(lead);
-        let telegram = ask("20261202IBANK0000000000000ASK002", orig);
-        let (_, reply) = hub.handle(&telegram, peer, None, Instant::now()).await;
+        let question = ask("20261202IBANK0000000000000ASK002", orig);
+        let (_, reply) = hub.handle(&question, peer, None, Instant::now()).await;
         assert_eq!(
             reply.code.as_str(),
             "E904",
@@ -274,10 +284,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_transfer_while_the_inquiry_is_out_is_not_missed() {
         use corebank::{FaultMethod, FaultRule, Phase};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let core = corebank::start(listener, corebank::default_seed()).await;
-        let hub = super::super::test_hub(core.url());
-        let layouts = crate::layout::builtin();
+        let (core, hub) = core_and_hub().await;
         let orig = "20261202IBANK0000000000000RACE01";
         let peer = std::net::IpAddr::from([127, 0, 0, 1]);
         // The GET's answer ("never received", decided on arrival) comes late.
@@ -287,25 +294,17 @@ mod tests {
                 .phase(Phase::AfterApply)
                 .delay_ms(400),
         );
-        let fields = serde_json::json!({ "orig_guid": orig });
-        let ask = crate::client::build_telegram(
-            &layouts["INQ001"],
+        let ask = telegram(
+            "INQ001",
             "20261202IBANK0000000000000ASK003",
-            "IBANK",
-            "20261202120000",
-            fields.as_object().unwrap(),
-        )
-        .unwrap();
-        let fields = serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
-            "to_account": "1002003004002", "amount": 1000, "memo": "x" });
-        let trf = crate::client::build_telegram(
-            &layouts["TRF001"],
+            serde_json::json!({ "orig_guid": orig }),
+        );
+        let trf = telegram(
+            "TRF001",
             orig,
-            "IBANK",
-            "20261202120000",
-            fields.as_object().unwrap(),
-        )
-        .unwrap();
+            serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
+                "to_account": "1002003004002", "amount": 1000, "memo": "x" }),
+        );
         let inquiry = hub.handle(&ask, peer, None, Instant::now());
         let transfer = async {
             // Once the core has the GET (bounded: the inquiry's budget).
