@@ -55,7 +55,7 @@
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use rusqlite::config::DbConfig;
@@ -96,7 +96,7 @@ pub(super) struct Checkpointer {
 pub(super) struct Handoff {
     asked: Arc<AtomicBool>,
     /// Why the thread stopped after a failed write or fsync of the file.
-    broken: Arc<Mutex<Option<String>>>,
+    broken: Arc<OnceLock<String>>,
     /// The writer has stopped checkpointing (its backstop off, durable
     /// writes refused).
     stopped: bool,
@@ -112,13 +112,8 @@ impl Handoff {
         if self.stopped {
             return;
         }
-        let broken = self
-            .broken
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let why = match broken {
-            Some(why) => why,
+        let why = match self.broken.get() {
+            Some(why) => why.clone(),
             None if self.take() => match finish(conn) {
                 Ok(()) => return,
                 Err(why) => {
@@ -169,7 +164,7 @@ impl Checkpointer {
         let (stop, stopped) = mpsc::channel::<()>();
         let done = Arc::new(AtomicU64::new(0));
         let asked = Arc::new(AtomicBool::new(false));
-        let broken = Arc::new(Mutex::new(None));
+        let broken = Arc::new(OnceLock::new());
         let fail_syncs = Arc::new(AtomicBool::new(false));
         let thread = Thread {
             finish_frames,
@@ -271,7 +266,7 @@ struct Thread {
     finish_frames: i64,
     done: Arc<AtomicU64>,
     asked: Arc<AtomicBool>,
-    broken: Arc<Mutex<Option<String>>>,
+    broken: Arc<OnceLock<String>>,
     fail_syncs: Arc<AtomicBool>,
 }
 
@@ -281,10 +276,8 @@ impl Thread {
     fn broke(&self, why: String) {
         metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "checkpoint")
             .increment(1);
-        self.broken
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get_or_insert(why);
+        // The first reason stays.
+        let _ = self.broken.set(why);
     }
 
     fn run(&self, conn: &Connection, stopped: &mpsc::Receiver<()>, file: Option<&File>) {
