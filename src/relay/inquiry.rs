@@ -61,9 +61,15 @@ pub(super) async fn run(
         let call_running = own_call_before || own_call(hub);
         // A whole transfer may have been claimed, sent and answered while
         // the GET was out (its flight gone again by now): the journal says.
-        let unchanged = attempt_of(&record).is_some()
-            && attempt_of(&record) == attempt_of(&read_record(hub, orig, deadline).await);
+        let unchanged = match &record {
+            Record::Known(row) => match read_record(hub, orig, deadline).await {
+                Record::Known(now) => attempt_of(row) == attempt_of(&now),
+                Record::Unavailable(_) => false,
+            },
+            Record::Unavailable(_) => true,
+        };
         let verdict = match &record {
+            Record::Unavailable(_) => Verdict::NoProof("the hub's journal could not be read"),
             _ if !unchanged => Verdict::NoProof("a transfer of it began while the core was asked"),
             Record::Known(Some(row)) if matches!(row.state, State::Sending | State::Unknown) => {
                 match attempt_age(&hub.journal, row, deadline.work).await {
@@ -81,7 +87,6 @@ pub(super) async fn run(
             // transfer of it under way here.
             Record::Known(_) if !call_running => Verdict::NeverReceived,
             Record::Known(_) => Verdict::NoProof("the hub's own call is still running"),
-            Record::Unavailable(_) => Verdict::NoProof("the hub's journal could not be read"),
         };
         if let Verdict::NoProof(why) = verdict {
             outcome = Outcome::Unknown(format!("inquiry says never received, but {why}"));
@@ -193,13 +198,10 @@ async fn read_record(hub: &Hub, guid: &str, deadline: Deadline) -> Record {
     }
 }
 
-/// Which attempt a record shows (`None`: it could not be read): two reads
-/// that agree saw no transfer of the GUID begin or end between them.
-fn attempt_of(record: &Record) -> Option<Option<(State, u32)>> {
-    match record {
-        Record::Known(row) => Some(row.as_ref().map(|r| (r.state, r.attempts))),
-        Record::Unavailable(_) => None,
-    }
+/// Which attempt a row shows: two reads that agree saw no transfer of the
+/// GUID begin or end between them.
+fn attempt_of(row: &Option<Row>) -> Option<(State, u32)> {
+    row.as_ref().map(|r| (r.state, r.attempts))
 }
 
 /// Whether a pause (and a little room to call again) ends before `deadline`;
@@ -221,13 +223,7 @@ fn is_guid(s: &str) -> bool {
 mod tests {
     use super::*;
 
-    /// The fixture on a port of its own, and a hub calling it.
-    async fn core_and_hub() -> (corebank::CoreBank, Hub) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let core = corebank::start(listener, corebank::default_seed()).await;
-        let hub = super::super::test_hub(core.url());
-        (core, hub)
-    }
+    use super::super::core_and_hub;
 
     /// A telegram of `tx` from IBANK with these fields.
     fn telegram(tx: &str, guid: &str, fields: serde_json::Value) -> Vec<u8> {

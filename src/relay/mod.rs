@@ -249,8 +249,16 @@ impl Hub {
     }
 }
 
-/// A hub with a memory journal calling the core at `core_url`, built from
-/// the relay's own parts, for the relay's unit tests.
+/// The fixture on a port of its own, and a hub with a memory journal
+/// calling it, built from the relay's own parts: for the relay's unit tests.
+#[cfg(test)]
+async fn core_and_hub() -> (corebank::CoreBank, Hub) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let core = corebank::start(listener, corebank::default_seed()).await;
+    let hub = test_hub(core.url());
+    (core, hub)
+}
+
 #[cfg(test)]
 fn test_hub(core_url: String) -> Hub {
     let mut config = crate::config::Config::default();

@@ -395,9 +395,7 @@ mod tests {
     /// unknown one; one that a telegram of this hub leads is left alone.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_reconcile_settles_orphaned_sending_rows_and_not_led_ones() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let core = corebank::start(listener, corebank::default_seed()).await;
-        let hub = super::super::test_hub(core.url());
+        let (core, hub) = super::super::core_and_hub().await;
         // Claimed two minutes ago (past the wire grace), never posted.
         let long_ago = now_ms() - 120_000;
         let (orphan, led) = (
