@@ -305,12 +305,8 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
     };
     let codec = FrameCodec::new(limits.prefix, limits.max_telegram_len);
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut out = Answers {
-        framer: Framer::new(codec),
-        write_timeout: limits.write_timeout,
-        // As `prepare` set it.
-        socket_timeout: limits.write_timeout.max(Duration::from_millis(1)),
-    };
+    // As `prepare` set it.
+    let mut out = Answers::new(&limits, limits.write_timeout.max(Duration::from_millis(1)));
     let mut next = Some((telegram, read_at, guard));
     let mut stream = stream;
     let mut back = back;
@@ -532,11 +528,8 @@ pub(super) async fn answer_then_close(stream: StdStream, flight: Inline, limits:
         Ok(answer) => answer,
         Err(p) => failed_task(echo, &panic_message(&p)),
     };
-    let mut answers = Answers {
-        framer: Framer::new(FrameCodec::new(limits.prefix, limits.max_telegram_len)),
-        write_timeout: limits.write_timeout,
-        socket_timeout: Duration::ZERO,
-    };
+    // The socket's write timeout is not known here: the first write sets it.
+    let mut answers = Answers::new(&limits, Duration::ZERO);
     let written = tokio::task::spawn_blocking(move || {
         let mut stream = stream;
         // The descriptors share the socket's flags: the reactor's were
@@ -594,6 +587,16 @@ struct Answers {
 }
 
 impl Answers {
+    /// Answers framed as `limits` say, on a socket whose write timeout is
+    /// `socket_timeout`.
+    fn new(limits: &Limits, socket_timeout: Duration) -> Answers {
+        Answers {
+            framer: Framer::new(FrameCodec::new(limits.prefix, limits.max_telegram_len)),
+            write_timeout: limits.write_timeout,
+            socket_timeout,
+        }
+    }
+
     /// Writes one answer; `false` when the connection cannot go on.
     fn write(&mut self, stream: &mut StdStream, echo: &Echo, code: &str, body: &[u8]) -> bool {
         let Some(framed) = self.framer.frame(echo, code, body) else {

@@ -1598,6 +1598,20 @@ fn wal_state(dir: &Path) -> (u32, u64) {
     (starts, len.saturating_sub(32) / (24 + page))
 }
 
+/// A journal whose writer finishes passes from `finish` frames on, after
+/// a first pass and the claim that starts the WAL over after it (the first
+/// commit after a pass that copied everything does): WAL counts taken now
+/// start from there.
+async fn finishing_after_a_pass(finish: i64) -> (tempfile::TempDir, SqliteJournal) {
+    let dir = tempfile::tempdir().unwrap();
+    let j = SqliteJournal::open_finishing(&db(&dir), 64, false, finish).unwrap();
+    more_checkpoints(&j, 1).await;
+    j.claim("AFTER-A-PASS", "TRF001", "fp", "http://core", 10_000_000)
+        .await
+        .unwrap();
+    (dir, j)
+}
+
 /// A failed fsync of the database file (here the checkpoint thread's): the
 /// pages copied since its last fsync may be lost, and the WAL holds the only
 /// copy of those commits. It is never started over again in this process,
@@ -1606,16 +1620,10 @@ fn wal_state(dir: &Path) -> (u32, u64) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_fsync_of_the_file_keeps_the_wal_whole_and_refuses_durable_writes() {
     use std::time::{Duration, Instant};
-    const FINISH: i64 = 64;
-    let dir = tempfile::tempdir().unwrap();
-    let j = SqliteJournal::open_finishing(&db(&dir), 64, false, FINISH).unwrap();
-    more_checkpoints(&j, 1).await;
-    j.claim("BROKEN-FIRST", "TRF001", "fp", "http://core", 10_000_000)
-        .await
-        .unwrap();
+    let (dir, j) = finishing_after_a_pass(64).await;
     j.fail_file_syncs();
     // Claims until one is refused: the thread fsyncs the file at its next
-    // pass that finds FINISH frames or more.
+    // pass that finds 64 frames or more.
     let give_up = Instant::now() + Duration::from_secs(60);
     let mut confirmed = Vec::new();
     let refused = loop {
@@ -1672,14 +1680,7 @@ async fn under_steady_claims_the_wal_starts_over_long_before_the_backstop() {
     // The writer finishes passes from 256 frames on (8,192 in the hub), so a
     // slow disk reaches it within a few hundred claims.
     const FINISH: i64 = 256;
-    let dir = tempfile::tempdir().unwrap();
-    let j = SqliteJournal::open_finishing(&db(&dir), 64, false, FINISH).unwrap();
-    more_checkpoints(&j, 1).await;
-    // The first commit after a pass that copied everything starts the WAL
-    // over by itself: count from after it.
-    j.claim("STEADY-FIRST", "TRF001", "fp", "http://core", 10_000_000)
-        .await
-        .unwrap();
+    let (dir, j) = finishing_after_a_pass(FINISH).await;
     let (before, _) = wal_state(dir.path());
     // Steady claims at up to 1,500/s (three tasks, one every 2 ms each): at
     // most about 3,500 frames a pass, so once past FINISH the WAL is finished
