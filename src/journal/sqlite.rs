@@ -101,19 +101,20 @@ impl SqliteJournal {
         max_batch: usize,
         fsync_outcomes: bool,
     ) -> Result<SqliteJournal, JournalError> {
-        SqliteJournal::open_finishing(path, max_batch, fsync_outcomes, checkpoint::FINISH_FRAMES)
+        SqliteJournal::open_marked(path, max_batch, fsync_outcomes, Default::default())
     }
 
     /// [`SqliteJournal::open_with`], the writer finishing checkpoint passes
-    /// from `finish_frames` WAL frames on (tests set fewer than the default).
-    fn open_finishing(
+    /// and checkpointing by itself from the frames `marks` gives (tests set
+    /// fewer than the default).
+    fn open_marked(
         path: &Path,
         max_batch: usize,
         fsync_outcomes: bool,
-        finish_frames: i64,
+        marks: checkpoint::Marks,
     ) -> Result<SqliteJournal, JournalError> {
-        let conn = open::open(path).map_err(|reason| open_error(path, reason))?;
-        let (checkpoints, handoff) = checkpoint::Checkpointer::start(path, finish_frames)
+        let mut conn = open::open(path).map_err(|reason| open_error(path, reason))?;
+        let (checkpoints, handoff) = checkpoint::Checkpointer::start(path, &mut conn, marks)
             .map_err(|reason| open_error(path, reason))?;
         let syncer = syncer::Syncer::start(&conn, path)
             .map_err(|e| open_error(path, format!("cannot start the fsync thread: {e}")))?;
@@ -130,6 +131,21 @@ impl SqliteJournal {
         if let Some(c) = &self.checkpoints {
             c.fail_file_syncs();
         }
+    }
+
+    /// In tests: every checkpoint the writer runs past its backstop fails
+    /// from now on.
+    #[cfg(test)]
+    pub(super) fn fail_backstops(&self) {
+        if let Some(c) = &self.checkpoints {
+            c.fail_backstops();
+        }
+    }
+
+    /// In tests: checkpoints the writer ran past its backstop.
+    #[cfg(test)]
+    pub(super) fn backstops(&self) -> u64 {
+        self.checkpoints.as_ref().map_or(0, |c| c.backstops())
     }
 
     /// Opens an existing journal for reading only: nothing is created,

@@ -51,6 +51,15 @@
 //! turned off, and durable writes are refused (as after a failed fsync of
 //! the WAL) until the hub restarts; SQLite then replays the whole WAL into
 //! the file.
+//!
+//! The writer's backstop is a WAL hook of ours, not SQLite's automatic
+//! checkpoint: SQLite's own hook ignores what its checkpoint returns, so a
+//! failed write or fsync of the file there would be lost, and the next
+//! pass, through a descriptor that never saw the error, could start the WAL
+//! over. Ours runs the same `PASSIVE` checkpoint past [`BACKSTOP_PAGES`] and
+//! stops the checkpoints as above on an I/O error (the commit that ran the
+//! hook stands: a hook's error would only make a committed transaction
+//! report a failure).
 
 use std::fs::File;
 use std::path::Path;
@@ -81,13 +90,38 @@ pub(super) const BACKSTOP_PAGES: i64 = 16_384;
 /// some 10 frames each; faster, the backstop still starts it over).
 pub(super) const FINISH_FRAMES: i64 = BACKSTOP_PAGES / 2;
 
+/// When the thread asks the writer to finish a pass and when the writer
+/// checkpoints by itself (tests set lower marks than the hub's).
+#[derive(Clone, Copy)]
+pub(super) struct Marks {
+    /// WAL frames from which a pass is finished by the writer.
+    pub(super) finish_frames: i64,
+    /// WAL frames from which the writer checkpoints in its commit.
+    pub(super) backstop_pages: i64,
+}
+
+impl Default for Marks {
+    fn default() -> Marks {
+        Marks {
+            finish_frames: FINISH_FRAMES,
+            backstop_pages: BACKSTOP_PAGES,
+        }
+    }
+}
+
 /// Counts the thread's passes, for tests and `SqliteJournal::checkpoints`.
 #[derive(Clone)]
 pub(super) struct Checkpointer {
     done: Arc<AtomicU64>,
+    /// Checkpoints the writer ran past the backstop (that succeeded).
+    #[cfg(test)]
+    backstops: Arc<AtomicU64>,
     /// In tests: every fsync of the file fails from now on.
     #[cfg(test)]
     fail_syncs: Arc<AtomicBool>,
+    /// In tests: the writer's backstop checkpoints fail from now on.
+    #[cfg(test)]
+    fail_backstops: Arc<AtomicBool>,
 }
 
 /// What the writer holds (with the connection, whichever thread runs a
@@ -148,11 +182,12 @@ impl Handoff {
 
 impl Checkpointer {
     /// Opens a second connection on `path` and starts the thread, which has
-    /// the writer finish its passes from `finish_frames` frames on
-    /// ([`FINISH_FRAMES`]; tests set fewer).
+    /// the writer finish its passes from `marks.finish_frames` frames on, and
+    /// installs the backstop on the writer's connection `writer`.
     pub(super) fn start(
         path: &Path,
-        finish_frames: i64,
+        writer: &mut Connection,
+        marks: Marks,
     ) -> Result<(Checkpointer, Handoff), String> {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(super::open::file_name(path), flags)
@@ -166,8 +201,22 @@ impl Checkpointer {
         let asked = Arc::new(AtomicBool::new(false));
         let broken = Arc::new(OnceLock::new());
         let fail_syncs = Arc::new(AtomicBool::new(false));
+        let backstop = Backstop {
+            pages: marks.backstop_pages,
+            broken: broken.clone(),
+            ran: Arc::new(AtomicU64::new(0)),
+            fail: Arc::new(AtomicBool::new(false)),
+        };
+        #[cfg(test)]
+        let (backstops, fail_backstops) = (backstop.ran.clone(), backstop.fail.clone());
+        writer
+            .wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages| {
+                backstop.after_commit(wal, pages);
+                Ok(())
+            }))
+            .map_err(|e| format!("cannot install the journal's backstop checkpoint: {e}"))?;
         let thread = Thread {
-            finish_frames,
+            finish_frames: marks.finish_frames,
             done: done.clone(),
             asked: asked.clone(),
             broken: broken.clone(),
@@ -189,7 +238,11 @@ impl Checkpointer {
         let checkpointer = Checkpointer {
             done,
             #[cfg(test)]
+            backstops,
+            #[cfg(test)]
             fail_syncs,
+            #[cfg(test)]
+            fail_backstops,
         };
         Ok((checkpointer, handoff))
     }
@@ -198,6 +251,18 @@ impl Checkpointer {
     #[cfg(test)]
     pub(super) fn fail_file_syncs(&self) {
         self.fail_syncs.store(true, Ordering::SeqCst);
+    }
+
+    /// In tests: the writer's backstop checkpoints fail from now on.
+    #[cfg(test)]
+    pub(super) fn fail_backstops(&self) {
+        self.fail_backstops.store(true, Ordering::SeqCst);
+    }
+
+    /// In tests: checkpoints the writer ran past the backstop.
+    #[cfg(test)]
+    pub(super) fn backstops(&self) -> u64 {
+        self.backstops.load(Ordering::SeqCst)
     }
 
     /// Checkpoints run so far (that copied pages or found none to copy).
@@ -261,6 +326,50 @@ fn is_io(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::SystemIoFailure)
 }
 
+/// The writer's own checkpoint, run in the commit that grows the WAL past
+/// `pages` frames (should the thread fall behind or stop); SQLite's
+/// automatic checkpoint would do the same but drop its error.
+struct Backstop {
+    pages: i64,
+    broken: Arc<OnceLock<String>>,
+    /// Checkpoints that succeeded.
+    ran: Arc<AtomicU64>,
+    /// In tests: every backstop checkpoint fails as a failed fsync would.
+    fail: Arc<AtomicBool>,
+}
+
+impl Backstop {
+    /// The WAL hook: `pages` is the WAL's length in frames after a commit.
+    fn after_commit(&self, wal: &mut rusqlite::hooks::Wal, pages: i32) {
+        // Once broken, nothing checkpoints again (the writer turns this
+        // hook off between batches).
+        if i64::from(pages) < self.pages || self.broken.get().is_some() {
+            return;
+        }
+        let result = match self.fail.load(Ordering::Relaxed) {
+            true => Err("disk I/O error (a test's)".to_string()),
+            false => match wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE) {
+                Err(e) if is_io(&e) => Err(e.to_string()),
+                Err(e) => {
+                    failed(&e);
+                    Ok(())
+                }
+                Ok(_) => {
+                    self.ran.fetch_add(1, Ordering::Relaxed);
+                    Ok(())
+                }
+            },
+        };
+        if let Err(e) = result {
+            metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "checkpoint")
+                .increment(1);
+            let _ = self.broken.set(format!(
+                "the writer's backstop checkpoint of the journal failed: {e}"
+            ));
+        }
+    }
+}
+
 /// The checkpoint thread's share of the state.
 struct Thread {
     finish_frames: i64,
@@ -289,6 +398,10 @@ impl Thread {
         // writer is gone.
         while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(wait) {
             wait = INTERVAL;
+            // The writer's backstop failed: no pass again.
+            if self.broken.get().is_some() {
+                return;
+            }
             let result = match passive(conn) {
                 Ok(result) => result,
                 Err(e) if is_io(&e) => {

@@ -78,8 +78,9 @@ pub(super) fn open(path: &Path) -> Result<Connection, String> {
     // switches to NORMAL and fsyncs the WAL itself (see `syncer`).
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(|e| format!("cannot set synchronous=FULL: {e}"))?;
-    // Checkpoints run on a thread of their own (`checkpoint`); the writer's
-    // automatic one is only a backstop.
+    // Checkpoints run on a thread of their own (`checkpoint`), which also
+    // replaces this automatic one with a backstop that sees its errors;
+    // until then (the migration) SQLite's own bounds the WAL.
     conn.pragma_update(
         None,
         "wal_autocheckpoint",

@@ -1554,20 +1554,22 @@ async fn more_checkpoints(j: &SqliteJournal, n: u64) {
 #[tokio::test]
 async fn the_checkpoint_thread_moves_the_wal_into_the_file_not_the_writer() {
     let (dir, j) = fresh();
-    // The writer only checkpoints past the backstop, far above what follows.
-    let backstop: i64 = j
+    // SQLite's automatic checkpoint is off: the writer's is the backstop's
+    // hook, far above what follows.
+    let automatic: i64 = j
         .call(false, |c| {
             c.query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))
         })
         .await
         .unwrap();
-    assert_eq!(backstop, checkpoint::BACKSTOP_PAGES);
+    assert_eq!(automatic, 0);
     more_checkpoints(&j, 1).await;
     let before = std::fs::metadata(db(&dir)).unwrap().len();
     // Dozens of pages written to the WAL.
     fill(&j, 2_000, 1_000, u64::MAX).await;
     // Two ticks: one that surely started after the last commit.
     more_checkpoints(&j, 2).await;
+    assert_eq!(j.backstops(), 0, "the writer checkpointed by itself");
     let after = std::fs::metadata(db(&dir)).unwrap().len();
     assert!(
         after > before,
@@ -1603,8 +1605,17 @@ fn wal_state(dir: &Path) -> (u32, u64) {
 /// commit after a pass that copied everything does): WAL counts taken now
 /// start from there.
 async fn finishing_after_a_pass(finish: i64) -> (tempfile::TempDir, SqliteJournal) {
+    let marks = checkpoint::Marks {
+        finish_frames: finish,
+        ..Default::default()
+    };
+    marked_after_a_pass(marks).await
+}
+
+/// [`finishing_after_a_pass`], with both marks given.
+async fn marked_after_a_pass(marks: checkpoint::Marks) -> (tempfile::TempDir, SqliteJournal) {
     let dir = tempfile::tempdir().unwrap();
-    let j = SqliteJournal::open_finishing(&db(&dir), 64, false, finish).unwrap();
+    let j = SqliteJournal::open_marked(&db(&dir), 64, false, marks).unwrap();
     more_checkpoints(&j, 1).await;
     j.claim("AFTER-A-PASS", "TRF001", "fp", "http://core", 10_000_000)
         .await
@@ -1619,11 +1630,52 @@ async fn finishing_after_a_pass(finish: i64) -> (tempfile::TempDir, SqliteJourna
 /// next open finds every claim confirmed before, and the outcomes after.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_fsync_of_the_file_keeps_the_wal_whole_and_refuses_durable_writes() {
-    use std::time::{Duration, Instant};
     let (dir, j) = finishing_after_a_pass(64).await;
     j.fail_file_syncs();
-    // Claims until one is refused: the thread fsyncs the file at its next
-    // pass that finds 64 frames or more.
+    // The thread fsyncs the file at its next pass that finds 64 frames or
+    // more.
+    claims_refused_then_the_wal_kept(dir, j, "fsync of the database file failed").await;
+}
+
+/// The same failure in the writer's own checkpoint past its backstop (should
+/// the thread fall behind): SQLite's automatic checkpoint would have dropped
+/// the error, and the thread's next pass could have started the WAL over.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_backstop_checkpoint_keeps_the_wal_whole_and_refuses_durable_writes() {
+    // The thread never finishes a pass: only the backstop starts the WAL over.
+    let (dir, j) = marked_after_a_pass(checkpoint::Marks {
+        finish_frames: i64::MAX,
+        backstop_pages: 32,
+    })
+    .await;
+    j.fail_backstops();
+    claims_refused_then_the_wal_kept(dir, j, "backstop checkpoint of the journal failed").await;
+}
+
+/// Past its backstop the writer checkpoints in the commit, and its
+/// checkpoint succeeds there (the thread never finishing a pass).
+#[tokio::test(flavor = "multi_thread")]
+async fn past_its_backstop_the_writer_checkpoints_by_itself() {
+    let (_dir, j) = marked_after_a_pass(checkpoint::Marks {
+        finish_frames: i64::MAX,
+        backstop_pages: 32,
+    })
+    .await;
+    let mut n = 0;
+    while j.backstops() == 0 {
+        assert!(n < 5_000, "no backstop checkpoint in {n} claims");
+        let g = format!("BACKSTOP{n:024}");
+        let claim = j.claim(&g, "TRF001", "fp", "http://core", 10_000_000);
+        assert!(matches!(claim.await, Ok(Claim::New)), "{g}");
+        n += 1;
+    }
+}
+
+/// With checkpoints about to fail as `reason` says: claims until one is
+/// refused with that reason, then outcomes of the confirmed claims commit
+/// without the WAL ever starting over, and a reopened journal has them all.
+async fn claims_refused_then_the_wal_kept(dir: tempfile::TempDir, j: SqliteJournal, reason: &str) {
+    use std::time::{Duration, Instant};
     let give_up = Instant::now() + Duration::from_secs(60);
     let mut confirmed = Vec::new();
     let refused = loop {
@@ -1639,12 +1691,7 @@ async fn a_failed_fsync_of_the_file_keeps_the_wal_whole_and_refuses_durable_writ
             confirmed.len()
         );
     };
-    assert!(
-        refused
-            .to_string()
-            .contains("fsync of the database file failed"),
-        "{refused}"
-    );
+    assert!(refused.to_string().contains(reason), "{refused}");
     let again = j.claim("BROKEN-AFTER", "TRF001", "fp", "http://core", 10_000_000);
     assert!(again.await.is_err(), "a durable write after the failure");
     // Outcomes need no fsync and still commit; the WAL grows and never
