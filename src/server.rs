@@ -23,7 +23,7 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -176,14 +176,45 @@ fn later(t: Instant, d: Duration) -> Instant {
     t.checked_add(d).or_else(|| t.checked_add(FAR)).unwrap_or(t)
 }
 
-/// Telegrams read whole and not yet answered, across all connections.
+/// How long a draining hub lets connections finish once its telegrams in
+/// flight are answered: a telegram whose last bytes arrive then still gets
+/// its E903 (a connection that holds nothing closes at once; one still
+/// holding part of a telegram after this is closed without an answer).
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Telegrams read whole and not yet answered, across all connections; and
+/// the drain's signal to close the connections that hold nothing.
 #[derive(Default)]
 struct InFlight {
     count: AtomicUsize,
     idle: Notify,
+    closing: AtomicBool,
+    close: Notify,
 }
 
 impl InFlight {
+    /// Tells every connection to close once it holds nothing (no telegram,
+    /// whole or in part, and no answer to write).
+    fn close_idle(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        self.close.notify_waiters();
+    }
+
+    fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once [`InFlight::close_idle`] was called.
+    async fn closing(&self) {
+        loop {
+            let notified = self.close.notified();
+            if self.is_closing() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     fn enter(self: &Arc<Self>) -> InFlightGuard {
         self.count.fetch_add(1, Ordering::SeqCst);
         InFlightGuard(self.clone())
@@ -297,6 +328,16 @@ pub async fn run(
     drop(tls);
     info!("draining: listeners closed, waiting for telegrams in flight");
     in_flight.wait_idle().await;
+    // Idle connections close; one that receives a telegram meanwhile
+    // answers it (E903) first.
+    in_flight.close_idle();
+    let closed = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(CLOSE_GRACE, closed).await.is_err() {
+        info!(
+            connections = connections.len(),
+            "closing connections still reading part of a telegram"
+        );
+    }
     connections.shutdown().await;
     info!("drained");
 }
@@ -702,6 +743,8 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             ),
         };
         let queued = queue.is_some();
+        let holds_nothing =
+            buf.is_empty() && inline.is_none() && link.pending.load(Ordering::SeqCst) == 0;
         tokio::select! {
             done = async {
                 match inline.as_mut() {
@@ -748,6 +791,8 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             // An answer went out: the idle time counts from now.
             _ = link.answered.notified(), if queued => {}
             _ = link.stop.notified(), if queued => break,
+            // Draining: a connection that holds nothing closes.
+            _ = in_flight.closing(), if holds_nothing => break,
         }
     }
     // The telegram in flight still gets its answer, as the queued ones do.

@@ -349,6 +349,10 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
         let idle_from = Instant::now();
         let mut started = None;
         loop {
+            // Draining: the reactor closes a connection that holds nothing.
+            if buf.is_empty() && in_flight.is_closing() {
+                return resume(stream, back, carry(buf, started, idle_from));
+            }
             match codec.complete_len(&buf) {
                 Ok(Some(n)) if n == buf.len() => match codec.decode(&mut buf) {
                     Ok(Some(telegram)) => {

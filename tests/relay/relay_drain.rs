@@ -80,3 +80,59 @@ async fn draining_answers_in_flight_telegrams_and_refuses_new_ones_with_e903() {
         "still accepting after the drain"
     );
 }
+
+/// A telegram whose last bytes arrive after the telegrams in flight are done
+/// (the drain's wait is over and idle connections are being closed) still
+/// gets its E903 on its open connection, not a close without an answer:
+/// only a connection that holds nothing is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_telegram_completed_after_the_in_flight_wait_still_gets_e903() {
+    use tokio::io::AsyncWriteExt;
+    let core = start_core().await;
+    let (hub, _cfg) = start_hub(&core.url(), &HubOpts::budget(3_000)).await;
+    let addr = hub.addr;
+    let slow = guid("SLOW");
+    core.add_fault(
+        FaultRule::guid(&slow)
+            .delay_ms(300)
+            .phase(Phase::BeforeApply),
+    );
+    // An idle connection, whose close shows that the wait for telegrams in
+    // flight is over.
+    let mut watch = connect(addr, PrefixMode::Ascii).await;
+    assert_eq!(
+        exchange(&mut watch, &transfer(&guid("PRE"), 10)).await.code,
+        "0000"
+    );
+    let in_flight = {
+        let t = transfer(&slow, 1_000);
+        tokio::spawn(async move {
+            let mut ch = connect(addr, PrefixMode::Ascii).await;
+            exchange(&mut ch, &t).await
+        })
+    };
+    within(core.wait_received(&slow)).await;
+    // Half a telegram on a connection of its own.
+    let late = guid("LATE");
+    let whole = framed(&transfer(&late, 10));
+    let (first, rest) = whole.split_at(whole.len() / 2);
+    let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
+    half.set_nodelay(true).unwrap();
+    half.write_all(first).await.unwrap();
+
+    let stopping = tokio::spawn(hub.shutdown());
+    assert_eq!(within(in_flight).await.unwrap().code, "0000");
+    // The idle connection is closed: the drain has passed its wait.
+    assert!(within(watch.recv()).await.expect("read").is_none());
+
+    half.write_all(rest).await.unwrap();
+    let (_, answer) = read_raw_answer(&mut half).await;
+    let answer = relayhub::client::Answer::parse(&answer).unwrap();
+    assert_eq!(
+        (answer.guid.as_str(), answer.code.as_str()),
+        (late.as_str(), "E903")
+    );
+    assert_closed(&mut half).await;
+    within(stopping).await.unwrap();
+    assert!(!core.stats().by_guid.contains_key(&late));
+}
