@@ -18,8 +18,10 @@ use tracing::field::{Field, Visit};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::format::{Format, Full};
 use tracing_subscriber::fmt::time::FormatTime;
-use tracing_subscriber::fmt::{FormatFields, FormattedFields};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
 
 use crate::log_writer::{Dropped, FlushGuard, batched};
 
@@ -61,7 +63,10 @@ pub fn init(format: LogFormat, filter: EnvFilter) -> Result<Logging, String> {
             .with_span_list(false)
             .fmt_fields(JsonObjectFields)
             .try_init(),
-        LogFormat::Human => builder.fmt_fields(OneLineFields).try_init(),
+        LogFormat::Human => builder
+            .fmt_fields(OneLineFields)
+            .event_format(HumanLine::default())
+            .try_init(),
     };
     result.map_err(|e| e.to_string())?;
     Ok(Logging {
@@ -111,6 +116,74 @@ fn write_utc(secs: u64, micros: u32, w: &mut impl fmt::Write) -> fmt::Result {
         w.write_str(std::str::from_utf8(&digits).unwrap_or("000000"))?;
         w.write_char('Z')
     })
+}
+
+/// The human line, as tracing-subscriber's full format writes it without
+/// colours (`TIME LEVEL span{fields}:span{fields}: target: fields`), written
+/// piece by piece: its `write!`s cost more than the line's bytes, on every
+/// telegram. Lines with colours (a terminal) and records of the `log` crate
+/// (whose target that format reads from their fields) it writes itself.
+pub struct HumanLine {
+    full: Format<Full, Utc>,
+}
+
+impl Default for HumanLine {
+    fn default() -> HumanLine {
+        HumanLine {
+            full: tracing_subscriber::fmt::format().with_timer(Utc),
+        }
+    }
+}
+
+impl<S, N> FormatEvent<S, N> for HumanLine
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> fmt::Result {
+        let meta = event.metadata();
+        if w.has_ansi_escapes() || meta.fields().field("log.target").is_some() {
+            return self.full.format_event(ctx, w, event);
+        }
+        if Utc.format_time(&mut w).is_err() {
+            w.write_str("<unknown time>")?;
+        }
+        w.write_str(match *meta.level() {
+            tracing::Level::TRACE => " TRACE ",
+            tracing::Level::DEBUG => " DEBUG ",
+            tracing::Level::INFO => "  INFO ",
+            tracing::Level::WARN => "  WARN ",
+            tracing::Level::ERROR => " ERROR ",
+        })?;
+        if let Some(scope) = ctx.event_scope() {
+            let mut seen = false;
+            for span in scope.from_root() {
+                w.write_str(span.metadata().name())?;
+                seen = true;
+                let ext = span.extensions();
+                if let Some(fields) = ext.get::<FormattedFields<N>>()
+                    && !fields.is_empty()
+                {
+                    w.write_char('{')?;
+                    w.write_str(fields)?;
+                    w.write_char('}')?;
+                }
+                w.write_char(':')?;
+            }
+            if seen {
+                w.write_char(' ')?;
+            }
+        }
+        w.write_str(meta.target())?;
+        w.write_str(": ")?;
+        ctx.format_fields(w.by_ref(), event)?;
+        w.write_char('\n')
+    }
 }
 
 /// The span field whose JSON-object text is embedded as an object.
@@ -422,7 +495,7 @@ mod tests {
     use tracing::{Span, field::Empty, info, info_span, warn};
     use tracing_subscriber::fmt::MakeWriter;
 
-    use super::{JsonObjectFields, OneLine, OneLineFields};
+    use super::{HumanLine, JsonObjectFields, OneLine, OneLineFields, Utc};
 
     fn one_line(text: &str) -> String {
         let mut out = String::new();
@@ -506,30 +579,101 @@ mod tests {
         });
     }
 
-    fn output(json: bool) -> String {
+    /// The lines of [`telegram`] in one format; the human ones without
+    /// their time.
+    fn output(format: Style, events: fn()) -> String {
         let lines = Lines::default();
         let builder = tracing_subscriber::fmt()
             .with_writer(lines.clone())
-            .with_ansi(false)
-            .without_time();
-        if json {
-            let s = builder
-                .json()
-                .with_current_span(true)
-                .with_span_list(false)
-                .fmt_fields(JsonObjectFields)
-                .finish();
-            tracing::subscriber::with_default(s, telegram);
-        } else {
-            let s = builder.fmt_fields(OneLineFields).finish();
-            tracing::subscriber::with_default(s, telegram);
+            .with_ansi(false);
+        match format {
+            Style::Json => {
+                let s = builder
+                    .without_time()
+                    .json()
+                    .with_current_span(true)
+                    .with_span_list(false)
+                    .fmt_fields(JsonObjectFields)
+                    .finish();
+                tracing::subscriber::with_default(s, events);
+            }
+            Style::Human => {
+                let s = builder
+                    .fmt_fields(OneLineFields)
+                    .event_format(HumanLine::default())
+                    .finish();
+                tracing::subscriber::with_default(s, events);
+            }
+            Style::Full => {
+                let s = builder.with_timer(Utc).fmt_fields(OneLineFields).finish();
+                tracing::subscriber::with_default(s, events);
+            }
         }
-        String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        if format == Style::Json {
+            return text;
+        }
+        // `2026-12-01T16:30:46.232574Z `: 27 characters and a space.
+        text.lines()
+            .map(|line| {
+                assert_eq!(line.as_bytes().get(26), Some(&b'Z'), "{line}");
+                format!("{}\n", &line[28..])
+            })
+            .collect()
+    }
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Style {
+        Json,
+        /// The hub's.
+        Human,
+        /// tracing-subscriber's full format, which the hub's copies.
+        Full,
+    }
+
+    #[test]
+    fn the_human_line_is_tracing_subscribers_full_format() {
+        let every_level = || {
+            tracing::trace!(n = 1u64, "trace");
+            tracing::debug!(n = 2u64, "debug");
+            info!("info");
+            warn!(e = %"x", "warn");
+            tracing::error!("error");
+            telegram();
+        };
+        // Everything enabled, as a hub at RUST_LOG=trace.
+        let all = |format| {
+            let lines = Lines::default();
+            let builder = tracing_subscriber::fmt()
+                .with_writer(lines.clone())
+                .with_ansi(false)
+                .with_max_level(tracing::Level::TRACE)
+                .with_timer(Utc)
+                .fmt_fields(OneLineFields);
+            match format {
+                Style::Human => tracing::subscriber::with_default(
+                    builder.event_format(HumanLine::default()).finish(),
+                    every_level,
+                ),
+                _ => tracing::subscriber::with_default(builder.finish(), every_level),
+            }
+            let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+            text.lines()
+                .map(|l| l[28..].to_string())
+                .collect::<Vec<_>>()
+        };
+        let human = all(Style::Human);
+        assert_eq!(human.len(), 8, "{human:?}");
+        assert_eq!(human, all(Style::Full));
+        assert_eq!(
+            output(Style::Human, telegram),
+            output(Style::Full, telegram)
+        );
     }
 
     #[test]
     fn json_lines_carry_the_telegram_span_with_fields_as_an_object() {
-        let text = output(true);
+        let text = output(Style::Json, telegram);
         let lines: Vec<Value> = text
             .lines()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
@@ -613,7 +757,7 @@ mod tests {
 
     #[test]
     fn human_lines_carry_the_telegram_span_on_one_line() {
-        let text = output(false);
+        let text = output(Style::Human, telegram);
         let lines: Vec<&str> = text.lines().collect();
         let span = r#"conn{peer=10.1.2.3:5000}:telegram{guid="G1" tx="TRF001" peer=10.1.2.3 trace=4bf92f3577b34da6a3ce929d0e0e4736 channel="IBANK" fields={"amount":50000,"from_account":"*********4001","memo":"<2 \"q\">"} core_ms=11"#;
         assert_eq!(
