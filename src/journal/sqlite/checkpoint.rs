@@ -109,6 +109,31 @@ impl Default for Marks {
     }
 }
 
+/// Held while pages are copied into the database file and fsynced (the
+/// thread's pass and its fsync, the writer's finishing, its backstop), with
+/// `broken` read and set under it: a failure in one is seen by the next
+/// before it copies a page. Without it, a backstop could copy the last frame
+/// and fsync through a descriptor that never saw the thread's failing fsync,
+/// and the WAL would start over on pages the disk dropped.
+#[derive(Clone, Default)]
+struct Copying(Arc<Mutex<()>>);
+
+impl Copying {
+    /// Waits for the lock (the thread: its passes are not in a hurry).
+    fn hold(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lock if nobody holds it (the writer: a commit waits for no pass).
+    fn try_hold(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        match self.0.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+}
+
 /// Counts the thread's passes, for tests and `SqliteJournal::checkpoints`.
 #[derive(Clone)]
 pub(super) struct Checkpointer {
@@ -131,6 +156,8 @@ pub(super) struct Handoff {
     asked: Arc<AtomicBool>,
     /// Why the thread stopped after a failed write or fsync of the file.
     broken: Arc<OnceLock<String>>,
+    /// Held by whoever copies pages into the file (see [`Copying`]).
+    copying: Copying,
     /// The writer has stopped checkpointing (its backstop off, durable
     /// writes refused).
     stopped: bool,
@@ -148,14 +175,26 @@ impl Handoff {
         }
         let why = match self.broken.get() {
             Some(why) => why.clone(),
-            None if self.take() => match finish(conn) {
-                Ok(()) => return,
-                Err(why) => {
-                    metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "checkpoint")
-                        .increment(1);
-                    why
+            None if self.take() => {
+                // The thread is in a pass: asked again, finished after a
+                // later batch.
+                let Some(_copying) = self.copying.try_hold() else {
+                    self.asked.store(true, Ordering::Release);
+                    return;
+                };
+                match self.broken.get() {
+                    Some(why) => why.clone(),
+                    None => match finish(conn) {
+                        Ok(()) => return,
+                        Err(why) => {
+                            metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "checkpoint")
+                                .increment(1);
+                            let _ = self.broken.set(why.clone());
+                            why
+                        }
+                    },
                 }
-            },
+            }
             None => return,
         };
         self.stopped = true;
@@ -201,9 +240,11 @@ impl Checkpointer {
         let asked = Arc::new(AtomicBool::new(false));
         let broken = Arc::new(OnceLock::new());
         let fail_syncs = Arc::new(AtomicBool::new(false));
+        let copying = Copying::default();
         let backstop = Backstop {
             pages: marks.backstop_pages,
             broken: broken.clone(),
+            copying: copying.clone(),
             ran: Arc::new(AtomicU64::new(0)),
             fail: Arc::new(AtomicBool::new(false)),
         };
@@ -216,6 +257,7 @@ impl Checkpointer {
             }))
             .map_err(|e| format!("cannot install the journal's backstop checkpoint: {e}"))?;
         let thread = Thread {
+            copying: copying.clone(),
             finish_frames: marks.finish_frames,
             done: done.clone(),
             asked: asked.clone(),
@@ -230,6 +272,7 @@ impl Checkpointer {
         let handoff = Handoff {
             asked,
             broken,
+            copying,
             stopped: false,
             _stop: stop,
         };
@@ -332,6 +375,7 @@ fn is_io(e: &rusqlite::Error) -> bool {
 struct Backstop {
     pages: i64,
     broken: Arc<OnceLock<String>>,
+    copying: Copying,
     /// Checkpoints that succeeded.
     ran: Arc<AtomicU64>,
     /// In tests: every backstop checkpoint fails as a failed fsync would.
@@ -341,15 +385,30 @@ struct Backstop {
 impl Backstop {
     /// The WAL hook: `pages` is the WAL's length in frames after a commit.
     fn after_commit(&self, wal: &mut rusqlite::hooks::Wal, pages: i32) {
+        if i64::from(pages) < self.pages {
+            return;
+        }
+        // A pass of the thread copies meanwhile: the next commit checks again.
+        let Some(_copying) = self.copying.try_hold() else {
+            return;
+        };
         // Once broken, nothing checkpoints again (the writer turns this
         // hook off between batches).
-        if i64::from(pages) < self.pages || self.broken.get().is_some() {
+        if self.broken.get().is_some() {
             return;
         }
         let result = match self.fail.load(Ordering::Relaxed) {
             true => Err("disk I/O error (a test's)".to_string()),
             false => match wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE) {
                 Err(e) if is_io(&e) => Err(e.to_string()),
+                // Another checkpoint holds SQLite's lock (another process's:
+                // this one's are kept out by `copying`): as SQLite's own
+                // hook, nothing to report.
+                Err(rusqlite::Error::SqliteFailure(f, _))
+                    if f.code == rusqlite::ErrorCode::DatabaseBusy =>
+                {
+                    Ok(())
+                }
                 Err(e) => {
                     failed(&e);
                     Ok(())
@@ -372,6 +431,7 @@ impl Backstop {
 
 /// The checkpoint thread's share of the state.
 struct Thread {
+    copying: Copying,
     finish_frames: i64,
     done: Arc<AtomicU64>,
     asked: Arc<AtomicBool>,
@@ -398,7 +458,9 @@ impl Thread {
         // writer is gone.
         while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(wait) {
             wait = INTERVAL;
-            // The writer's backstop failed: no pass again.
+            // Until the end of this pass, its fsync included.
+            let _copying = self.copying.hold();
+            // The writer's backstop or finishing failed: no pass again.
             if self.broken.get().is_some() {
                 return;
             }
@@ -578,6 +640,109 @@ mod tests {
             )
         };
         (rc == 0).then_some(stat.dirty)
+    }
+
+    /// A journal whose writer connection checkpoints past one frame, and
+    /// that backstop's shared state.
+    fn hooked() -> (tempfile::TempDir, Connection, Backstop) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = super::super::open::open(&dir.path().join("j.db")).unwrap();
+        conn.execute_batch("CREATE TABLE IF NOT EXISTS t(x)")
+            .unwrap();
+        let backstop = Backstop {
+            pages: 1,
+            broken: Arc::new(OnceLock::new()),
+            copying: Copying::default(),
+            ran: Arc::new(AtomicU64::new(0)),
+            fail: Arc::new(AtomicBool::new(false)),
+        };
+        let shared = Backstop {
+            copying: backstop.copying.clone(),
+            broken: backstop.broken.clone(),
+            ran: backstop.ran.clone(),
+            fail: backstop.fail.clone(),
+            ..backstop
+        };
+        conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages| {
+            backstop.after_commit(wal, pages);
+            Ok(())
+        }))
+        .unwrap();
+        (dir, conn, shared)
+    }
+
+    /// While a pass of the thread copies (and fsyncs), the writer's backstop
+    /// does not: a failure of that fsync is seen before it copies a page.
+    #[test]
+    fn the_backstop_waits_for_no_pass_and_copies_none_beside_one() {
+        let (_dir, conn, backstop) = hooked();
+        let pass = backstop.copying.hold();
+        conn.execute("INSERT INTO t VALUES (1)", []).unwrap();
+        assert_eq!(
+            backstop.ran.load(Ordering::SeqCst),
+            0,
+            "copied beside a pass"
+        );
+        // The pass failed: the next commit's backstop copies nothing either.
+        let _ = backstop.broken.set("the thread's fsync failed".into());
+        drop(pass);
+        conn.execute("INSERT INTO t VALUES (2)", []).unwrap();
+        assert_eq!(
+            backstop.ran.load(Ordering::SeqCst),
+            0,
+            "copied after a failure"
+        );
+    }
+
+    /// With no pass running, it does.
+    #[test]
+    fn the_backstop_copies_when_no_pass_runs() {
+        let (_dir, conn, backstop) = hooked();
+        conn.execute("INSERT INTO t VALUES (1)", []).unwrap();
+        assert_eq!(backstop.ran.load(Ordering::SeqCst), 1);
+    }
+
+    /// A backstop checkpoint that only finds another checkpoint
+    /// running (SQLITE_BUSY, which SQLite's own hook ignored and the thread's
+    /// PRAGMA reports as busy=1, not an error) is not a journal error.
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_busy_backstop_is_not_a_journal_error() {
+        use metrics_exporter_prometheus::PrometheusBuilder;
+        use std::os::fd::AsRawFd;
+        let (dir, conn, backstop) = hooked();
+        let (ran, broken) = (backstop.ran.clone(), backstop.broken.clone());
+        // Another checkpointer holds WAL_CKPT_LOCK (byte 121 of the -shm), as
+        // the checkpoint thread does during its pass (an OFD lock conflicts
+        // with SQLite's own fcntl locks even within this process).
+        let shm = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.path().join("j.db-shm"))
+            .unwrap();
+        // SAFETY: `flock` is a plain C struct of integers; all zeroes is a
+        // valid value of it.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as _;
+        fl.l_whence = libc::SEEK_SET as _;
+        fl.l_start = 121;
+        fl.l_len = 1;
+        // SAFETY: `shm` is an open descriptor for the call, and F_OFD_SETLK
+        // reads the `flock` it is given, which lives for the call.
+        let rc = unsafe { libc::fcntl(shm.as_raw_fd(), libc::F_OFD_SETLK, &raw mut fl) };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            conn.execute("INSERT INTO t VALUES (1)", []).unwrap();
+        });
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "the checkpoint ran");
+        assert!(broken.get().is_none());
+        let text = handle.render();
+        assert!(
+            !text.contains(crate::metric_names::JOURNAL_ERRORS),
+            "a busy backstop counted as a journal error:\n{text}"
+        );
     }
 
     #[test]
