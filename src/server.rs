@@ -791,8 +791,13 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             // An answer went out: the idle time counts from now.
             _ = link.answered.notified(), if queued => {}
             _ = link.stop.notified(), if queued => break,
-            // Draining: a connection that holds nothing closes.
-            _ = in_flight.closing(), if holds_nothing => break,
+            // Draining: a connection that holds nothing closes, unless the
+            // channel's next bytes are already here (read, then answered).
+            _ = in_flight.closing(), if holds_nothing => {
+                if !read_now(&mut reader, &mut buf) {
+                    break;
+                }
+            }
         }
     }
     // The telegram in flight still gets its answer, as the queued ones do.
@@ -815,6 +820,18 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
         let _ = task.await;
     }
     Served::Ended
+}
+
+/// Reads what the channel has already sent, without waiting: whether bytes
+/// were added to `buf`. (A socket the reactor took back a moment ago may
+/// not know yet that bytes are waiting.)
+fn read_now<R: tokio::io::AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut) -> bool {
+    use std::task::{Context, Poll, Waker};
+    let read = std::pin::pin!(reader.read_buf(buf));
+    matches!(
+        read.poll(&mut Context::from_waker(Waker::noop())),
+        Poll::Ready(Ok(n)) if n > 0
+    )
 }
 
 /// The answer to a telegram whose task failed (a panic: a bug, not an input).
@@ -887,6 +904,24 @@ async fn write_answers<W: AsyncWrite + Unpin>(
 mod tests {
     use super::*;
     use crate::config::ServerConfig;
+
+    /// A draining connection that holds nothing reads what already arrived
+    /// before it closes; with nothing there it does not wait.
+    #[tokio::test]
+    async fn read_now_takes_what_arrived_and_never_waits() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut channel = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut hub, _) = listener.accept().await.unwrap();
+        let mut buf = BytesMut::new();
+        assert!(!read_now(&mut hub, &mut buf));
+        channel.write_all(b"0004ABCD").await.unwrap();
+        hub.readable().await.unwrap();
+        assert!(read_now(&mut hub, &mut buf));
+        assert_eq!(&buf[..], b"0004ABCD");
+        assert!(!read_now(&mut hub, &mut buf));
+    }
 
     /// Answers 0000 with the request's header, except that a telegram whose
     /// tx code is `PANIC1` makes its task panic (a bug in the hub).

@@ -349,8 +349,9 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
         let idle_from = Instant::now();
         let mut started = None;
         loop {
-            // Draining: the reactor closes a connection that holds nothing.
-            if buf.is_empty() && in_flight.is_closing() {
+            // Draining: the reactor closes a connection that holds nothing
+            // (bytes already here are read first, and answered).
+            if buf.is_empty() && in_flight.is_closing() && !bytes_waiting(&stream) {
                 return resume(stream, back, carry(buf, started, idle_from));
             }
             match codec.complete_len(&buf) {
@@ -412,6 +413,18 @@ fn carry(buf: BytesMut, started: Option<Instant>, idle_from: Instant) -> Carry {
         idle_from: Some(idle_from),
         inline: None,
     }
+}
+
+/// Whether the channel's next bytes are already here: a read would not
+/// wait. Leaves the socket blocking (if that fails, its next read fails and
+/// the reactor takes the connection).
+fn bytes_waiting(stream: &StdStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let waiting = matches!(stream.peek(&mut [0u8; 1]), Ok(n) if n > 0);
+    let _ = stream.set_nonblocking(false);
+    waiting
 }
 
 /// Makes a lent socket blocking, with the write timeout.
@@ -903,6 +916,28 @@ fn take_back(slot: &Slot) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A draining adopter hands back only a connection with nothing waiting;
+    /// the peek leaves the socket blocking and the bytes unread.
+    #[test]
+    fn bytes_waiting_sees_sent_bytes_and_leaves_them() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut channel = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut hub, _) = listener.accept().unwrap();
+        assert!(!bytes_waiting(&hub));
+        channel.write_all(b"0004ABCD").unwrap();
+        // Loopback: once written, the bytes are readable (bounded wait).
+        let until = Instant::now() + Duration::from_secs(5);
+        while !bytes_waiting(&hub) {
+            assert!(Instant::now() < until, "the written bytes never arrived");
+            std::thread::yield_now();
+        }
+        hub.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = [0u8; 8];
+        hub.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"0004ABCD");
+    }
 
     /// A journal command left in the stash by a poll that also ends the
     /// telegram's future (as `relay/bounded.rs` does past its deadline: the
