@@ -213,6 +213,12 @@ impl Handoff {
         tracing::error!(%why, "journal checkpoints stopped: durable writes are refused until the hub restarts, which replays the WAL into the file");
     }
 
+    /// Run as the writer's connection closes: after a failure no batch may
+    /// have followed, and SQLite's last connection to close checkpoints.
+    pub(super) fn before_close(&self, conn: &Connection) {
+        keep_wal_if_broken(conn, &self.broken);
+    }
+
     /// Whether a pass asked to be finished since the last call.
     fn take(&self) -> bool {
         self.asked.load(Ordering::Relaxed) && self.asked.swap(false, Ordering::Acquire)
@@ -267,7 +273,10 @@ impl Checkpointer {
         std::thread::Builder::new()
             .name("relayhub-checkpoint".into())
             .stack_size(256 * 1024)
-            .spawn(move || thread.run(&conn, &stopped, file))
+            .spawn(move || {
+                thread.run(&conn, &stopped, file);
+                keep_wal_if_broken(&conn, &thread.broken);
+            })
             .map_err(|e| format!("cannot start the checkpoint thread: {e}"))?;
         let handoff = Handoff {
             asked,
@@ -348,6 +357,17 @@ fn descriptor(path: &Path) -> Option<&'static File> {
     }
     held.push((meta.dev(), meta.ino(), file));
     Some(file)
+}
+
+/// After a failure, `conn` does not checkpoint when it closes (SQLite's last
+/// connection to close would, and delete the WAL: either the writer's or
+/// the thread's may be the last).
+fn keep_wal_if_broken(conn: &Connection, broken: &OnceLock<String>) {
+    if broken.get().is_some()
+        && let Err(e) = conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+    {
+        tracing::error!(error = %e, "cannot keep the journal's WAL whole at close");
+    }
 }
 
 /// One pass's `(busy, frames in the WAL, frames copied)`.
@@ -640,6 +660,22 @@ mod tests {
             )
         };
         (rc == 0).then_some(stat.dirty)
+    }
+
+    /// After a failure a connection keeps the WAL when it closes; before
+    /// one it checkpoints as SQLite does.
+    #[test]
+    fn after_a_failure_no_connection_checkpoints_as_it_closes() {
+        let (_dir, conn, backstop) = hooked();
+        let keeps = |c: &Connection| {
+            c.db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE)
+                .unwrap()
+        };
+        keep_wal_if_broken(&conn, &backstop.broken);
+        assert!(!keeps(&conn));
+        let _ = backstop.broken.set("a failed fsync".into());
+        keep_wal_if_broken(&conn, &backstop.broken);
+        assert!(keeps(&conn));
     }
 
     /// A journal whose writer connection checkpoints past one frame, and

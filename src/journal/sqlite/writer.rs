@@ -181,6 +181,15 @@ struct Writer {
     handoff: Option<Handoff>,
 }
 
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Before the connection closes (fields drop after this).
+        if let Some(handoff) = &self.handoff {
+            handoff.before_close(&self.conn);
+        }
+    }
+}
+
 impl Shared {
     pub(super) fn new(
         conn: Connection,
