@@ -8,32 +8,61 @@ use common::*;
 use corebank::{FaultRule, Phase};
 use relayhub::frame::PrefixMode;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn draining_answers_in_flight_telegrams_and_refuses_new_ones_with_e903() {
+/// A core whose transfer of the returned GUID answers after `delay_ms`, a
+/// hub before it (3 s budget), and `idle` connections to the hub, each
+/// proven open by a first exchange.
+async fn hub_with_a_slow_guid(
+    delay_ms: u64,
+    idle: usize,
+) -> (
+    corebank::CoreBank,
+    relayhub::daemon::Daemon,
+    String,
+    Vec<relayhub::client::Channel>,
+) {
     let core = start_core().await;
     let (hub, _cfg) = start_hub(&core.url(), &HubOpts::budget(3_000)).await;
-    let addr = hub.addr;
     let slow = guid("SLOW");
     core.add_fault(
         FaultRule::guid(&slow)
-            .delay_ms(800)
+            .delay_ms(delay_ms)
             .phase(Phase::BeforeApply),
     );
-
-    // Two idle connections, proven open by a first exchange each.
-    let mut idle = connect(addr, PrefixMode::Ascii).await;
-    let mut idle2 = connect(addr, PrefixMode::Ascii).await;
-    for ch in [&mut idle, &mut idle2] {
-        assert_eq!(exchange(ch, &transfer(&guid("PRE"), 10)).await.code, "0000");
+    let mut channels = Vec::new();
+    for _ in 0..idle {
+        let mut ch = connect(hub.addr, PrefixMode::Ascii).await;
+        assert_eq!(
+            exchange(&mut ch, &transfer(&guid("PRE"), 10)).await.code,
+            "0000"
+        );
+        channels.push(ch);
     }
-    let in_flight = {
-        let t = transfer(&slow, 1_000);
-        tokio::spawn(async move {
-            let mut ch = connect(addr, PrefixMode::Ascii).await;
-            exchange(&mut ch, &t).await
-        })
-    };
-    within(core.wait_received(&slow)).await;
+    (core, hub, slow, channels)
+}
+
+/// Sends the slow transfer on a connection of its own; returns once the
+/// core has it.
+async fn in_flight(
+    core: &corebank::CoreBank,
+    addr: std::net::SocketAddr,
+    slow: &str,
+) -> tokio::task::JoinHandle<relayhub::client::Answer> {
+    let t = transfer(slow, 1_000);
+    let task = tokio::spawn(async move {
+        let mut ch = connect(addr, PrefixMode::Ascii).await;
+        exchange(&mut ch, &t).await
+    });
+    within(core.wait_received(slow)).await;
+    task
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_answers_in_flight_telegrams_and_refuses_new_ones_with_e903() {
+    // Two idle connections.
+    let (core, hub, slow, channels) = hub_with_a_slow_guid(800, 2).await;
+    let addr = hub.addr;
+    let [mut idle, mut idle2]: [_; 2] = channels.try_into().ok().unwrap();
+    let in_flight = in_flight(&core, addr, &slow).await;
 
     let inner = hub.hub().clone();
     let stopping = tokio::spawn(hub.shutdown());
@@ -88,30 +117,12 @@ async fn draining_answers_in_flight_telegrams_and_refuses_new_ones_with_e903() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_telegram_completed_after_the_in_flight_wait_still_gets_e903() {
     use tokio::io::AsyncWriteExt;
-    let core = start_core().await;
-    let (hub, _cfg) = start_hub(&core.url(), &HubOpts::budget(3_000)).await;
-    let addr = hub.addr;
-    let slow = guid("SLOW");
-    core.add_fault(
-        FaultRule::guid(&slow)
-            .delay_ms(300)
-            .phase(Phase::BeforeApply),
-    );
     // An idle connection, whose close shows that the wait for telegrams in
     // flight is over.
-    let mut watch = connect(addr, PrefixMode::Ascii).await;
-    assert_eq!(
-        exchange(&mut watch, &transfer(&guid("PRE"), 10)).await.code,
-        "0000"
-    );
-    let in_flight = {
-        let t = transfer(&slow, 1_000);
-        tokio::spawn(async move {
-            let mut ch = connect(addr, PrefixMode::Ascii).await;
-            exchange(&mut ch, &t).await
-        })
-    };
-    within(core.wait_received(&slow)).await;
+    let (core, hub, slow, channels) = hub_with_a_slow_guid(300, 1).await;
+    let addr = hub.addr;
+    let [mut watch]: [_; 1] = channels.try_into().ok().unwrap();
+    let in_flight = in_flight(&core, addr, &slow).await;
     // Half a telegram on a connection of its own.
     let late = guid("LATE");
     let whole = framed(&transfer(&late, 10));

@@ -1612,6 +1612,17 @@ async fn finishing_after_a_pass(finish: i64) -> (tempfile::TempDir, SqliteJourna
     marked_after_a_pass(marks).await
 }
 
+/// A journal whose thread never has a pass finished, and whose writer
+/// checkpoints by itself past 32 frames: only the backstop starts the WAL
+/// over.
+async fn backstop_only() -> (tempfile::TempDir, SqliteJournal) {
+    marked_after_a_pass(checkpoint::Marks {
+        finish_frames: i64::MAX,
+        backstop_pages: 32,
+    })
+    .await
+}
+
 /// [`finishing_after_a_pass`], with both marks given.
 async fn marked_after_a_pass(marks: checkpoint::Marks) -> (tempfile::TempDir, SqliteJournal) {
     let dir = tempfile::tempdir().unwrap();
@@ -1642,12 +1653,7 @@ async fn a_failed_fsync_of_the_file_keeps_the_wal_whole_and_refuses_durable_writ
 /// the error, and the thread's next pass could have started the WAL over.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_backstop_checkpoint_keeps_the_wal_whole_and_refuses_durable_writes() {
-    // The thread never finishes a pass: only the backstop starts the WAL over.
-    let (dir, j) = marked_after_a_pass(checkpoint::Marks {
-        finish_frames: i64::MAX,
-        backstop_pages: 32,
-    })
-    .await;
+    let (dir, j) = backstop_only().await;
     j.fail_backstops();
     claims_refused_then_the_wal_kept(dir, j, "backstop checkpoint of the journal failed").await;
 }
@@ -1656,11 +1662,7 @@ async fn a_failed_backstop_checkpoint_keeps_the_wal_whole_and_refuses_durable_wr
 /// checkpoint succeeds there (the thread never finishing a pass).
 #[tokio::test(flavor = "multi_thread")]
 async fn past_its_backstop_the_writer_checkpoints_by_itself() {
-    let (_dir, j) = marked_after_a_pass(checkpoint::Marks {
-        finish_frames: i64::MAX,
-        backstop_pages: 32,
-    })
-    .await;
+    let (_dir, j) = backstop_only().await;
     let mut n = 0;
     while j.backstops() == 0 {
         assert!(n < 5_000, "no backstop checkpoint in {n} claims");
