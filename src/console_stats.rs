@@ -6,8 +6,8 @@
 //! and two map look-ups, nothing is allocated once its tx code and answer code
 //! have been seen.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -82,9 +82,10 @@ pub fn record(guid: &str, tx_code: &str, code: Code, elapsed: Duration, trace: T
     }
 }
 
-/// GUIDs whose trace ids the console remembers (the most recent ones).
-pub const TRACED_GUIDS: usize = 20_000;
-/// Telegrams remembered per GUID (its latest ones).
+/// Telegrams whose trace ids (and, separately, request fields) the console
+/// remembers: the most recent ones.
+pub const TRACED_TELEGRAMS: usize = 20_000;
+/// Telegrams of one GUID the console shows (its latest ones).
 const TRACES_PER_GUID: usize = 8;
 
 /// One telegram of a GUID: when it was answered, with what, and its trace id.
@@ -104,22 +105,21 @@ fn as_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result
 }
 
 /// The trace ids of the latest telegrams, by GUID, in memory only: a restart
-/// forgets them (the log lines keep them). Also each GUID's request fields as
-/// its layout masks them for the log, so the console can show whose transfer
-/// an unknown one is without a full account number.
+/// forgets them (the log lines keep them). Also each telegram's request
+/// fields as its layout masks them for the log, so the console can show
+/// whose transfer an unknown one is without a full account number.
+///
+/// Two rings of the latest telegrams, not maps by GUID: a telegram writes
+/// one slot of each (no hashing, no allocation, the lock held for a copy),
+/// and only the console, asking about a GUID, scans them (a few
+/// milliseconds for the 200 rows of its list of unknown transfers). Maps by
+/// GUID (hashed keys, an order to evict by, an allocation per new GUID)
+/// cost 3-5% more of the hub's CPU per telegram (docs/performance.md).
 #[derive(Default)]
 pub struct Traces {
-    inner: Mutex<TraceMap>,
-    fields: Mutex<FieldsMap>,
+    telegrams: Mutex<Ring<Traced>>,
+    fields: Mutex<Ring<String>>,
 }
-
-/// Masked request fields (a JSON object's text) by GUID, and the GUIDs in
-/// the order they came.
-type FieldsMap = (HashMap<Arc<str>, String>, VecDeque<Arc<str>>);
-
-/// Telegrams by GUID, and the GUIDs in the order they were first seen (one
-/// allocation of the GUID for both).
-type TraceMap = (HashMap<Arc<str>, Vec<Traced>>, VecDeque<Arc<str>>);
 
 /// The process-wide trace store.
 pub fn traces() -> &'static Traces {
@@ -129,67 +129,125 @@ pub fn traces() -> &'static Traces {
 
 impl Traces {
     fn note(&self, guid: &str, code: Code, trace: TraceId) {
+        let Some(key) = Key::new(guid) else { return };
         let t = Traced {
             at_ms: crate::journal::now_ms(),
             code,
             trace_id: trace,
         };
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let (map, order) = &mut *g;
-        match map.get_mut(guid) {
-            Some(v) => {
-                if v.len() == TRACES_PER_GUID {
-                    v.remove(0);
-                }
-                v.push(t);
-            }
-            None => {
-                if order.len() == TRACED_GUIDS
-                    && let Some(old) = order.pop_front()
-                {
-                    map.remove(&old);
-                }
-                let guid: Arc<str> = Arc::from(guid);
-                map.insert(guid.clone(), vec![t]);
-                order.push_back(guid);
-            }
-        }
+        lock(&self.telegrams).push(key, t);
     }
 
-    /// Keeps the masked request fields of `guid` (the latest telegram's), the
+    /// Keeps the masked request fields of `guid`'s latest telegram, the
     /// text of a JSON object: read back only when the console asks.
     pub fn note_fields(&self, guid: &str, masked: String) {
-        let mut g = self.fields.lock().unwrap_or_else(|p| p.into_inner());
-        let (map, order) = &mut *g;
-        if let Some(kept) = map.get_mut(guid) {
-            *kept = masked;
-        } else {
-            let guid: Arc<str> = Arc::from(guid);
-            map.insert(guid.clone(), masked);
-            order.push_back(guid);
-            if order.len() > TRACED_GUIDS
-                && let Some(old) = order.pop_front()
-            {
-                map.remove(&old);
-            }
-        }
+        let Some(key) = Key::new(guid) else { return };
+        // The text it replaces is freed after the lock is let go.
+        let old = lock(&self.fields).push(key, masked);
+        drop(old);
     }
 
-    /// The masked request fields of `guid`, if a telegram of this process
-    /// carried them.
+    /// The masked request fields of `guid`, if a recent telegram of this
+    /// process carried them.
     pub fn fields_of(&self, guid: &str) -> Option<serde_json::Value> {
+        let key = Key::new(guid)?;
         // Parsed after the lock is let go: telegrams take it too.
-        let text = {
-            let g = self.fields.lock().unwrap_or_else(|p| p.into_inner());
-            g.0.get(guid).cloned()
-        };
+        let text = lock(&self.fields)
+            .newest_first()
+            .find(|(k, _)| k.is(&key))
+            .map(|(_, text)| text.clone());
         text.and_then(|t| serde_json::from_str(&t).ok())
     }
 
-    /// The remembered telegrams of `guid`, oldest first.
+    /// The remembered telegrams of `guid` (its latest ones), oldest first.
     pub fn of(&self, guid: &str) -> Vec<Traced> {
-        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        g.0.get(guid).cloned().unwrap_or_default()
+        let Some(key) = Key::new(guid) else {
+            return Vec::new();
+        };
+        let mut found: Vec<Traced> = lock(&self.telegrams)
+            .newest_first()
+            .filter(|(k, _)| k.is(&key))
+            .take(TRACES_PER_GUID)
+            .map(|(_, t)| t.clone())
+            .collect();
+        found.reverse();
+        found
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A GUID as a ring keeps it: inline (a GUID is at most 64 bytes), with a
+/// hash that a scan compares first.
+#[derive(Clone, Copy)]
+struct Key {
+    hash: u64,
+    len: u8,
+    bytes: [u8; 64],
+}
+
+impl Key {
+    /// `None` for text longer than any GUID (not remembered).
+    fn new(guid: &str) -> Option<Key> {
+        let len = guid.len();
+        if len > 64 {
+            return None;
+        }
+        let mut bytes = [0u8; 64];
+        bytes[..len].copy_from_slice(guid.as_bytes());
+        // FNV-1a: the scan's quick filter, not a map's hash (nothing to flood).
+        let hash = guid.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        Some(Key {
+            hash,
+            len: len as u8,
+            bytes,
+        })
+    }
+
+    fn is(&self, other: &Key) -> bool {
+        self.hash == other.hash
+            && self.len == other.len
+            && self.bytes[..usize::from(self.len)] == other.bytes[..usize::from(other.len)]
+    }
+}
+
+/// The latest [`TRACED_TELEGRAMS`] entries, each under its GUID.
+struct Ring<T> {
+    slots: Vec<(Key, T)>,
+    /// The slot the next entry overwrites, once the ring is full.
+    next: usize,
+}
+
+impl<T> Default for Ring<T> {
+    fn default() -> Ring<T> {
+        Ring {
+            slots: Vec::new(),
+            next: 0,
+        }
+    }
+}
+
+impl<T> Ring<T> {
+    /// Adds an entry; returns the one it replaces, if the ring was full.
+    fn push(&mut self, key: Key, value: T) -> Option<T> {
+        if self.slots.len() < TRACED_TELEGRAMS {
+            self.slots.push((key, value));
+            return None;
+        }
+        let old = std::mem::replace(&mut self.slots[self.next], (key, value));
+        self.next = (self.next + 1) % TRACED_TELEGRAMS;
+        Some(old.1)
+    }
+
+    /// The entries, the latest first.
+    fn newest_first(&self) -> impl Iterator<Item = &(Key, T)> {
+        // Once full, the slots before `next` are the latest written.
+        let (newer, older) = self.slots.split_at(self.next);
+        newer.iter().rev().chain(older.iter().rev())
     }
 }
 
@@ -363,7 +421,7 @@ mod tests {
     #[test]
     fn traces_keep_the_latest_guids_and_telegrams() {
         let t = Traces::default();
-        for i in 0..TRACED_GUIDS + 1 {
+        for i in 0..TRACED_TELEGRAMS + 1 {
             t.note(&format!("G{i}"), Code::OK, TraceId(i as u128 + 1));
         }
         assert!(t.of("G0").is_empty(), "the oldest GUID is forgotten");
@@ -383,6 +441,29 @@ mod tests {
             json["trace_id"],
             TraceId(1000 + TRACES_PER_GUID as u128 + 1).to_string()
         );
+    }
+
+    /// The latest fields of a GUID win, before and after the ring wraps;
+    /// a GUID no telegram carried lately has none.
+    #[test]
+    fn fields_are_the_latest_telegrams_and_wrap_around() {
+        let t = Traces::default();
+        t.note_fields("A", r#"{"n":1}"#.into());
+        t.note_fields("A", r#"{"n":2}"#.into());
+        assert_eq!(t.fields_of("A"), Some(serde_json::json!({"n": 2})));
+        for i in 0..TRACED_TELEGRAMS - 1 {
+            t.note_fields(&format!("F{i}"), "{}".into());
+        }
+        // A's second telegram is the oldest kept; its first is gone.
+        assert_eq!(t.fields_of("A"), Some(serde_json::json!({"n": 2})));
+        t.note_fields("A", r#"{"n":3}"#.into());
+        assert_eq!(t.fields_of("A"), Some(serde_json::json!({"n": 3})));
+        for i in 0..TRACED_TELEGRAMS {
+            t.note_fields(&format!("G{i}"), "{}".into());
+        }
+        assert_eq!(t.fields_of("A"), None);
+        assert_eq!(t.fields_of("G0"), Some(serde_json::json!({})));
+        assert_eq!(t.fields_of(&"x".repeat(65)), None);
     }
 
     #[test]
