@@ -69,14 +69,40 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-/// Installs the recorder and describes every metric (the `# HELP` lines), once
-/// per process. Called by [`crate::daemon::Daemon::start`].
+/// How often the recorder's histogram samples are folded into their buckets.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Installs the recorder, describes every metric (the `# HELP` lines) and
+/// starts its upkeep ([`keep_metrics_up`]), once per process. Called by
+/// [`crate::daemon::Daemon::start`].
 pub fn describe() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         metrics_handle();
         crate::metric_names::describe_all();
+        if let Err(e) = keep_metrics_up(UPKEEP_EVERY) {
+            tracing::error!(%e, "cannot start the metrics upkeep thread; histogram samples are folded only when /metrics is scraped");
+        }
     });
+}
+
+/// Folds the recorder's histogram samples into their buckets every `every`,
+/// on a thread of its own for the life of the process. The recorder keeps
+/// each sample (every telegram's duration, every core call's) until a
+/// scrape of `/metrics` or this upkeep folds it: a hub nobody scrapes (no
+/// admin listener) would otherwise hold 16 bytes per telegram for good.
+pub fn keep_metrics_up(every: Duration) -> std::io::Result<()> {
+    let handle = metrics_handle();
+    std::thread::Builder::new()
+        .name("relayhub-metrics".into())
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                handle.run_upkeep();
+            }
+        })
+        .map(|_| ())
 }
 
 /// Starts the per-target series at zero, so "no rejections" reads as 0 rather
