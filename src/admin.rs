@@ -91,7 +91,7 @@ pub fn describe() {
 /// each sample (every telegram's duration, every core call's) until a
 /// scrape of `/metrics` or this upkeep folds it: a hub nobody scrapes (no
 /// admin listener) would otherwise hold 16 bytes per telegram for good.
-pub fn keep_metrics_up(every: Duration) -> std::io::Result<()> {
+fn keep_metrics_up(every: Duration) -> std::io::Result<()> {
     let handle = metrics_handle();
     std::thread::Builder::new()
         .name("relayhub-metrics".into())

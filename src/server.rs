@@ -794,7 +794,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             // Draining: a connection that holds nothing closes, unless the
             // channel's next bytes are already here (read, then answered).
             _ = in_flight.closing(), if holds_nothing => {
-                if !read_now(&mut reader, &mut buf) {
+                if !read_settled(&mut reader, &mut buf).await {
                     break;
                 }
             }
@@ -822,15 +822,18 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
     Served::Ended
 }
 
-/// Reads what the channel has already sent, without waiting: whether bytes
-/// were added to `buf`. (A socket the reactor took back a moment ago may
-/// not know yet that bytes are waiting.)
-fn read_now<R: tokio::io::AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut) -> bool {
-    use std::task::{Context, Poll, Waker};
-    let read = std::pin::pin!(reader.read_buf(buf));
+/// How long a draining connection that holds nothing still reads before it
+/// closes: enough for the reactor to see bytes already in a socket it took
+/// back a moment ago (it reads a socket only once its event loop has marked
+/// it readable), so they are answered (E903), not reset.
+const SETTLE: Duration = Duration::from_millis(20);
+
+/// Reads what the channel has sent, waiting at most [`SETTLE`]: whether bytes
+/// were added to `buf` (a read cut short by the wait loses none).
+async fn read_settled<R: tokio::io::AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut) -> bool {
     matches!(
-        read.poll(&mut Context::from_waker(Waker::noop())),
-        Poll::Ready(Ok(n)) if n > 0
+        tokio::time::timeout(SETTLE, reader.read_buf(buf)).await,
+        Ok(Ok(n)) if n > 0
     )
 }
 
@@ -906,21 +909,31 @@ mod tests {
     use crate::config::ServerConfig;
 
     /// A draining connection that holds nothing reads what already arrived
-    /// before it closes; with nothing there it does not wait.
-    #[tokio::test]
-    async fn read_now_takes_what_arrived_and_never_waits() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut channel = TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (mut hub, _) = listener.accept().await.unwrap();
-        let mut buf = BytesMut::new();
-        assert!(!read_now(&mut hub, &mut buf));
-        channel.write_all(b"0004ABCD").await.unwrap();
-        hub.readable().await.unwrap();
-        assert!(read_now(&mut hub, &mut buf));
-        assert_eq!(&buf[..], b"0004ABCD");
-        assert!(!read_now(&mut hub, &mut buf));
+    /// before it closes, even on a socket the reactor took back a moment ago
+    /// (as `Adopters::resume` does); with nothing there it waits no longer
+    /// than [`SETTLE`].
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn read_settled_takes_what_arrived_on_a_socket_just_taken_back() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        for _ in 0..100 {
+            let mut channel = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (hub, _) = listener.accept().unwrap();
+            channel.write_all(b"0004ABCD").unwrap();
+            let mut one = [0u8; 1];
+            while hub.peek(&mut one).unwrap() == 0 {}
+            hub.set_nonblocking(true).unwrap();
+            let (mut reader, _writer) = TcpStream::from_std(hub).unwrap().into_split();
+            let mut buf = BytesMut::new();
+            assert!(
+                read_settled(&mut reader, &mut buf).await,
+                "8 bytes waiting, none read"
+            );
+            assert_eq!(&buf[..], b"0004ABCD");
+            let began = Instant::now();
+            assert!(!read_settled(&mut reader, &mut buf).await);
+            assert!(began.elapsed() >= SETTLE);
+        }
     }
 
     /// Answers 0000 with the request's header, except that a telegram whose

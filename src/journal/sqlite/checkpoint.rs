@@ -213,10 +213,15 @@ impl Handoff {
         tracing::error!(%why, "journal checkpoints stopped: durable writes are refused until the hub restarts, which replays the WAL into the file");
     }
 
-    /// Run as the writer's connection closes: after a failure no batch may
-    /// have followed, and SQLite's last connection to close checkpoints.
+    /// Run as the writer's connection closes: it never checkpoints then.
+    /// SQLite's last connection to close does, and this one is not the last
+    /// (the thread's closes once this `Handoff` is gone, and checkpoints
+    /// unless a failure came first); a failure after a look at `broken` here
+    /// could otherwise leave it the last, checkpointing a broken file.
     pub(super) fn before_close(&self, conn: &Connection) {
-        keep_wal_if_broken(conn, &self.broken);
+        if let Err(e) = conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true) {
+            tracing::error!(error = %e, "cannot keep the journal's WAL whole at close");
+        }
     }
 
     /// Whether a pass asked to be finished since the last call.
@@ -676,6 +681,46 @@ mod tests {
         let _ = backstop.broken.set("a failed fsync".into());
         keep_wal_if_broken(&conn, &backstop.broken);
         assert!(keeps(&conn));
+    }
+
+    /// The thread fails after the writer's connection began to close and
+    /// closes its own first: the writer's, the last, must not checkpoint.
+    #[test]
+    fn a_failure_while_the_writer_closes_leaves_the_wal_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let writer = super::super::open::open(&path).unwrap();
+        // As the hub's: no checkpoint in a commit (backstop far away).
+        writer
+            .execute_batch("PRAGMA wal_autocheckpoint = 0; CREATE TABLE IF NOT EXISTS t(x)")
+            .unwrap();
+        let thread = Connection::open(&path).unwrap();
+        for i in 0..100 {
+            writer.execute("INSERT INTO t VALUES (?1)", [i]).unwrap();
+        }
+        let wal = dir.path().join("j.db-wal");
+        assert!(std::fs::metadata(&wal).unwrap().len() > 0);
+        let broken = Arc::new(OnceLock::new());
+        let handoff = Handoff {
+            asked: Arc::new(AtomicBool::new(false)),
+            broken: broken.clone(),
+            copying: Copying::default(),
+            stopped: false,
+            _stop: mpsc::channel().0,
+        };
+        // impl Drop for Writer: nothing broken yet.
+        handoff.before_close(&writer);
+        // The checkpoint thread's pass fails meanwhile: it stops, keeps
+        // the WAL on its own connection, and closes it.
+        let _ = broken.set("fsync of the database file failed".to_string());
+        keep_wal_if_broken(&thread, &broken);
+        drop(thread);
+        // Then the writer's connection closes, the last one.
+        drop(writer);
+        assert!(
+            std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0),
+            "the WAL was checkpointed and deleted after the failure"
+        );
     }
 
     /// A journal whose writer connection checkpoints past one frame, and
