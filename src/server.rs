@@ -916,7 +916,7 @@ mod tests {
     async fn read_settled_takes_what_arrived_on_a_socket_just_taken_back() {
         use std::io::Write;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        for _ in 0..100 {
+        for _ in 0..20 {
             let mut channel = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
             let (hub, _) = listener.accept().unwrap();
             channel.write_all(b"0004ABCD").unwrap();

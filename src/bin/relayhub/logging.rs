@@ -579,13 +579,14 @@ mod tests {
         });
     }
 
-    /// The lines of [`telegram`] in one format; the human ones without
-    /// their time.
+    /// The lines `events` logs in one format, every level enabled (as a hub
+    /// at RUST_LOG=trace); the human ones without their time.
     fn output(format: Style, events: fn()) -> String {
         let lines = Lines::default();
         let builder = tracing_subscriber::fmt()
             .with_writer(lines.clone())
-            .with_ansi(false);
+            .with_ansi(false)
+            .with_max_level(tracing::Level::TRACE);
         match format {
             Style::Json => {
                 let s = builder
@@ -633,42 +634,17 @@ mod tests {
 
     #[test]
     fn the_human_line_is_tracing_subscribers_full_format() {
-        let every_level = || {
+        fn every_level() {
             tracing::trace!(n = 1u64, "trace");
             tracing::debug!(n = 2u64, "debug");
             info!("info");
             warn!(e = %"x", "warn");
             tracing::error!("error");
             telegram();
-        };
-        // Everything enabled, as a hub at RUST_LOG=trace.
-        let all = |format| {
-            let lines = Lines::default();
-            let builder = tracing_subscriber::fmt()
-                .with_writer(lines.clone())
-                .with_ansi(false)
-                .with_max_level(tracing::Level::TRACE)
-                .with_timer(Utc)
-                .fmt_fields(OneLineFields);
-            match format {
-                Style::Human => tracing::subscriber::with_default(
-                    builder.event_format(HumanLine::default()).finish(),
-                    every_level,
-                ),
-                _ => tracing::subscriber::with_default(builder.finish(), every_level),
-            }
-            let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-            text.lines()
-                .map(|l| l[28..].to_string())
-                .collect::<Vec<_>>()
-        };
-        let human = all(Style::Human);
-        assert_eq!(human.len(), 8, "{human:?}");
-        assert_eq!(human, all(Style::Full));
-        assert_eq!(
-            output(Style::Human, telegram),
-            output(Style::Full, telegram)
-        );
+        }
+        let human = output(Style::Human, every_level);
+        assert_eq!(human.lines().count(), 8, "{human}");
+        assert_eq!(human, output(Style::Full, every_level));
     }
 
     #[test]

@@ -187,9 +187,7 @@ impl Handoff {
                     None => match finish(conn) {
                         Ok(()) => return,
                         Err(why) => {
-                            metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "checkpoint")
-                                .increment(1);
-                            let _ = self.broken.set(why.clone());
+                            mark_broken(&self.broken, why.clone());
                             why
                         }
                     },
@@ -219,9 +217,7 @@ impl Handoff {
     /// unless a failure came first); a failure after a look at `broken` here
     /// could otherwise leave it the last, checkpointing a broken file.
     pub(super) fn before_close(&self, conn: &Connection) {
-        if let Err(e) = conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true) {
-            tracing::error!(error = %e, "cannot keep the journal's WAL whole at close");
-        }
+        keep_wal_at_close(conn);
     }
 
     /// Whether a pass asked to be finished since the last call.
@@ -368,11 +364,24 @@ fn descriptor(path: &Path) -> Option<&'static File> {
 /// connection to close would, and delete the WAL: either the writer's or
 /// the thread's may be the last).
 fn keep_wal_if_broken(conn: &Connection, broken: &OnceLock<String>) {
-    if broken.get().is_some()
-        && let Err(e) = conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
-    {
+    if broken.get().is_some() {
+        keep_wal_at_close(conn);
+    }
+}
+
+/// `conn` does not checkpoint when it closes.
+fn keep_wal_at_close(conn: &Connection) {
+    if let Err(e) = conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true) {
         tracing::error!(error = %e, "cannot keep the journal's WAL whole at close");
     }
+}
+
+/// Stops the checkpoints for good after a failed write or fsync of the file
+/// (counted; the first reason stays). The writer, between batches, does the
+/// rest.
+fn mark_broken(broken: &OnceLock<String>, why: String) {
+    metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "checkpoint").increment(1);
+    let _ = broken.set(why);
 }
 
 /// One pass's `(busy, frames in the WAL, frames copied)`.
@@ -445,11 +454,10 @@ impl Backstop {
             },
         };
         if let Err(e) = result {
-            metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "checkpoint")
-                .increment(1);
-            let _ = self.broken.set(format!(
-                "the writer's backstop checkpoint of the journal failed: {e}"
-            ));
+            mark_broken(
+                &self.broken,
+                format!("the writer's backstop checkpoint of the journal failed: {e}"),
+            );
         }
     }
 }
@@ -465,15 +473,6 @@ struct Thread {
 }
 
 impl Thread {
-    /// Stops the passes for good after a failed write or fsync of the file
-    /// (the writer, between batches, does the rest).
-    fn broke(&self, why: String) {
-        metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "checkpoint")
-            .increment(1);
-        // The first reason stays.
-        let _ = self.broken.set(why);
-    }
-
     fn run(&self, conn: &Connection, stopped: &mpsc::Receiver<()>, file: Option<&File>) {
         let (finish_frames, done, asked) = (self.finish_frames, &*self.done, &*self.asked);
         let mut last = None;
@@ -492,7 +491,10 @@ impl Thread {
             let result = match passive(conn) {
                 Ok(result) => result,
                 Err(e) if is_io(&e) => {
-                    return self.broke(format!("a checkpoint of the journal failed: {e}"));
+                    return mark_broken(
+                        &self.broken,
+                        format!("a checkpoint of the journal failed: {e}"),
+                    );
                 }
                 Err(e) => {
                     failed(&e);
@@ -526,7 +528,7 @@ impl Thread {
                 false => sync_file(conn),
             };
             if let Err(e) = synced {
-                return self.broke(e);
+                return mark_broken(&self.broken, e);
             }
             asked.store(true, Ordering::Release);
             finished = Instant::now();
