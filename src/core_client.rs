@@ -18,8 +18,9 @@
 //! is still waiting when the budget ends goes on for the target's late-answer
 //! window; its result is handed back as a [`LateAnswer`] so it can be journaled.
 //!
-//! Stale pooled connections: ureq probes a pooled socket before reusing it and
-//! drops it when the peer has closed it, so a core that closes idle keep-alive
+//! Stale pooled connections: ureq probes a pooled socket before reusing it
+//! (one `recv` that does not wait, `socket.rs`) and drops it when the peer has
+//! closed it, so a core that closes idle keep-alive
 //! connections costs a fresh connect, not an "unknown". What remains is the race
 //! where the peer closes in the instant between the probe and the write: that
 //! request may have been written, so it is (correctly) "unknown", E901, and the
@@ -34,14 +35,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 use ureq::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use ureq::http::{HeaderName, HeaderValue};
-use ureq::unversioned::transport::{
-    Buffers, ConnectionDetails, Connector, NextTimeout, TcpConnector, Transport,
-};
+use ureq::unversioned::transport::{Buffers, ConnectionDetails, Connector, NextTimeout, Transport};
 
 use crate::config::TargetConfig;
 
 pub(crate) mod caller;
 mod resolver;
+mod socket;
 pub mod tls;
 
 use caller::{Callers, Work};
@@ -479,7 +479,7 @@ impl Target {
         let agents = (0..AGENTS)
             .map(|_| {
                 let connector =
-                    ().chain(TcpConnector::default())
+                    ().chain(socket::SocketConnector)
                         .chain(tls_connector.clone())
                         .chain(GateConnector);
                 ureq::Agent::with_parts(config.clone(), connector, resolver.clone())

@@ -59,6 +59,7 @@ pub mod layout;
 pub mod meters;
 pub mod metric_names;
 pub mod outcome;
+pub(crate) mod peek;
 pub mod random;
 pub mod relay;
 pub mod rules;

@@ -2,7 +2,7 @@
 //! made from them (swapped in on SIGHUP), and the connector that sits between
 //! the TCP connector and the [`SendGate`](super::SendGate)'s connector.
 //!
-//! The chain is `TcpConnector -> TlsConnector -> GateConnector`: the whole
+//! The chain is `SocketConnector -> TlsConnector -> GateConnector`: the whole
 //! handshake (certificates, SNI, host-name check) happens inside `connect`,
 //! below the gate, so a refused connection, a handshake failure, an expired or
 //! wrong-name certificate or an unknown CA all end the call before the gate

@@ -416,15 +416,9 @@ fn carry(buf: BytesMut, started: Option<Instant>, idle_from: Instant) -> Carry {
 }
 
 /// Whether the channel's next bytes are already here: a read would not
-/// wait. Leaves the socket blocking (if that fails, its next read fails and
-/// the reactor takes the connection).
+/// wait.
 fn bytes_waiting(stream: &StdStream) -> bool {
-    if stream.set_nonblocking(true).is_err() {
-        return false;
-    }
-    let waiting = matches!(stream.peek(&mut [0u8; 1]), Ok(n) if n > 0);
-    let _ = stream.set_nonblocking(false);
-    waiting
+    crate::peek::peek_now(stream) == crate::peek::Peeked::Bytes
 }
 
 /// Makes a lent socket blocking, with the write timeout.

@@ -1,0 +1,375 @@
+//! The TCP socket under every core call: ureq's own transport, less the
+//! system calls that tell nothing on a healthy keep-alive connection.
+//!
+//! ureq's TCP transport, on every call:
+//! * probes the pooled connection twice (when it goes back to the pool and
+//!   when it is taken out again), each time switching the socket to
+//!   non-blocking and back around a one-byte read: three system calls a
+//!   probe;
+//! * sets the socket's write timeout before it writes and its read timeout
+//!   before it reads, whenever the time left differs from the last one set,
+//!   which it always does, since the time left shrinks as the call goes on.
+//!
+//! That was 9 of the hub's 14 system calls per telegram. Here a probe is one
+//! `recv` with `MSG_PEEK | MSG_DONTWAIT` (see [`crate::peek`]), and the time
+//! left is rounded down to [`TIMEOUT_STEP`] before it is compared, so a
+//! socket's timeouts are set again only when its call's deadline moved by a
+//! step: a read or write gives up at most one step before the deadline ureq
+//! computed, never after it.
+//!
+//! Connecting is ureq's: each resolved address in turn, the connect timeout
+//! shared between them so that the first gets half of it, the next a
+//! quarter, and so on (at least 10 ms each), moving on only when an address
+//! refuses, is unreachable or times out.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use ureq::Timeout;
+use ureq::unversioned::transport::time::Duration as UreqDuration;
+use ureq::unversioned::transport::{
+    Buffers, ConnectionDetails, Connector, Either, LazyBuffers, NextTimeout, ShutdownHandle,
+    Transport,
+};
+
+/// The step a socket timeout is rounded down to.
+pub(super) const TIMEOUT_STEP: Duration = Duration::from_millis(10);
+
+/// The shortest connect attempt given to one of several addresses.
+const MIN_PER_ADDRESS: Duration = Duration::from_millis(10);
+
+/// Opens plain TCP connections as [`CoreSocket`]s.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct SocketConnector;
+
+impl<In: Transport> Connector<In> for SocketConnector {
+    type Out = Either<In, CoreSocket>;
+
+    fn connect(
+        &self,
+        details: &ConnectionDetails,
+        chained: Option<In>,
+    ) -> Result<Option<Self::Out>, ureq::Error> {
+        if chained.is_some() {
+            return Ok(chained.map(Either::A));
+        }
+        let stream = connect_any(&details.addrs, details.timeout)?;
+        stream.set_nodelay(true)?;
+        let config = details.config;
+        let buffers = LazyBuffers::new(config.input_buffer_size(), config.output_buffer_size());
+        let stream = Arc::new(stream);
+        // So that ureq can shut the socket down from another thread.
+        let handle: Weak<dyn ShutdownHandle> = Arc::downgrade(&stream) as _;
+        (details.register_shutdown)(handle)?;
+        Ok(Some(Either::B(CoreSocket {
+            stream,
+            buffers,
+            read_timeout: None,
+            write_timeout: None,
+        })))
+    }
+}
+
+/// Tries each address in turn within `timeout`.
+fn connect_any(addrs: &[SocketAddr], timeout: NextTimeout) -> Result<TcpStream, ureq::Error> {
+    let started = Instant::now();
+    let total = timeout.not_zero().map(|t| *t);
+    let mut last = None;
+    for (i, addr) in addrs.iter().enumerate() {
+        let per_address = total.map(|t| share(t, i, addrs.len()));
+        let attempt = match per_address {
+            Some(limit) => TcpStream::connect_timeout(addr, limit),
+            None => TcpStream::connect(addr),
+        };
+        match attempt {
+            Ok(stream) => return Ok(stream),
+            Err(e) if timed_out(&e) => {
+                if total.is_some_and(|t| started.elapsed() >= t) {
+                    return Err(ureq::Error::Timeout(timeout.reason));
+                }
+                last = Some(ureq::Error::Timeout(Timeout::Connect));
+            }
+            Err(e) if concerns_the_address(&e) => last = Some(ureq::Error::Io(e)),
+            Err(e) => return Err(ureq::Error::Io(e)),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        ureq::Error::Io(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            "no address to connect to",
+        ))
+    }))
+}
+
+/// Address `i` of `n`'s share of `total`: 1/2, 1/4, ... of it, scaled so
+/// that the shares add up to the whole.
+fn share(total: Duration, i: usize, n: usize) -> Duration {
+    let weights = 2.0 * (1.0 - 0.5_f64.powi(n as i32));
+    let weight = 0.5_f64.powi(i as i32);
+    total.mul_f64(weight / weights).max(MIN_PER_ADDRESS)
+}
+
+fn timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+    )
+}
+
+/// A failure that says nothing about the next address.
+fn concerns_the_address(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::HostUnreachable
+            | io::ErrorKind::NetworkUnreachable
+            | io::ErrorKind::NetworkDown
+            | io::ErrorKind::AddrNotAvailable
+    )
+}
+
+/// A plain TCP connection to a core.
+pub(super) struct CoreSocket {
+    /// Shared (weakly) with ureq's shutdown handle.
+    stream: Arc<TcpStream>,
+    buffers: LazyBuffers,
+    /// The timeouts the socket has now, as last set.
+    read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for CoreSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoreSocket")
+            .field("peer", &self.stream.peer_addr().ok())
+            .finish()
+    }
+}
+
+impl Transport for CoreSocket {
+    fn buffers(&mut self) -> &mut dyn Buffers {
+        &mut self.buffers
+    }
+
+    fn transmit_output(&mut self, amount: usize, timeout: NextTimeout) -> Result<(), ureq::Error> {
+        let timeout = timeout.for_write();
+        let limit = limit(timeout)?;
+        if self.write_timeout != limit {
+            self.stream.set_write_timeout(limit)?;
+            self.write_timeout = limit;
+        }
+        let output = &self.buffers.output()[..amount];
+        (&*self.stream)
+            .write_all(output)
+            .map_err(|e| io_error(e, timeout.reason))
+    }
+
+    fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, ureq::Error> {
+        let timeout = timeout.for_read();
+        let limit = limit(timeout)?;
+        if self.read_timeout != limit {
+            self.stream.set_read_timeout(limit)?;
+            self.read_timeout = limit;
+        }
+        let started = Instant::now();
+        let input = self.buffers.input_append_buf();
+        let amount = loop {
+            match (&*self.stream).read(input) {
+                // Linux does not restart a socket read that has a timeout
+                // after a signal: go on with what is left of it.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                    let Some(limit) = limit else { continue };
+                    let left = limit.saturating_sub(started.elapsed());
+                    if left.is_zero() {
+                        return Err(ureq::Error::Timeout(timeout.reason));
+                    }
+                    self.stream.set_read_timeout(Some(left))?;
+                    self.read_timeout = Some(left);
+                }
+                result => break result.map_err(|e| io_error(e, timeout.reason))?,
+            }
+        };
+        self.buffers.input_appended(amount);
+        Ok(amount > 0)
+    }
+
+    /// Open: no byte waiting (the core sends nothing unasked) and no end of
+    /// stream or error.
+    fn is_open(&mut self) -> bool {
+        crate::peek::peek_now(&self.stream) == crate::peek::Peeked::Nothing
+    }
+}
+
+/// The socket timeout for an exchange with `timeout` left: `None` for none,
+/// rounded down to [`TIMEOUT_STEP`] when longer than a step.
+fn limit(timeout: NextTimeout) -> Result<Option<Duration>, ureq::Error> {
+    match timeout.after {
+        UreqDuration::NotHappening => Ok(None),
+        UreqDuration::Exact(d) if d.is_zero() => Err(ureq::Error::Timeout(timeout.reason)),
+        UreqDuration::Exact(d) => Ok(Some(stepped(d))),
+    }
+}
+
+/// `d` rounded down to a whole number of steps, if it is longer than one.
+fn stepped(d: Duration) -> Duration {
+    let step = TIMEOUT_STEP.as_nanos();
+    let nanos = d.as_nanos();
+    if nanos <= step {
+        return d;
+    }
+    Duration::from_nanos((nanos - nanos % step) as u64)
+}
+
+/// A socket timeout as ureq reports it (by the deadline that set it).
+fn io_error(e: io::Error, reason: Timeout) -> ureq::Error {
+    if timed_out(&e) {
+        ureq::Error::Timeout(reason)
+    } else {
+        ureq::Error::Io(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn after(d: Duration) -> NextTimeout {
+        NextTimeout {
+            after: UreqDuration::Exact(d),
+            reason: Timeout::Global,
+            per_read: None,
+            per_write: None,
+        }
+    }
+
+    #[test]
+    fn the_time_left_is_rounded_down_to_a_step_never_up() {
+        let ms = Duration::from_millis;
+        assert_eq!(stepped(ms(2_999) + Duration::from_micros(870)), ms(2_990));
+        assert_eq!(stepped(ms(2_990)), ms(2_990));
+        assert_eq!(stepped(ms(11)), ms(10));
+        // A step or less stays as it is: rounding would make it none.
+        assert_eq!(stepped(ms(10)), ms(10));
+        assert_eq!(
+            stepped(Duration::from_micros(300)),
+            Duration::from_micros(300)
+        );
+        for micros in [1u64, 999, 10_001, 123_456_789] {
+            let d = Duration::from_micros(micros);
+            assert!(stepped(d) <= d && !stepped(d).is_zero());
+        }
+        assert_eq!(limit(NextTimeout::default()).unwrap(), None);
+        assert!(matches!(
+            limit(after(Duration::ZERO)),
+            Err(ureq::Error::Timeout(Timeout::Global))
+        ));
+    }
+
+    #[test]
+    fn the_shares_of_the_connect_timeout_add_up_to_it() {
+        let total = Duration::from_millis(1_600);
+        assert_eq!(share(total, 0, 1), total);
+        let shares: Vec<Duration> = (0..4).map(|i| share(total, i, 4)).collect();
+        assert!(shares.windows(2).all(|w| w[0] > w[1]));
+        let sum: Duration = shares.iter().sum();
+        assert!(sum.abs_diff(total) < Duration::from_millis(1), "{sum:?}");
+        assert_eq!(share(total, 30, 31), MIN_PER_ADDRESS);
+    }
+
+    /// A connected pair: the hub's socket, the core's end.
+    fn pair() -> (CoreSocket, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stream = connect_any(&[addr], after(Duration::from_secs(5))).unwrap();
+        let (core, _) = listener.accept().unwrap();
+        let socket = CoreSocket {
+            stream: Arc::new(stream),
+            buffers: LazyBuffers::new(1024, 1024),
+            read_timeout: None,
+            write_timeout: None,
+        };
+        (socket, core)
+    }
+
+    #[test]
+    fn a_connection_is_open_until_the_core_sends_unasked_or_closes() {
+        let (mut socket, mut core) = pair();
+        assert!(socket.is_open());
+        assert!(socket.is_open(), "a probe leaves the socket as it was");
+        core.write_all(b"x").unwrap();
+        // Blocks until the byte is here (and leaves it).
+        socket.stream.peek(&mut [0u8; 1]).unwrap();
+        assert!(!socket.is_open(), "a byte nobody asked for");
+
+        let (mut socket, core) = pair();
+        drop(core);
+        // Blocks until the end of the stream is here.
+        assert_eq!(socket.stream.peek(&mut [0u8; 1]).unwrap(), 0);
+        assert!(!socket.is_open(), "closed by the core");
+    }
+
+    #[test]
+    fn a_socket_timeout_is_set_again_only_when_the_deadline_moved_a_step() {
+        let (mut socket, mut core) = pair();
+        let left = Duration::from_millis(2_999);
+        socket.buffers.output()[..1].copy_from_slice(b"a");
+        socket.transmit_output(1, after(left)).unwrap();
+        let first = socket.write_timeout;
+        assert_eq!(first, Some(Duration::from_millis(2_990)));
+        // What the socket has (the kernel keeps it in its own ticks).
+        let kernels = socket.stream.write_timeout().unwrap();
+        assert!(kernels.is_some());
+        socket
+            .transmit_output(1, after(left - Duration::from_micros(400)))
+            .unwrap();
+        assert_eq!(socket.write_timeout, first);
+        assert_eq!(socket.stream.write_timeout().unwrap(), kernels);
+        socket
+            .transmit_output(1, after(left - Duration::from_millis(10)))
+            .unwrap();
+        assert_eq!(socket.write_timeout, Some(Duration::from_millis(2_980)));
+
+        let mut written = [0u8; 3];
+        core.read_exact(&mut written).unwrap();
+        assert_eq!(&written, b"aaa");
+        core.write_all(b"HTTP").unwrap();
+        assert!(socket.await_input(after(left)).unwrap());
+        assert_eq!(socket.read_timeout, Some(Duration::from_millis(2_990)));
+        assert_eq!(socket.buffers.input(), b"HTTP");
+    }
+
+    #[test]
+    fn a_read_past_its_time_is_a_timeout_of_the_deadline_that_set_it() {
+        let (mut socket, _core) = pair();
+        let mut short = after(Duration::from_millis(30));
+        short.reason = Timeout::RecvResponse;
+        let started = Instant::now();
+        let err = socket.await_input(short).unwrap_err();
+        assert!(
+            matches!(err, ureq::Error::Timeout(Timeout::RecvResponse)),
+            "{err:?}"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn a_refused_address_moves_on_to_the_next() {
+        // A port nobody listens on: bound, then closed.
+        let closed = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let open = listener.local_addr().unwrap();
+        let stream = connect_any(&[closed, open], after(Duration::from_secs(5))).unwrap();
+        assert_eq!(stream.peer_addr().unwrap(), open);
+        let err = connect_any(&[closed], after(Duration::from_secs(5))).unwrap_err();
+        assert!(
+            matches!(&err, ureq::Error::Io(e) if e.kind() == io::ErrorKind::ConnectionRefused),
+            "{err:?}"
+        );
+    }
+}
