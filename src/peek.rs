@@ -17,7 +17,8 @@ pub(crate) enum Peeked {
     Closed,
 }
 
-/// Looks at `stream` without blocking; leaves it blocking or not as it was.
+/// Looks at `stream` without blocking. On Linux the socket stays as it was;
+/// elsewhere it is left blocking (every caller's socket is).
 pub(crate) fn peek_now(stream: &TcpStream) -> Peeked {
     match peek_dontwait(stream) {
         Ok(0) => Peeked::Closed,

@@ -94,7 +94,9 @@ fn connect_any(addrs: &[SocketAddr], timeout: NextTimeout) -> Result<TcpStream, 
         match attempt {
             Ok(stream) => return Ok(stream),
             Err(e) if timed_out(&e) => {
-                if total.is_some_and(|t| started.elapsed() >= t) {
+                // As ureq: with no time left at all, an address still gets a
+                // short try, and the first that times out ends the connect.
+                if !timeout.after.is_not_happening() && started.elapsed() >= *timeout.after {
                     return Err(ureq::Error::Timeout(timeout.reason));
                 }
                 last = Some(ureq::Error::Timeout(Timeout::Connect));
@@ -205,7 +207,11 @@ impl Transport for CoreSocket {
                 // Linux does not restart a socket read that has a timeout
                 // after a signal: go on with what is left of it.
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                    let Some(limit) = limit else { continue };
+                    // With no timeout, as ureq: the signal may have been
+                    // meant to interrupt the read.
+                    let Some(limit) = limit else {
+                        return Err(ureq::Error::Io(e));
+                    };
                     let left = limit.saturating_sub(started.elapsed());
                     if left.is_zero() {
                         return Err(ureq::Error::Timeout(timeout.reason));
@@ -220,10 +226,10 @@ impl Transport for CoreSocket {
         Ok(amount > 0)
     }
 
-    /// Open: no byte waiting (the core sends nothing unasked) and no end of
-    /// stream or error.
+    /// Open: no byte waiting (the core sends nothing unasked), no end of
+    /// stream or error, and no request head held back without its body.
     fn is_open(&mut self) -> bool {
-        crate::peek::peek_now(&self.stream) == crate::peek::Peeked::Nothing
+        self.held.is_empty() && crate::peek::peek_now(&self.stream) == crate::peek::Peeked::Nothing
     }
 }
 
@@ -267,7 +273,7 @@ fn stepped(d: Duration) -> Duration {
     if nanos <= step {
         return d;
     }
-    Duration::from_nanos((nanos - nanos % step) as u64)
+    d - Duration::from_nanos((nanos % step) as u64)
 }
 
 /// A socket timeout as ureq reports it (by the deadline that set it).
@@ -305,6 +311,8 @@ mod tests {
             stepped(Duration::from_micros(300)),
             Duration::from_micros(300)
         );
+        let longest = Duration::MAX;
+        assert!(stepped(longest) <= longest && stepped(longest) > longest - TIMEOUT_STEP);
         for micros in [1u64, 999, 10_001, 123_456_789] {
             let d = Duration::from_micros(micros);
             assert!(stepped(d) <= d && !stepped(d).is_zero());
@@ -422,6 +430,7 @@ mod tests {
         socket.buffers.output()[..head.len()].copy_from_slice(head);
         socket.transmit_output(head.len(), left).unwrap();
         assert_eq!(crate::peek::peek_now(&core), crate::peek::Peeked::Nothing);
+        assert!(!socket.is_open(), "a request half written is never reused");
         socket.buffers.output()[..2].copy_from_slice(b"{}");
         socket.transmit_output(2, left).unwrap();
         let mut got = vec![0u8; 64];
@@ -459,11 +468,10 @@ mod tests {
 
     #[test]
     fn a_refused_address_moves_on_to_the_next() {
-        // A port nobody listens on: bound, then closed.
-        let closed = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        // A port held by a connected socket, which does not listen: a connect
+        // to it is refused, and no other socket can take it meanwhile.
+        let (held, _core) = pair();
+        let closed = held.stream.local_addr().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let open = listener.local_addr().unwrap();
         let stream = connect_any(&[closed, open], after(Duration::from_secs(5))).unwrap();
