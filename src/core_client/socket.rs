@@ -466,6 +466,49 @@ mod tests {
         assert!(started.elapsed() >= Duration::from_millis(30));
     }
 
+    /// Through ureq's pool: a core that closes each connection after its
+    /// answer (without saying so) costs a new connection per call, never a
+    /// request written into a closed one.
+    #[test]
+    fn a_pooled_connection_the_core_closed_is_not_reused() {
+        use std::io::{BufRead, BufReader};
+        use ureq::unversioned::resolver::DefaultResolver;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let (closed, closes) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                    line.clear();
+                }
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
+                drop((reader, stream));
+                let _ = closed.send(());
+            }
+        });
+        let config = ureq::Agent::config_builder()
+            .proxy(None)
+            .max_idle_connections(1)
+            .build();
+        let agent = ureq::Agent::with_parts(
+            config,
+            ().chain(SocketConnector),
+            DefaultResolver::default(),
+        );
+        for call in 0..3 {
+            let mut answer = agent
+                .get(&url)
+                .call()
+                .unwrap_or_else(|e| panic!("call {call}: {e}"));
+            assert_eq!(answer.body_mut().read_to_string().unwrap(), "{}");
+            // The core's end is closed (its FIN sent) before the next call.
+            closes.recv().unwrap();
+        }
+    }
+
     #[test]
     fn a_refused_address_moves_on_to_the_next() {
         // A port held by a connected socket, which does not listen: a connect
