@@ -76,6 +76,8 @@ impl<In: Transport> Connector<In> for SocketConnector {
             read_timeout: None,
             write_timeout: None,
             held: Vec::new(),
+            #[cfg(test)]
+            writes: 0,
         })))
     }
 }
@@ -150,6 +152,9 @@ pub(super) struct CoreSocket {
     write_timeout: Option<Duration>,
     /// A request's head, held back to go out with its body.
     held: Vec<u8>,
+    /// Writes made, for the tests.
+    #[cfg(test)]
+    writes: usize,
 }
 
 impl std::fmt::Debug for CoreSocket {
@@ -185,14 +190,23 @@ impl Transport for CoreSocket {
         };
         let written = (&*self.stream).write_all(whole);
         self.held.clear();
+        #[cfg(test)]
+        {
+            self.writes += 1;
+        }
         written.map_err(|e| io_error(e, timeout.reason))
     }
 
     fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, ureq::Error> {
         if !self.held.is_empty() {
             // Not expected (the body follows its head straight away), but
-            // never wait for an answer to a request not yet written.
-            self.transmit_output(0, timeout)?;
+            // never wait for an answer to a request not yet written. A
+            // failure here is the write's, not a timeout of the wait (which
+            // ureq may take as "go on"): the connection is done.
+            self.transmit_output(0, timeout).map_err(|e| match e {
+                ureq::Error::Timeout(_) => ureq::Error::Io(io::ErrorKind::TimedOut.into()),
+                e => e,
+            })?;
         }
         let timeout = timeout.for_read();
         let limit = limit(timeout)?;
@@ -347,6 +361,7 @@ mod tests {
             read_timeout: None,
             write_timeout: None,
             held: Vec::new(),
+            writes: 0,
         };
         (socket, core)
     }
@@ -425,6 +440,8 @@ mod tests {
     #[test]
     fn a_head_goes_out_with_its_body_in_one_write() {
         let (mut socket, mut core) = pair();
+        // A failure here is a broken test, not a hang.
+        core.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let left = after(Duration::from_secs(5));
         let head = b"POST / HTTP/1.1\r\ncontent-length: 2\r\n\r\n";
         socket.buffers.output()[..head.len()].copy_from_slice(head);
@@ -433,6 +450,7 @@ mod tests {
         assert!(!socket.is_open(), "a request half written is never reused");
         socket.buffers.output()[..2].copy_from_slice(b"{}");
         socket.transmit_output(2, left).unwrap();
+        assert_eq!(socket.writes, 1, "the head and the body in one write");
         let mut got = vec![0u8; 64];
         let n = core.read(&mut got).unwrap();
         assert_eq!(&got[..n], b"POST / HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}");
@@ -440,6 +458,7 @@ mod tests {
         let get = b"GET / HTTP/1.1\r\n\r\n";
         socket.buffers.output()[..get.len()].copy_from_slice(get);
         socket.transmit_output(get.len(), left).unwrap();
+        assert_eq!(socket.writes, 2, "a head without a body at once");
         let n = core.read(&mut got).unwrap();
         assert_eq!(&got[..n], get);
 

@@ -27,8 +27,13 @@ pub fn corebank_bin() -> PathBuf {
             let bin = dir.join(format!("corebank{}", std::env::consts::EXE_SUFFIX));
             if !bin.exists() {
                 let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+                let mut args = vec!["build", "-p", "corebank", "--bin", "corebank"];
+                // Built with relayhub's profile (its folder), so that it lands beside it.
+                if dir.file_name().is_some_and(|name| name == "release") {
+                    args.push("--release");
+                }
                 let status = Command::new(cargo)
-                    .args(["build", "-p", "corebank", "--bin", "corebank"])
+                    .args(args)
                     .current_dir(env!("CARGO_MANIFEST_DIR"))
                     .status()
                     .expect("run cargo build -p corebank");
