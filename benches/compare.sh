@@ -11,7 +11,10 @@
 # of its own, in one table: throughput and its ratio to the yardstick's, the
 # relay's and the fixture's CPU per telegram (from /proc/PID/stat around each
 # run) and their ratio, p50 and p99. Then the core alone and the first hub at
-# one fixed rate (half the lower closed-loop throughput): the latency added.
+# one fixed rate (half the lower closed-loop throughput): the latency added,
+# and the relay's and the core's CPU per request at that rate (steadier than
+# the closed loop's on a small machine; docs/performance.md, "The core's
+# socket").
 #   --slow-core          the fixture answers after 200 ms; 1,000 concurrent
 #                        transfers through each of SLOW_RELAYS (the yardstick,
 #                        then the hub with the memory journal), each with a
@@ -72,7 +75,7 @@ for arg in "$@"; do
         --connections-scale) modes+=(scale) ;;
         --tls) modes+=(tls) ;;
         --all) modes=(compare slow scale tls) ;;
-        -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
         *) echo "compare.sh: unknown argument $arg" >&2; exit 64 ;;
     esac
 done
@@ -235,17 +238,28 @@ measure_relay() {
 fixed_rate() {
     local entry=$1 c=$2 rate=$3
     local rc=(-c "$(( c * 2 ))" --rate "$rate" -d "$DURATION")
-    start_core rate-direct
-    bench rate-direct --direct "http://$CORE_ADDR" "${rc[@]}"
+    start_core rate-direct; HUB_PID=
+    measured rate-direct --direct "http://$CORE_ADDR" "${rc[@]}"
+    local core_alone=$CORE_TICKS
     stop_all
     start_core rate-hub; start_relay "$entry" rate-hub
     bench rate-hub-warm --to "$HUB_ADDR" -c "$c" -n "$WARMUP"
-    bench rate-hub --to "$HUB_ADDR" "${rc[@]}"
+    measured rate-hub --to "$HUB_ADDR" "${rc[@]}"
+    local relay=$HUB_TICKS core_behind=$CORE_TICKS
     stop_all
     local r_d="$WORK/rate-direct.json" r_h="$WORK/rate-hub.json"
     echo
     echo "added latency at a fixed rate of $rate/s ($(( c * 2 )) connections, $DURATION): $(relay_label "$entry") against the core alone"
     printf '%-30s %12s %12s %12s\n' "" "core alone" "through hub" "added"
+    # CPU per request at a steady rate: every exchange wakes the threads it
+    # involves, and the closed loop's contention for the cores is absent.
+    local us_alone us_behind us_relay
+    us_alone=$(calc "$(per1000 "$core_alone" "$r_d") * 1000" 1)
+    us_behind=$(calc "$(per1000 "$core_behind" "$r_h") * 1000" 1)
+    us_relay=$(calc "$(per1000 "$relay" "$r_h") * 1000" 1)
+    printf '%-30s %12s %12s\n' "core CPU us per request" "$us_alone" "$us_behind"
+    printf '%-30s %12s %12s %12s\n' "relay CPU us per telegram" "-" "$us_relay" \
+        "$(calc "$us_relay / ($us_behind > 0 ? $us_behind : 1)" 2)x"
     for p in p50 p90 p99 p999; do
         local a b
         a=$(num "$r_d" ${p}_us); b=$(num "$r_h" ${p}_us)
