@@ -8,13 +8,12 @@
 //!   probe;
 //! * sets the socket's write timeout before it writes and its read timeout
 //!   before it reads, whenever the time left differs from the last one set,
-//!   which it always does, since the time left shrinks as the call goes on.
-//!
+//!   which it always does, since the time left shrinks as the call goes on;
 //! * writes a request's head and its body with a write each: two TCP
 //!   segments, each sent (and, on the same machine, received) on its own,
 //!   and a core that reads the head may wait again for the body.
 //!
-//! That was 10 of the hub's 15 system calls per telegram. Here a probe is one
+//! That was about 10 of the hub's 14 system calls per telegram. Here a probe is one
 //! `recv` with `MSG_PEEK | MSG_DONTWAIT` (see [`crate::peek`]); the time
 //! left is rounded down to [`TIMEOUT_STEP`] before it is compared, so a
 //! socket's timeouts are set again only when its call's deadline moved by a
