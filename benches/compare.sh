@@ -11,7 +11,9 @@
 # of its own, in one table: throughput and its ratio to the yardstick's, the
 # relay's and the fixture's CPU per telegram (from /proc/PID/stat around each
 # run) and their ratio, p50 and p99. Then the core alone and the first hub at
-# one fixed rate (half the lower closed-loop throughput): the latency added,
+# one fixed rate (FIXED_RATE_PER_S, by default half the lower of the core
+# alone's and the first hub's round-1 throughput at the first CONNECTIONS;
+# run at twice those connections): the latency added,
 # and the relay's and the core's CPU per request at that rate (steadier than
 # the closed loop's on a small machine; docs/performance.md, "The core's
 # socket").
@@ -75,7 +77,7 @@ for arg in "$@"; do
         --connections-scale) modes+=(scale) ;;
         --tls) modes+=(tls) ;;
         --all) modes=(compare slow scale tls) ;;
-        -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,52p' "$0"; exit 0 ;;
         *) echo "compare.sh: unknown argument $arg" >&2; exit 64 ;;
     esac
 done

@@ -24,9 +24,9 @@
 //! has already counted the head as sent.
 //!
 //! Connecting is ureq's: each resolved address in turn, the connect timeout
-//! shared between them so that the first gets half of it, the next a
-//! quarter, and so on (at least 10 ms each), moving on only when an address
-//! refuses, is unreachable or times out.
+//! shared between them in halving parts that add up to the whole (a single
+//! address gets all of it; none less than 10 ms), moving on only when an
+//! address refuses, is unreachable or times out.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
