@@ -406,6 +406,7 @@ fn is_io(e: &rusqlite::Error) -> bool {
 /// The writer's own checkpoint, run in the commit that grows the WAL past
 /// `pages` frames (should the thread fall behind or stop); SQLite's
 /// automatic checkpoint would do the same but drop its error.
+#[derive(Clone)]
 struct Backstop {
     pages: i64,
     broken: Arc<OnceLock<String>>,
@@ -739,13 +740,7 @@ mod tests {
             ran: Arc::new(AtomicU64::new(0)),
             fail: Arc::new(AtomicBool::new(false)),
         };
-        let shared = Backstop {
-            copying: backstop.copying.clone(),
-            broken: backstop.broken.clone(),
-            ran: backstop.ran.clone(),
-            fail: backstop.fail.clone(),
-            ..backstop
-        };
+        let shared = backstop.clone();
         conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages| {
             backstop.after_commit(wal, pages);
             Ok(())
