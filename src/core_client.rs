@@ -83,8 +83,13 @@ impl TraceId {
     }
 
     /// Runs `f` with this trace id on every core call it makes.
-    pub async fn scope<F: std::future::Future>(self, f: F) -> F::Output {
-        TRACE_ID.scope(self, f).await
+    /// (Not an `async fn`: that would hold `f` twice in its state, and
+    /// the telegram's future is copied whole as it moves.)
+    pub fn scope<F: std::future::Future>(
+        self,
+        f: F,
+    ) -> impl std::future::Future<Output = F::Output> {
+        TRACE_ID.scope(self, f)
     }
 
     /// The trace id of the telegram being answered, if any.

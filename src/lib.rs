@@ -65,4 +65,5 @@ pub mod relay;
 pub mod rules;
 pub mod server;
 pub(crate) mod stash;
+pub mod telegram_log;
 pub mod tls_files;

@@ -182,8 +182,8 @@ pub(super) async fn inquire(
         }
     };
     target.meters.record(&target.name, true, started.elapsed());
-    // Phase timing for the telegram's summary line (its span carries it).
-    tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
+    // Phase timing for the telegram's summary line.
+    crate::telegram_log::record_core_ms(started.elapsed().as_millis() as u64);
     outcome
 }
 

@@ -35,7 +35,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::{Instrument, info, info_span};
+use tracing::info;
 
 pub use crate::layout::mask_account;
 pub use reply::Reply;
@@ -48,6 +48,7 @@ use crate::header::{Echo, HEADER_LEN, parse_header};
 use crate::journal::Journal;
 use crate::outcome::Code;
 use crate::rules::{ClientCert, Route, Rules};
+use crate::telegram_log::{self, TelegramLog};
 
 /// When a resend of a "not sent" GUID is allowed.
 #[derive(Debug, Clone, Copy)]
@@ -173,23 +174,21 @@ impl Hub {
         let deadline = Deadline::new(read_at, self.budget);
         let echo = Echo::from_telegram(telegram);
         let trace = crate::core_client::TraceId::new();
-        let trace_text = trace.text();
-        let span = info_span!("telegram", guid = echo.guid_str(), tx = echo.tx_code_str(), channel = tracing::field::Empty, core_ms = tracing::field::Empty, fields = tracing::field::Empty, %peer, trace = %trace_text);
         // One version of the rules for the whole telegram, its metrics included.
         let rules = self.rules();
-        let (reply, note) = trace
-            .scope(
-                self.dispatch(telegram, peer, cert, &rules, deadline)
-                    .instrument(span.clone()),
-            )
+        let log = TelegramLog::new(echo, peer, trace.text());
+        let reply = log
+            .scope(trace.scope(async {
+                let (reply, note) = self.dispatch(telegram, peer, cert, &rules, deadline).await;
+                let elapsed = read_at.elapsed();
+                let (tx, meters) = rules.telegram_meters(rules.route(echo.tx_code_str()));
+                meters.record(tx, reply.code, elapsed);
+                crate::console_stats::record(echo.guid_str(), tx, reply.code, elapsed, trace);
+                // Inside the telegram's scope: the line carries its fields.
+                info!(code = %reply.code, ms = elapsed.as_millis() as u64, "{note}");
+                reply
+            }))
             .await;
-        let elapsed = read_at.elapsed();
-        let (tx, meters) = rules.telegram_meters(rules.route(echo.tx_code_str()));
-        meters.record(tx, reply.code, elapsed);
-        crate::console_stats::record(echo.guid_str(), tx, reply.code, elapsed, trace);
-        span.in_scope(|| {
-            info!(code = %reply.code, ms = elapsed.as_millis() as u64, "{note}");
-        });
         (echo, reply)
     }
 
@@ -205,7 +204,7 @@ impl Hub {
             Ok(h) => h,
             Err(e) => return (Reply::code(Code::FORMAT), e.to_string()),
         };
-        tracing::Span::current().record("channel", header.channel_id.as_str());
+        telegram_log::record_channel(&header.channel_id);
         let Some(route) = rules.route(&header.tx_code) else {
             return (
                 Reply::code(Code::NOT_ROUTED),
@@ -230,15 +229,12 @@ impl Hub {
                 "hub is draining".into(),
             );
         }
-        // On the span, so the one summary line carries them (masked by the layout).
+        // On the telegram's log fields, so the one summary line carries them (masked by the layout).
         // A JSON object: the JSON log format embeds it as one. Written once,
         // straight from the fields by serde_json's writer. The console shows
         // the same masked view of an unknown transfer.
         let masked = route.layout.masked_request(&fields);
-        let span = tracing::Span::current();
-        if !span.is_disabled() {
-            span.record("fields", tracing::field::display(masked.as_str()));
-        }
+        telegram_log::record_fields(&masked);
         crate::console_stats::traces().note_fields(&header.guid, masked);
         match route.operation {
             Operation::Transfer => {

@@ -447,8 +447,8 @@ impl Transfer<'_> {
             }
         };
         target.meters.record(&target.name, false, started.elapsed());
-        // Phase timing for the telegram's summary line (its span carries it).
-        tracing::Span::current().record("core_ms", started.elapsed().as_millis() as u64);
+        // Phase timing for the telegram's summary line.
+        crate::telegram_log::record_core_ms(started.elapsed().as_millis() as u64);
         let (reply, outcome) = reply_for(outcome, &self.route.layout, &self.rules.codes);
         let note = describe(&outcome, attempt);
         let mut finish = finish_of(&reply, &outcome, note.clone());

@@ -6,19 +6,22 @@
 //! up the task that logs them. Colours only on a terminal. One event is one
 //! line in both formats: the human one escapes newlines and other control
 //! characters in values; the JSON one embeds a span field named `fields`
-//! holding a JSON object (the request fields, masked) as an object.
+//! holding a JSON object (the request fields, masked) as an object. The
+//! fields of the telegram being answered (`relayhub::telegram_log`) are
+//! written as its innermost span's, as a `telegram` span's were.
 
 use std::fmt::{self, Write as _};
 use std::io::IsTerminal;
 use std::time::Duration;
 
 use relayhub::config::LogFormat;
+use relayhub::telegram_log::{self, FieldSink};
 use serde_json::Value;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::format::{Format, Full};
+use tracing_subscriber::fmt::format::{Format, Full, Json};
 use tracing_subscriber::fmt::time::FormatTime;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
@@ -58,10 +61,8 @@ pub fn init(format: LogFormat, filter: EnvFilter) -> Result<Logging, String> {
         .with_ansi(std::io::stderr().is_terminal());
     let result = match format {
         LogFormat::Json => builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
             .fmt_fields(JsonObjectFields)
+            .event_format(JsonLine::default())
             .try_init(),
         LogFormat::Human => builder
             .fmt_fields(OneLineFields)
@@ -118,11 +119,13 @@ fn write_utc(secs: u64, micros: u32, w: &mut impl fmt::Write) -> fmt::Result {
     })
 }
 
-/// The human line, as tracing-subscriber's full format writes it without
-/// colours (`TIME LEVEL span{fields}:span{fields}: target: fields`), written
-/// piece by piece: its `write!`s cost more than the line's bytes, on every
-/// telegram. Lines with colours (a terminal) and records of the `log` crate
-/// (whose target that format reads from their fields) it writes itself.
+/// The human line, as tracing-subscriber's full format writes it
+/// (`TIME LEVEL span{fields}:span{fields}: target: fields`, with its colours
+/// on a terminal), written piece by piece: its `write!`s cost more than the
+/// line's bytes, on every telegram. The telegram being answered
+/// ([`telegram_log`]) is written as the innermost span. Records of the `log`
+/// crate (whose target that format reads from their fields) it writes
+/// itself, without the telegram.
 pub struct HumanLine {
     full: Format<Full, Utc>,
 }
@@ -133,6 +136,41 @@ impl Default for HumanLine {
             full: tracing_subscriber::fmt::format().with_timer(Utc),
         }
     }
+}
+
+// The ANSI styles that format uses (those of `nu-ansi-term`).
+const RESET: &str = "\x1b[0m";
+const BOLD: &str = "\x1b[1m";
+const DIMMED: &str = "\x1b[2m";
+
+/// `text`, in `style` when the line has colours.
+fn paint(w: &mut Writer<'_>, style: &str, text: &str) -> fmt::Result {
+    if w.has_ansi_escapes() {
+        w.write_str(style)?;
+        w.write_str(text)?;
+        w.write_str(RESET)
+    } else {
+        w.write_str(text)
+    }
+}
+
+/// Whether `event` is a record of the `log` crate, whose target
+/// tracing-subscriber's formats read from its fields.
+fn from_log_crate(event: &tracing::Event<'_>) -> bool {
+    event.metadata().fields().field("log.target").is_some()
+}
+
+/// A span's name and its formatted fields, then `:`.
+fn write_span(
+    w: &mut Writer<'_>,
+    name: &str,
+    fields: impl FnOnce(&mut Writer<'_>) -> fmt::Result,
+) -> fmt::Result {
+    paint(w, BOLD, name)?;
+    paint(w, BOLD, "{")?;
+    fields(w)?;
+    paint(w, BOLD, "}")?;
+    paint(w, DIMMED, ":")
 }
 
 impl<S, N> FormatEvent<S, N> for HumanLine
@@ -146,41 +184,66 @@ where
         mut w: Writer<'_>,
         event: &tracing::Event<'_>,
     ) -> fmt::Result {
-        let meta = event.metadata();
-        if w.has_ansi_escapes() || meta.fields().field("log.target").is_some() {
+        if from_log_crate(event) {
             return self.full.format_event(ctx, w, event);
+        }
+        let meta = event.metadata();
+        let ansi = w.has_ansi_escapes();
+        if ansi {
+            w.write_str(DIMMED)?;
         }
         if Utc.format_time(&mut w).is_err() {
             w.write_str("<unknown time>")?;
         }
-        w.write_str(match *meta.level() {
-            tracing::Level::TRACE => " TRACE ",
-            tracing::Level::DEBUG => " DEBUG ",
-            tracing::Level::INFO => "  INFO ",
-            tracing::Level::WARN => "  WARN ",
-            tracing::Level::ERROR => " ERROR ",
-        })?;
+        if ansi {
+            w.write_str(RESET)?;
+        }
+        w.write_char(' ')?;
+        let (colour, level) = match *meta.level() {
+            tracing::Level::TRACE => ("\x1b[35m", "TRACE"),
+            tracing::Level::DEBUG => ("\x1b[34m", "DEBUG"),
+            tracing::Level::INFO => ("\x1b[32m", " INFO"),
+            tracing::Level::WARN => ("\x1b[33m", " WARN"),
+            tracing::Level::ERROR => ("\x1b[31m", "ERROR"),
+        };
+        paint(&mut w, colour, level)?;
+        w.write_char(' ')?;
+        let mut seen = false;
         if let Some(scope) = ctx.event_scope() {
-            let mut seen = false;
             for span in scope.from_root() {
-                w.write_str(span.metadata().name())?;
                 seen = true;
                 let ext = span.extensions();
-                if let Some(fields) = ext.get::<FormattedFields<N>>()
-                    && !fields.is_empty()
-                {
-                    w.write_char('{')?;
-                    w.write_str(fields)?;
-                    w.write_char('}')?;
+                match ext.get::<FormattedFields<N>>() {
+                    Some(fields) if !fields.is_empty() => {
+                        write_span(&mut w, span.metadata().name(), |w| w.write_str(fields))?
+                    }
+                    _ => {
+                        paint(&mut w, BOLD, span.metadata().name())?;
+                        paint(&mut w, DIMMED, ":")?;
+                    }
                 }
-                w.write_char(':')?;
-            }
-            if seen {
-                w.write_char(' ')?;
             }
         }
-        w.write_str(meta.target())?;
-        w.write_str(": ")?;
+        if let Some(written) = telegram_log::with_current(|telegram| {
+            write_span(&mut w, telegram_log::NAME, |w| {
+                let mut v = LineVisitor {
+                    writer: w,
+                    empty: true,
+                    result: Ok(()),
+                };
+                telegram.write(&mut v, true);
+                v.result
+            })
+        }) {
+            written?;
+            seen = true;
+        }
+        if seen {
+            w.write_char(' ')?;
+        }
+        paint(&mut w, DIMMED, meta.target())?;
+        paint(&mut w, DIMMED, ":")?;
+        w.write_char(' ')?;
         ctx.format_fields(w.by_ref(), event)?;
         w.write_char('\n')
     }
@@ -214,7 +277,7 @@ struct JsonVisitor<'a, W: fmt::Write> {
 }
 
 impl<W: fmt::Write> JsonVisitor<'_, W> {
-    fn key(&mut self, field: &Field) -> bool {
+    fn key(&mut self, name: &str) -> bool {
         if self.result.is_err() {
             return false;
         }
@@ -223,22 +286,20 @@ impl<W: fmt::Write> JsonVisitor<'_, W> {
         self.result = self
             .out
             .write_str(sep)
-            .and_then(|()| json_string(self.out, field.name()))
+            .and_then(|()| json_string(self.out, name))
             .and_then(|()| self.out.write_char(':'));
         self.result.is_ok()
     }
 
-    fn raw(&mut self, field: &Field, value: fmt::Arguments<'_>) {
-        if self.key(field) {
+    fn raw(&mut self, name: &str, value: fmt::Arguments<'_>) {
+        if self.key(name) {
             self.result = self.out.write_fmt(value);
         }
     }
-}
 
-impl<W: fmt::Write> Visit for JsonVisitor<'_, W> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if self.key(field) {
-            self.result = if field.name() == OBJECT_FIELD && is_json_object(value) {
+    fn str_value(&mut self, name: &str, value: &str) {
+        if self.key(name) {
+            self.result = if name == OBJECT_FIELD && is_json_object(value) {
                 self.out.write_str(value)
             } else {
                 json_string(self.out, value)
@@ -246,37 +307,139 @@ impl<W: fmt::Write> Visit for JsonVisitor<'_, W> {
         }
     }
 
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if field.name() == OBJECT_FIELD {
-            let text = format!("{value:?}");
-            return self.record_str(field, &text);
+    /// A value's text (`{:?}` or `{}`) as a JSON string; `fields` as the
+    /// object it holds.
+    fn text_value(&mut self, name: &str, value: fmt::Arguments<'_>) {
+        if name == OBJECT_FIELD {
+            let text = value.to_string();
+            return self.str_value(name, &text);
         }
-        if self.key(field) {
+        if self.key(name) {
             self.result = self
                 .out
                 .write_char('"')
-                .and_then(|()| write!(JsonEscaped(&mut *self.out), "{value:?}"))
+                .and_then(|()| JsonEscaped(&mut *self.out).write_fmt(value))
                 .and_then(|()| self.out.write_char('"'));
         }
     }
+}
+
+impl<W: fmt::Write> Visit for JsonVisitor<'_, W> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.str_value(field.name(), value);
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.text_value(field.name(), format_args!("{value:?}"));
+    }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.raw(field, format_args!("{value}"));
+        self.raw(field.name(), format_args!("{value}"));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.raw(field, format_args!("{value}"));
+        self.raw(field.name(), format_args!("{value}"));
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
         // As serde_json writes it (`null` when not finite).
         let text = Value::from(value).to_string();
-        self.raw(field, format_args!("{text}"));
+        self.raw(field.name(), format_args!("{text}"));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.raw(field, format_args!("{value}"));
+        self.raw(field.name(), format_args!("{value}"));
     }
+}
+
+/// A telegram's fields as its span's were written: displayed values as
+/// JSON strings, `fields` as an object.
+impl<W: fmt::Write> FieldSink for JsonVisitor<'_, W> {
+    fn str(&mut self, name: &'static str, value: &str) {
+        self.str_value(name, value);
+    }
+
+    fn display(&mut self, name: &'static str, value: &dyn fmt::Display) {
+        self.text_value(name, format_args!("{value}"));
+    }
+
+    fn u64(&mut self, name: &'static str, value: u64) {
+        self.raw(name, format_args!("{value}"));
+    }
+}
+
+/// The JSON line: tracing-subscriber's (`timestamp`, `level`, `fields`,
+/// `target`, `span`: the current span's fields and `name`), with the
+/// telegram being answered ([`telegram_log`]) as the current span: its
+/// fields as they were recorded, the last core time only, as the JSON
+/// formatter kept them. Written here when there is such a telegram.
+pub struct JsonLine {
+    json: Format<Json, Utc>,
+}
+
+impl Default for JsonLine {
+    fn default() -> JsonLine {
+        JsonLine {
+            json: tracing_subscriber::fmt::format()
+                .json()
+                .with_current_span(true)
+                .with_span_list(false)
+                .with_timer(Utc),
+        }
+    }
+}
+
+impl<S, N> FormatEvent<S, N> for JsonLine
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> fmt::Result {
+        let telegram = if from_log_crate(event) {
+            None
+        } else {
+            telegram_log::with_current(|telegram| json_line(&mut w, event, telegram))
+        };
+        telegram.unwrap_or_else(|| self.json.format_event(ctx, w, event))
+    }
+}
+
+fn json_line(
+    w: &mut Writer<'_>,
+    event: &tracing::Event<'_>,
+    telegram: &telegram_log::TelegramLog,
+) -> fmt::Result {
+    let meta = event.metadata();
+    w.write_str("{\"timestamp\":\"")?;
+    Utc.format_time(w)?;
+    w.write_str("\",\"level\":\"")?;
+    w.write_str(meta.level().as_str())?;
+    w.write_str("\",\"fields\":{")?;
+    let mut v = JsonVisitor {
+        out: &mut *w,
+        first: true,
+        result: Ok(()),
+    };
+    event.record(&mut v);
+    v.result?;
+    w.write_str("},\"target\":")?;
+    json_string(w, meta.target())?;
+    w.write_str(",\"span\":{")?;
+    let mut v = JsonVisitor {
+        out: &mut *w,
+        first: true,
+        result: Ok(()),
+    };
+    telegram.write(&mut v, false);
+    v.result?;
+    w.write_str(",\"name\":")?;
+    json_string(w, telegram_log::NAME)?;
+    w.write_str("}}\n")
 }
 
 /// `text` as a JSON string, quotes included.
@@ -365,33 +528,31 @@ impl LineVisitor<'_, '_> {
     /// The separator and `name=` (nothing for the message); false once a
     /// write failed. Written piece by piece: the formatting machinery costs
     /// more than these few bytes, on every field of every telegram.
-    fn name(&mut self, field: &Field) -> bool {
+    fn name(&mut self, name: &str) -> bool {
         if self.result.is_err() {
             return false;
         }
         let sep = if self.empty { "" } else { " " };
         self.empty = false;
         self.result = self.writer.write_str(sep);
-        if field.name() != "message" {
+        if name != "message" {
             self.result = self
                 .result
-                .and_then(|()| self.writer.write_str(field.name()))
+                .and_then(|()| self.writer.write_str(name))
                 .and_then(|()| self.writer.write_char('='));
         }
         self.result.is_ok()
     }
 
-    fn write(&mut self, field: &Field, value: fmt::Arguments<'_>) {
-        if self.name(field) {
+    fn write(&mut self, name: &str, value: fmt::Arguments<'_>) {
+        if self.name(name) {
             self.result = OneLine(&mut *self.writer).write_fmt(value);
         }
     }
-}
 
-impl Visit for LineVisitor<'_, '_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" || (field.name() == OBJECT_FIELD && is_json_object(value)) {
-            if self.name(field) {
+    fn str_value(&mut self, name: &str, value: &str) {
+        if name == "message" || (name == OBJECT_FIELD && is_json_object(value)) {
+            if self.name(name) {
                 self.result = OneLine(&mut *self.writer).write_str(value);
             }
         } else if value
@@ -401,7 +562,7 @@ impl Visit for LineVisitor<'_, '_> {
             // What `{:?}` writes for printable ASCII with nothing to escape,
             // without its character-by-character escaping (and with no
             // control character for `OneLine` to look for).
-            if self.name(field) {
+            if self.name(name) {
                 self.result = self
                     .writer
                     .write_char('"')
@@ -409,19 +570,45 @@ impl Visit for LineVisitor<'_, '_> {
                     .and_then(|()| self.writer.write_char('"'));
             }
         } else {
-            self.write(field, format_args!("{value:?}"));
+            self.write(name, format_args!("{value:?}"));
         }
     }
 
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        if self.name(field) {
+    fn u64_value(&mut self, name: &str, value: u64) {
+        if self.name(name) {
             // Digits: nothing for `OneLine` to look for.
             self.result = write!(self.writer, "{value}");
         }
     }
+}
+
+impl Visit for LineVisitor<'_, '_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.str_value(field.name(), value);
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.u64_value(field.name(), value);
+    }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.write(field, format_args!("{value:?}"));
+        self.write(field.name(), format_args!("{value:?}"));
+    }
+}
+
+/// A telegram's fields as its span's were written: a string as `{:?}`
+/// writes it, a displayed value as its text.
+impl FieldSink for LineVisitor<'_, '_> {
+    fn str(&mut self, name: &'static str, value: &str) {
+        self.str_value(name, value);
+    }
+
+    fn display(&mut self, name: &'static str, value: &dyn fmt::Display) {
+        self.write(name, format_args!("{value}"));
+    }
+
+    fn u64(&mut self, name: &'static str, value: u64) {
+        self.u64_value(name, value);
     }
 }
 
@@ -491,11 +678,14 @@ mod tests {
     use std::fmt::Write as _;
     use std::sync::{Arc, Mutex};
 
+    use relayhub::core_client::TraceId;
+    use relayhub::header::Echo;
+    use relayhub::telegram_log::{self, TelegramLog};
     use serde_json::{Value, json};
-    use tracing::{Span, field::Empty, info, info_span, warn};
+    use tracing::{info, info_span, warn};
     use tracing_subscriber::fmt::MakeWriter;
 
-    use super::{HumanLine, JsonObjectFields, OneLine, OneLineFields, Utc};
+    use super::{HumanLine, JsonLine, JsonObjectFields, OneLine, OneLineFields, Utc};
 
     fn one_line(text: &str) -> String {
         let mut out = String::new();
@@ -553,28 +743,35 @@ mod tests {
         }
     }
 
-    /// What the hub logs of one telegram: its span built and recorded into as
-    /// `Hub::handle` does, a warning inside it, the summary line.
+    /// A telegram's log fields, as `Hub::handle` starts them.
+    fn telegram_log(guid: &str, tx: &str) -> TelegramLog {
+        // The echo's fields are public: they may hold what a header never would.
+        let mut echo = Echo::blank();
+        echo.guid[..guid.len()].copy_from_slice(guid.as_bytes());
+        echo.tx_code[..tx.len()].copy_from_slice(tx.as_bytes());
+        let trace = TraceId(0x4bf92f3577b34da6a3ce929d0e0e4736).text();
+        TelegramLog::new(echo, "10.1.2.3".parse().unwrap(), trace)
+    }
+
+    /// What the hub logs of one telegram: its fields recorded as
+    /// `Hub::handle` records them, a warning on the way, the summary line.
     fn telegram() {
         let conn = info_span!("conn", peer = %"10.1.2.3:5000");
         let _conn = conn.enter();
-        let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
-        let span = info_span!("telegram", guid = "G1", tx = "TRF001", channel = Empty, core_ms = Empty, fields = Empty, peer = %"10.1.2.3", %trace);
-        span.in_scope(|| {
-            Span::current().record("channel", "IBANK");
+        telegram_log("G1", "TRF001").sync_scope(|| {
+            telegram_log::record_channel("IBANK");
             let masked =
                 json!({"amount": 50000, "from_account": "*********4001", "memo": "<2 \"q\">"});
-            Span::current().record("fields", masked.to_string().as_str());
-            Span::current().record("core_ms", 11u64);
+            telegram_log::record_fields(&masked.to_string());
+            telegram_log::record_core_ms(11);
             warn!(stage = "outcome", "could not journal the outcome");
-            Span::current().record("core_ms", 12u64);
+            telegram_log::record_core_ms(12);
+            info!(code = %"0000", ms = 14u64, "attempt 1: processed\nforged");
         });
-        span.in_scope(|| info!(code = %"0000", ms = 14u64, "attempt 1: processed\nforged"));
         // A header that could not be read: nothing recorded; a `fields`
-        // that is not an object stays a string.
-        let bad = info_span!("telegram", guid = "bad\tguid", tx = "T\u{1b}", channel = Empty, core_ms = Empty, fields = Empty, peer = %"10.1.2.3", %trace);
-        bad.in_scope(|| {
-            Span::current().record("fields", "[1]");
+        // that is not an object is written as its text (a string in JSON).
+        telegram_log("bad\tguid", "T\u{1b}").sync_scope(|| {
+            telegram_log::record_fields("[1]");
             info!(code = %"E102", ms = 0u64, f = 1.5f64, n = -2i64, "header")
         });
     }
@@ -582,15 +779,27 @@ mod tests {
     /// The lines `events` logs in one format, every level enabled (as a hub
     /// at RUST_LOG=trace); the human ones without their time.
     fn output(format: Style, events: fn()) -> String {
+        output_in_colour(format, false, events)
+    }
+
+    /// The same, with colours if `ansi` (as on a terminal).
+    fn output_in_colour(format: Style, ansi: bool, events: fn()) -> String {
         let lines = Lines::default();
         let builder = tracing_subscriber::fmt()
             .with_writer(lines.clone())
-            .with_ansi(false)
+            .with_ansi(ansi)
             .with_max_level(tracing::Level::TRACE);
         match format {
             Style::Json => {
                 let s = builder
-                    .without_time()
+                    .fmt_fields(JsonObjectFields)
+                    .event_format(JsonLine::default())
+                    .finish();
+                tracing::subscriber::with_default(s, events);
+            }
+            Style::TracingJson => {
+                let s = builder
+                    .with_timer(Utc)
                     .json()
                     .with_current_span(true)
                     .with_span_list(false)
@@ -611,40 +820,74 @@ mod tests {
             }
         }
         let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        if format == Style::Json {
-            return text;
+        if matches!(format, Style::Json | Style::TracingJson) {
+            // Without the time: `"timestamp":"2026-12-01T16:30:46.232574Z"`.
+            return text
+                .lines()
+                .map(|line| {
+                    let at = line.find("\"timestamp\":\"").expect(line) + 13;
+                    assert_eq!(line.as_bytes().get(at + 26), Some(&b'Z'), "{line}");
+                    format!("{}{}\n", &line[..at], &line[at + 27..])
+                })
+                .collect();
         }
-        // `2026-12-01T16:30:46.232574Z `: 27 characters and a space.
+        // `2026-12-01T16:30:46.232574Z `: 27 characters and a space (and
+        // the style around them in colour).
+        let (skip, cut) = if ansi { (4, 27) } else { (0, 28) };
         text.lines()
             .map(|line| {
-                assert_eq!(line.as_bytes().get(26), Some(&b'Z'), "{line}");
-                format!("{}\n", &line[28..])
+                assert_eq!(line.as_bytes().get(skip + 26), Some(&b'Z'), "{line}");
+                format!("{}{}\n", &line[..skip], &line[skip + cut..])
             })
             .collect()
     }
 
     #[derive(Clone, Copy, PartialEq)]
     enum Style {
+        /// The hub's.
         Json,
+        /// tracing-subscriber's, which the hub's writes when no telegram is
+        /// being answered.
+        TracingJson,
         /// The hub's.
         Human,
         /// tracing-subscriber's full format, which the hub's copies.
         Full,
     }
 
+    /// Lines at every level, in spans with fields and without.
+    fn every_level() {
+        tracing::trace!(n = 1u64, "trace");
+        tracing::debug!(n = 2u64, "debug");
+        info!("info");
+        let conn = info_span!("conn", peer = %"10.1.2.3:5000");
+        let bare = info_span!("listener");
+        conn.in_scope(|| warn!(e = %"x", "warn"));
+        bare.in_scope(|| conn.in_scope(|| tracing::error!(n = -1i64, "error")));
+    }
+
     #[test]
     fn the_human_line_is_tracing_subscribers_full_format() {
-        fn every_level() {
-            tracing::trace!(n = 1u64, "trace");
-            tracing::debug!(n = 2u64, "debug");
-            info!("info");
-            warn!(e = %"x", "warn");
-            tracing::error!("error");
-            telegram();
-        }
         let human = output(Style::Human, every_level);
-        assert_eq!(human.lines().count(), 8, "{human}");
+        assert_eq!(human.lines().count(), 5, "{human}");
         assert_eq!(human, output(Style::Full, every_level));
+        // With colours, as on a terminal.
+        let human = output_in_colour(Style::Human, true, every_level);
+        assert!(human.contains("\x1b[1mconn\x1b[0m"), "{human}");
+        assert_eq!(human, output_in_colour(Style::Full, true, every_level));
+        // A telegram's lines: its fields as the innermost span's, in bold.
+        let human = output_in_colour(Style::Human, true, telegram);
+        assert!(
+            human.contains("\x1b[1mtelegram\x1b[0m\x1b[1m{\x1b[0mguid=\"G1\" tx="),
+            "{human}"
+        );
+    }
+
+    #[test]
+    fn the_json_line_is_tracing_subscribers_outside_a_telegram() {
+        let json = output(Style::Json, every_level);
+        assert_eq!(json.lines().count(), 5, "{json}");
+        assert_eq!(json, output(Style::TracingJson, every_level));
     }
 
     #[test]
@@ -741,7 +984,7 @@ mod tests {
             [
                 format!(r#" WARN {span}}}: relayhub::logging::tests: could not journal the outcome stage="outcome""#),
                 format!(" INFO {span} core_ms=12}}: relayhub::logging::tests: attempt 1: processed\\nforged code=0000 ms=14"),
-                r#" INFO conn{peer=10.1.2.3:5000}:telegram{guid="bad\tguid" tx="T\u{1b}" peer=10.1.2.3 trace=4bf92f3577b34da6a3ce929d0e0e4736 fields="[1]"}: relayhub::logging::tests: header code=E102 ms=0 f=1.5 n=-2"#.to_string(),
+                r#" INFO conn{peer=10.1.2.3:5000}:telegram{guid="bad\tguid" tx="T\u{1b}" peer=10.1.2.3 trace=4bf92f3577b34da6a3ce929d0e0e4736 fields=[1]}: relayhub::logging::tests: header code=E102 ms=0 f=1.5 n=-2"#.to_string(),
             ],
             "{text}"
         );
