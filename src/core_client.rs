@@ -782,11 +782,18 @@ impl Job {
         let retry_after = header("retry-after");
         let replayed =
             header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let body = response
-            .body_mut()
-            .with_config()
-            .limit(MAX_BODY)
-            .read_to_vec()?;
+        // Read into room for the whole answer when its length is given
+        // (ureq's `read_to_vec` grows its buffer from nothing, two
+        // allocations and copies per answer); the limit holds either way.
+        let room = response
+            .body()
+            .content_length()
+            .map_or(0, |n| n.min(MAX_BODY) as usize);
+        let mut body = Vec::with_capacity(room);
+        std::io::Read::read_to_end(
+            &mut response.body_mut().with_config().limit(MAX_BODY).reader(),
+            &mut body,
+        )?;
         Ok(HttpAnswer {
             status,
             body,

@@ -44,6 +44,8 @@ struct Later {
 pub trait FieldSink {
     fn str(&mut self, name: &'static str, value: &str);
     fn display(&mut self, name: &'static str, value: &dyn fmt::Display);
+    /// A value that is text already, written as `display` would write it.
+    fn text(&mut self, name: &'static str, value: &str);
     fn u64(&mut self, name: &'static str, value: u64);
 }
 
@@ -80,13 +82,13 @@ impl TelegramLog {
         sink.str("guid", self.echo.guid_str());
         sink.str("tx", self.echo.tx_code_str());
         sink.display("peer", &self.peer);
-        sink.display("trace", &self.trace);
+        sink.text("trace", self.trace.as_str());
         let later = self.later.borrow();
         if let Some(channel) = &later.channel {
             sink.str("channel", channel);
         }
         if let Some(fields) = &later.fields {
-            sink.display("fields", fields);
+            sink.text("fields", fields);
         }
         let core_ms = if every_core_ms {
             &later.core_ms[..]
@@ -139,6 +141,9 @@ mod tests {
             self.0 += &format!(" {name}={value:?}");
         }
         fn display(&mut self, name: &'static str, value: &dyn fmt::Display) {
+            self.0 += &format!(" {name}={value}");
+        }
+        fn text(&mut self, name: &'static str, value: &str) {
             self.0 += &format!(" {name}={value}");
         }
         fn u64(&mut self, name: &'static str, value: u64) {

@@ -69,11 +69,14 @@ impl LogRule {
 /// `1002003004001` -> `*********4001`; `1234` -> `****`.
 pub fn mask_account(s: &str) -> String {
     let n = s.chars().count();
-    let keep = if n > 4 { 4 } else { 0 };
-    s.chars()
-        .enumerate()
-        .map(|(i, c)| if i + keep < n { '*' } else { c })
-        .collect()
+    let masked = if n > 4 { n - 4 } else { n };
+    // Built in two pieces, not a character at a time: two account fields
+    // of every transfer's summary line pass through here.
+    let kept = s.char_indices().nth(masked).map_or("", |(at, _)| &s[at..]);
+    let mut out = String::with_capacity(masked + kept.len());
+    out.extend(std::iter::repeat_n('*', masked));
+    out.push_str(kept);
+    out
 }
 
 impl Layout {
@@ -229,6 +232,23 @@ mod tests {
         assert_eq!(mask_account("1234"), "****");
         assert_eq!(mask_account(""), "");
         assert_eq!(mask_account("12345"), "*2345");
+        assert_eq!(mask_account("한글계좌번호"), "**계좌번호");
+    }
+
+    proptest::proptest! {
+        /// Every character but the last four (all of a value of four or
+        /// fewer) becomes `*`, whatever its width in bytes.
+        #[test]
+        fn masking_keeps_only_the_last_four_characters(s in "\\PC{0,20}") {
+            let n = s.chars().count();
+            let keep = if n > 4 { 4 } else { 0 };
+            let want: String = s
+                .chars()
+                .enumerate()
+                .map(|(i, c)| if i + keep < n { '*' } else { c })
+                .collect();
+            proptest::prop_assert_eq!(mask_account(&s), want);
+        }
     }
 
     #[test]

@@ -363,6 +363,14 @@ impl<W: fmt::Write> FieldSink for JsonVisitor<'_, W> {
         self.text_value(name, format_args!("{value}"));
     }
 
+    fn text(&mut self, name: &'static str, value: &str) {
+        if name == OBJECT_FIELD {
+            self.str_value(name, value);
+        } else if self.key(name) {
+            self.result = json_string(self.out, value);
+        }
+    }
+
     fn u64(&mut self, name: &'static str, value: u64) {
         self.raw(name, format_args!("{value}"));
     }
@@ -605,6 +613,12 @@ impl FieldSink for LineVisitor<'_, '_> {
 
     fn display(&mut self, name: &'static str, value: &dyn fmt::Display) {
         self.write(name, format_args!("{value}"));
+    }
+
+    fn text(&mut self, name: &'static str, value: &str) {
+        if self.name(name) {
+            self.result = OneLine(&mut *self.writer).write_str(value);
+        }
     }
 
     fn u64(&mut self, name: &'static str, value: u64) {
