@@ -3,8 +3,8 @@
 //! tracing span.
 //!
 //! A span per telegram cost a slab entry, its fields formatted on creation
-//! and on every record, and an enter and exit on every poll: about a tenth of
-//! the hub's instructions per telegram. The values sit here until a line is
+//! and on every record, and an enter and exit on every poll, on every
+//! telegram (docs/performance.md, "A telegram's log fields without a span"). The values sit here until a line is
 //! written, and the log formatters write them where the span's fields went,
 //! in the same order, so the lines read as before.
 

@@ -61,6 +61,7 @@ pub fn init(format: LogFormat, filter: EnvFilter) -> Result<Logging, String> {
         .with_ansi(std::io::stderr().is_terminal());
     let result = match format {
         LogFormat::Json => builder
+            .with_ansi(false)
             .fmt_fields(JsonObjectFields)
             .event_format(JsonLine::default())
             .try_init(),
@@ -273,6 +274,10 @@ pub struct JsonObjectFields;
 struct JsonVisitor<'a, W: fmt::Write> {
     out: &'a mut W,
     first: bool,
+    /// Whether `fields` is embedded as the object it holds: for a span's
+    /// fields (the telegram's), not an event's own, which tracing-subscriber's
+    /// JSON format writes as strings.
+    embed: bool,
     result: fmt::Result,
 }
 
@@ -299,7 +304,13 @@ impl<W: fmt::Write> JsonVisitor<'_, W> {
 
     fn str_value(&mut self, name: &str, value: &str) {
         if self.key(name) {
-            self.result = if name == OBJECT_FIELD && is_json_object(value) {
+            // Embedded as it is, so only on one line (as the layout's
+            // compact text always is): a line break would split the line.
+            let embedded = self.embed
+                && name == OBJECT_FIELD
+                && !value.contains(['\n', '\r'])
+                && is_json_object(value);
+            self.result = if embedded {
                 self.out.write_str(value)
             } else {
                 json_string(self.out, value)
@@ -431,6 +442,7 @@ fn json_line(
     let mut v = JsonVisitor {
         out: &mut *w,
         first: true,
+        embed: false,
         result: Ok(()),
     };
     event.record(&mut v);
@@ -441,6 +453,7 @@ fn json_line(
     let mut v = JsonVisitor {
         out: &mut *w,
         first: true,
+        embed: true,
         result: Ok(()),
     };
     telegram.write(&mut v, false);
@@ -491,6 +504,7 @@ impl<'w> FormatFields<'w> for JsonObjectFields {
         let mut v = JsonVisitor {
             out: &mut writer,
             first: true,
+            embed: true,
             result: Ok(()),
         };
         fields.record(&mut v);
@@ -511,6 +525,7 @@ impl<'w> FormatFields<'w> for JsonObjectFields {
         text.pop();
         let mut v = JsonVisitor {
             first: text.len() == 1,
+            embed: true,
             out: &mut *text,
             result: Ok(()),
         };
@@ -937,6 +952,23 @@ mod tests {
         );
         assert_eq!(lines[2]["fields"]["f"], 1.5);
         assert_eq!(lines[2]["fields"]["n"], -2);
+    }
+
+    #[test]
+    fn only_a_telegrams_one_line_fields_are_embedded_as_an_object() {
+        fn events() {
+            telegram_log("G2", "TRF001").sync_scope(|| {
+                telegram_log::record_fields("{\"a\":\n1}");
+                info!(fields = "{\"b\":2}", "own fields");
+            });
+        }
+        let text = output(Style::Json, events);
+        let line: Value = serde_json::from_str(text.trim_end()).expect(&text);
+        assert_eq!(text.lines().count(), 1, "{text}");
+        // An event's own `fields` stays a string, as tracing-subscriber writes it;
+        // a telegram's with a line break too (embedded, it would split the line).
+        assert_eq!(line["fields"]["fields"], "{\"b\":2}", "{text}");
+        assert_eq!(line["span"]["fields"], "{\"a\":\n1}", "{text}");
     }
 
     #[test]
