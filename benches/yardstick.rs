@@ -23,7 +23,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use relayhub::header::{Echo, HEADER_LEN, local_timestamp, parse_header, write_response};
-use relayhub::layout::{Layout, builtin, encode_fields};
+use relayhub::layout::{Layout, builtin, decode_fields, encode_fields};
 use relayhub::outcome::{CodeTable, Outcome, classify_inquiry, classify_transfer};
 
 struct Relay {
@@ -128,7 +128,8 @@ impl Relay {
         };
         let inquiry = h.tx_code == "INQ001";
         let layout = if inquiry { &self.inq } else { &self.trf };
-        let Ok(fields) = layout.decode_request(&t[HEADER_LEN..], HEADER_LEN) else {
+        // A JSON map, as a relay written the plain way builds one.
+        let Ok(fields) = decode_fields(&layout.request, &t[HEADER_LEN..], HEADER_LEN) else {
             return ("E003".into(), Vec::new());
         };
         let sent = if inquiry {

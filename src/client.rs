@@ -408,7 +408,7 @@ pub fn check_request(
         .decode_request(&telegram[HEADER_LEN..], HEADER_LEN)
         .map_err(|e| e.to_string())?;
     if operation == Some(Operation::Inquiry) {
-        let orig = body.get("orig_guid").and_then(Value::as_str).unwrap_or("");
+        let orig = body.text("orig_guid").unwrap_or("");
         check_guid(orig).map_err(|e| format!("field `orig_guid` at byte {HEADER_LEN}: {e}"))?;
     }
     Ok(telegram)

@@ -8,6 +8,8 @@
 //!
 //! - [`Layout::from_json`], [`load_dir`], [`builtin`], [`with_dir`]: load and validate.
 //! - [`decode_fields`], [`encode_fields`]: one body <-> one JSON object.
+//! - [`Layout::decode_request`]: a request body as [`DecodedFields`], sorted
+//!   and borrowed, written straight as JSON (module `decoded`).
 //! - [`Layout::masked_request`]: the request fields as a log line may show
 //!   them (one JSON object's text), each by the `log` rule its layout
 //!   declares (module `masking`).
@@ -15,9 +17,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+mod decoded;
 mod field;
 mod masking;
 
+pub use decoded::{DecodedFields, FieldValue};
 pub use field::{decode_fields, encode_fields};
 pub use masking::{LogRule, mask_account};
 
@@ -192,13 +196,15 @@ impl Layout {
         field::total_len(&self.response)
     }
 
-    /// [`decode_fields`] for the request body; a length mismatch names this layout
-    /// ("body is 60 bytes, layout TRF001 request needs 68").
-    pub fn decode_request(
-        &self,
-        body: &[u8],
+    /// [`decode_fields`] for the request body, as [`DecodedFields`] (what a
+    /// telegram's request body and summary line are written from); a length
+    /// mismatch names this layout ("body is 60 bytes, layout TRF001 request
+    /// needs 68").
+    pub fn decode_request<'a>(
+        &'a self,
+        body: &'a [u8],
         base: usize,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, FieldError> {
+    ) -> Result<DecodedFields<'a>, FieldError> {
         field::decode_in(&self.request, body, base, Some((&self.tx_code, "request")))
     }
 
@@ -214,6 +220,7 @@ impl Layout {
             base,
             Some((&self.tx_code, "response")),
         )
+        .map(|decoded| decoded.to_map())
     }
 
     /// [`encode_fields`] for the request body.

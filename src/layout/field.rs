@@ -4,9 +4,12 @@
 //! operator can find the byte in a hex dump. Nothing here panics on any input: the
 //! bytes come from the network and the JSON from the core.
 
+use std::borrow::Cow;
+
 use encoding_rs::{DecoderResult, EUC_KR, EncoderResult};
 use serde_json::{Map, Value};
 
+use super::decoded::{DecodedFields, FieldValue};
 use super::{Field, FieldError, FieldType};
 use crate::frame::ByteDisplay;
 
@@ -30,17 +33,17 @@ fn error(field: &str, offset: usize, reason: impl Into<String>) -> FieldError {
 /// Bytes -> JSON object. The body must be exactly as long as the fields together;
 /// each field is checked by its type (docs/protocol.md section 4).
 pub fn decode_fields(fields: &[Field], bytes: &[u8], base: usize) -> Result<Object, FieldError> {
-    decode_in(fields, bytes, base, None)
+    decode_in(fields, bytes, base, None).map(|decoded| decoded.to_map())
 }
 
 /// [`decode_fields`], with the layout's tx code and list (`request`/`response`) for
 /// the length error when known.
-pub(crate) fn decode_in(
-    fields: &[Field],
-    bytes: &[u8],
+pub(crate) fn decode_in<'a>(
+    fields: &'a [Field],
+    bytes: &'a [u8],
     base: usize,
     context: Option<(&str, &str)>,
-) -> Result<Object, FieldError> {
+) -> Result<DecodedFields<'a>, FieldError> {
     let need = total_len(fields);
     if bytes.len() != need {
         let whose = match context {
@@ -53,19 +56,19 @@ pub(crate) fn decode_in(
             format!("body is {} bytes, {whose} needs {need}", bytes.len()),
         ));
     }
-    let mut out = Object::new();
+    let mut out = Vec::with_capacity(fields.len());
     let mut start = 0;
     for f in fields {
         let end = start + f.length;
         let raw = &bytes[start..end];
         let value = decode_one(f, raw, base.saturating_add(start))?;
-        out.insert(f.name.clone(), value);
+        out.push((f.name.as_str(), value));
         start = end;
     }
-    Ok(out)
+    Ok(DecodedFields::from_entries(out))
 }
 
-fn decode_one(f: &Field, raw: &[u8], at: usize) -> Result<Value, FieldError> {
+fn decode_one<'a>(f: &Field, raw: &'a [u8], at: usize) -> Result<FieldValue<'a>, FieldError> {
     let fail = |rel: usize, reason: String| error(&f.name, at.saturating_add(rel), reason);
     match f.kind {
         FieldType::AN => {
@@ -82,26 +85,26 @@ fn decode_one(f: &Field, raw: &[u8], at: usize) -> Result<Value, FieldError> {
             if f.required && text.is_empty() {
                 return Err(fail(0, "is required but blank".into()));
             }
-            Ok(Value::String(text.to_owned()))
+            Ok(FieldValue::Text(Cow::Borrowed(text)))
         }
         FieldType::N => {
             check_digits(raw).map_err(|(i, r)| fail(i, r))?;
-            Ok(Value::String(
-                std::str::from_utf8(raw).unwrap_or("").to_owned(),
-            ))
+            Ok(FieldValue::Text(Cow::Borrowed(
+                std::str::from_utf8(raw).unwrap_or(""),
+            )))
         }
         FieldType::U => {
             check_digits(raw).map_err(|(i, r)| fail(i, r))?;
             let n = parse_u64(raw).ok_or_else(|| fail(0, "value does not fit in a u64".into()))?;
             check_range(f, n).map_err(|r| fail(0, r))?;
-            Ok(Value::from(n))
+            Ok(FieldValue::Number(n))
         }
         FieldType::H => {
             let text = decode_h(raw).map_err(|(i, r)| fail(i, r))?;
             if f.required && text.is_empty() {
                 return Err(fail(0, "is required but blank".into()));
             }
-            Ok(Value::String(text))
+            Ok(FieldValue::Text(text))
         }
     }
 }
@@ -135,9 +138,10 @@ fn check_range(f: &Field, n: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// EUC-KR field bytes -> UTF-8, trailing spaces trimmed. Errors carry the offset of
-/// the offending byte within the field.
-fn decode_h(raw: &[u8]) -> Result<String, (usize, String)> {
+/// EUC-KR field bytes -> UTF-8, trailing spaces trimmed (borrowed when the
+/// bytes are ASCII, which EUC-KR leaves as they are). Errors carry the offset
+/// of the offending byte within the field.
+fn decode_h(raw: &[u8]) -> Result<Cow<'_, str>, (usize, String)> {
     let Some(text) = EUC_KR.decode_without_bom_handling_and_without_replacement(raw) else {
         return Err(find_malformed(raw));
     };
@@ -155,11 +159,11 @@ fn decode_h(raw: &[u8]) -> Result<String, (usize, String)> {
     }
     let keep = text.trim_end_matches(' ').len();
     Ok(match text {
-        std::borrow::Cow::Owned(mut s) => {
+        Cow::Owned(mut s) => {
             s.truncate(keep);
-            s
+            Cow::Owned(s)
         }
-        std::borrow::Cow::Borrowed(s) => s[..keep].to_owned(),
+        Cow::Borrowed(s) => Cow::Borrowed(&s[..keep]),
     })
 }
 

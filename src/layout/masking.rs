@@ -5,9 +5,8 @@
 //! or a date (types `N` and `U`): a new layout, or a field named in a way nobody
 //! foresaw (`from_acct_no`, `note`), leaks nothing by default.
 
-use serde_json::{Map, Value};
-
 use super::Layout;
+use super::decoded::{DecodedFields, FieldValue};
 
 /// How one field's value appears in the logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -24,16 +23,14 @@ pub enum LogRule {
 
 /// A value as a log line shows it, borrowed when shown as it is.
 #[derive(Debug)]
-enum Shown<'a> {
-    Null,
-    Clear(&'a Value),
+enum Shown<'a, 'v> {
+    Clear(&'a FieldValue<'v>),
     Text(String),
 }
 
-impl serde::Serialize for Shown<'_> {
+impl serde::Serialize for Shown<'_, '_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            Shown::Null => s.serialize_unit(),
             Shown::Clear(v) => v.serialize(s),
             Shown::Text(t) => s.serialize_str(t),
         }
@@ -41,18 +38,12 @@ impl serde::Serialize for Shown<'_> {
 }
 
 impl LogRule {
-    /// The value as a log line shows it.
-    fn show(self, value: &Value) -> Shown<'_> {
-        // The value's text, made only when a rule reads it.
-        let text = || match value {
-            Value::String(s) => std::borrow::Cow::Borrowed(s.as_str()),
-            other => std::borrow::Cow::Owned(other.to_string()),
-        };
+    /// The value as a log line shows it (a number's digits are its text).
+    fn show<'a, 'v>(self, value: &'a FieldValue<'v>) -> Shown<'a, 'v> {
         match self {
-            _ if value.is_null() => Shown::Null,
             LogRule::Clear => Shown::Clear(value),
-            LogRule::Length => Shown::Text(format!("<{} chars>", text().chars().count())),
-            LogRule::Mask => Shown::Text(mask_account(&text())),
+            LogRule::Length => Shown::Text(format!("<{} chars>", value.text().chars().count())),
+            LogRule::Mask => Shown::Text(mask_account(&value.text())),
         }
     }
 
@@ -84,9 +75,9 @@ impl Layout {
     /// `log` rule (a key the layout does not name is masked), as the text of
     /// one JSON object. Written straight from `fields` (a telegram's summary
     /// line carries it): no map of cloned keys and values is built.
-    pub fn masked_request(&self, fields: &Map<String, Value>) -> String {
-        struct Masked<'a>(&'a Layout, &'a Map<String, Value>);
-        impl serde::Serialize for Masked<'_> {
+    pub fn masked_request(&self, fields: &DecodedFields<'_>) -> String {
+        struct Masked<'a, 'v>(&'a Layout, &'a DecodedFields<'v>);
+        impl serde::Serialize for Masked<'_, '_> {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 let Masked(layout, fields) = self;
                 s.collect_map(
@@ -127,19 +118,36 @@ impl Layout {
 
 #[cfg(test)]
 mod tests {
+    use std::borrow::Cow;
+
     use proptest::strategy::Strategy;
-    use serde_json::json;
+    use serde_json::{Map, Value, json};
 
     use super::*;
+
+    /// A map's strings and numbers as decoded fields.
+    fn decoded(m: &Map<String, Value>) -> DecodedFields<'_> {
+        DecodedFields::from_entries(
+            m.iter()
+                .map(|(k, v)| {
+                    let v = match v {
+                        Value::String(s) => FieldValue::Text(Cow::Borrowed(s)),
+                        other => FieldValue::Number(other.as_u64().expect("a u64")),
+                    };
+                    (k.as_str(), v)
+                })
+                .collect(),
+        )
+    }
 
     /// The masked fields as a map, each value shown by its rule on its own:
     /// what the text written straight must read as.
     fn masked_map(l: &Layout, fields: &Map<String, Value>) -> Map<String, Value> {
-        fields
+        decoded(fields)
             .iter()
             .map(|(k, v)| {
                 let shown = serde_json::to_value(l.request_rule(k).show(v)).unwrap();
-                (k.clone(), shown)
+                (k.to_owned(), shown)
             })
             .collect()
     }
@@ -168,7 +176,7 @@ mod tests {
         assert_eq!(out["bank"], "088");
         assert_eq!(out["amount"], 50000);
         let text = Value::Object(out.clone()).to_string();
-        assert_eq!(l.masked_request(m.as_object().unwrap()), text);
+        assert_eq!(l.masked_request(&decoded(m.as_object().unwrap())), text);
         assert!(!text.contains("1002003004001") && !text.contains("1234-5678"));
         assert_eq!(l.clear_fields(), ["request.bank", "request.amount"]);
     }
@@ -186,7 +194,7 @@ mod tests {
                        "extra":"secret-value"});
         let out = masked_map(&l, m.as_object().unwrap());
         assert_eq!(
-            l.masked_request(m.as_object().unwrap()),
+            l.masked_request(&decoded(m.as_object().unwrap())),
             Value::Object(out.clone()).to_string()
         );
         assert_eq!(out["memo"], "<6 chars>");
@@ -200,14 +208,13 @@ mod tests {
 
     proptest::proptest! {
         /// The text written straight from the fields is the masked map's
-        /// JSON, byte for byte, whatever the values (text, numbers, nulls)
-        /// and whether the layout names the key.
+        /// JSON, byte for byte, whatever the values (text, numbers) and
+        /// whether the layout names the key.
         #[test]
         fn masked_text_is_the_masked_maps_json(
             values in proptest::collection::btree_map(
                 "(memo|branch|pin|amount|extra|[a-z]{1,6})",
                 proptest::prop_oneof![
-                    proptest::strategy::Just(Value::Null),
                     proptest::num::u64::ANY.prop_map(Value::from),
                     "\\PC{0,12}".prop_map(Value::from),
                 ],
@@ -223,7 +230,7 @@ mod tests {
             );
             let fields: Map<String, Value> = values.into_iter().collect();
             let expected = Value::Object(masked_map(&l, &fields)).to_string();
-            proptest::prop_assert_eq!(l.masked_request(&fields), expected);
+            proptest::prop_assert_eq!(l.masked_request(&decoded(&fields)), expected);
         }
     }
 

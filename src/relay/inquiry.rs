@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use serde_json::{Map, Value};
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -15,7 +14,7 @@ use super::{Deadline, Hub, Reply};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target, parse_retry_after};
 use crate::header::HEADER_LEN;
 use crate::journal::{Finish, Row, State};
-use crate::layout::encode_fields;
+use crate::layout::{DecodedFields, encode_fields};
 use crate::metric_names;
 use crate::outcome::{Code, CodeTable, Outcome, classify_inquiry, inquiry_is_retryable};
 use crate::rules::{Route, Rules};
@@ -32,13 +31,10 @@ pub(super) async fn run(
     hub: &Hub,
     route: &Route,
     rules: &Rules,
-    fields: &Map<String, Value>,
+    fields: &DecodedFields<'_>,
     deadline: Deadline,
 ) -> (Reply, String) {
-    let orig = fields
-        .get("orig_guid")
-        .and_then(Value::as_str)
-        .unwrap_or("");
+    let orig = fields.text("orig_guid").unwrap_or("");
     if !is_guid(orig) {
         return (
             Reply::code(Code::FORMAT),

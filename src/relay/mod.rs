@@ -40,7 +40,7 @@ use tracing::info;
 pub use crate::layout::mask_account;
 pub use reply::Reply;
 pub use settle::{AttemptFacts, Verdict, judge_never_received};
-pub use transfer::fingerprint;
+pub use transfer::{fingerprint, transfer_body};
 
 use crate::config::{JournalConfig, Operation};
 use crate::core_client::Target;

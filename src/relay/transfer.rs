@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -17,6 +16,7 @@ use super::{Deadline, Hub, Reply, settle};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target};
 use crate::header::Header;
 use crate::journal::{Claim, Finish, Row, State, now_ms};
+use crate::layout::DecodedFields;
 use crate::metric_names;
 use crate::outcome::{Code, Outcome, classify_transfer};
 use crate::rules::{Route, Rules};
@@ -35,22 +35,22 @@ pub fn fingerprint(tx_code: &str, body: &[u8]) -> String {
 /// The JSON body of `POST /v1/transfers`: the request's fields with `guid`
 /// and `channel_id` from the header (a field of the same name wins), keys in
 /// order. Written straight from the fields, with no object of its own.
-fn transfer_body(guid: &str, channel_id: &str, fields: &Map<String, Value>) -> Vec<u8> {
-    struct Body<'a> {
+pub fn transfer_body(guid: &str, channel_id: &str, fields: &DecodedFields<'_>) -> Vec<u8> {
+    struct Body<'a, 'v> {
         header: [(&'a str, &'a str); 2],
-        fields: &'a Map<String, Value>,
+        fields: &'a DecodedFields<'v>,
     }
-    impl serde::Serialize for Body<'_> {
+    impl serde::Serialize for Body<'_, '_> {
         fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
             use serde::ser::SerializeMap;
             let mut header = self
                 .header
                 .iter()
-                .filter(|(k, _)| !self.fields.contains_key(*k))
+                .filter(|(k, _)| !self.fields.contains(k))
                 .peekable();
             let mut map = s.serialize_map(None)?;
-            for (k, v) in self.fields {
-                while let Some((hk, hv)) = header.next_if(|(hk, _)| *hk < k.as_str()) {
+            for (k, v) in self.fields.iter() {
+                while let Some((hk, hv)) = header.next_if(|(hk, _)| *hk < k) {
                     map.serialize_entry(hk, hv)?;
                 }
                 map.serialize_entry(k, v)?;
@@ -75,7 +75,7 @@ pub(super) async fn run(
     header: &Header,
     route: &Route,
     rules: &Rules,
-    fields: Map<String, Value>,
+    fields: DecodedFields<'_>,
     body: &[u8],
     deadline: Deadline,
 ) -> (Reply, String) {
@@ -127,7 +127,7 @@ struct Transfer<'a> {
     route: &'a Route,
     rules: &'a Rules,
     target: &'a Target,
-    fields: &'a Map<String, Value>,
+    fields: &'a DecodedFields<'a>,
     fingerprint: &'a str,
     deadline: Deadline,
 }
@@ -545,7 +545,9 @@ enum Resend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::FieldValue;
     use proptest::prelude::*;
+    use serde_json::{Map, Value};
 
     /// Any configured maximum is a number of attempts, the largest too
     /// (it overflowed: a panic in a debug build, no resend at all in a
@@ -577,14 +579,19 @@ mod tests {
             channel in "[ -~\\u{80}-\\u{ff}]{0,8}",
             fields in proptest::collection::btree_map(
                 prop_oneof!["[a-z_]{1,12}", Just("guid".to_string()), Just("channel_id".to_string()), Just("a".to_string()), Just("z".to_string())],
-                prop_oneof![any::<i64>().prop_map(Value::from), "[ -~]{0,6}".prop_map(Value::from)],
+                prop_oneof![
+                    any::<u64>().prop_map(FieldValue::Number),
+                    "[ -~\\u{80}-\\u{ff}]{0,6}".prop_map(|s| FieldValue::Text(s.into())),
+                ],
                 0..8,
             ),
         ) {
-            let fields: Map<String, Value> = fields.into_iter().collect();
+            let fields = DecodedFields::from_entries(
+                fields.iter().map(|(k, v)| (k.as_str(), v.clone())).collect(),
+            );
             prop_assert_eq!(
                 String::from_utf8(transfer_body(&guid, &channel, &fields)).unwrap(),
-                String::from_utf8(body_as_an_object(&guid, &channel, &fields)).unwrap()
+                String::from_utf8(body_as_an_object(&guid, &channel, &fields.to_map())).unwrap()
             );
         }
     }

@@ -818,7 +818,7 @@ mod protocol {
             "channel_id".into(),
             Value::String(header.channel_id.clone()),
         );
-        expected.extend(fields);
+        expected.extend(fields.to_map());
         assert_eq!(
             posted,
             Value::Object(expected),
