@@ -34,7 +34,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 use ureq::http::header::{AUTHORIZATION, CONTENT_TYPE};
-use ureq::http::{HeaderName, HeaderValue};
+use ureq::http::{HeaderName, HeaderValue, Method, Request, Uri};
 use ureq::unversioned::transport::{Buffers, ConnectionDetails, Connector, NextTimeout, Transport};
 
 use crate::config::TargetConfig;
@@ -745,31 +745,51 @@ impl Job {
         })
     }
 
-    /// What every request carries: the deadline header, credentials, and the
-    /// timeouts of this call (connect within the budget; the whole exchange
-    /// within the budget plus, for a transfer, the late-answer window).
-    fn prepare<B>(&self, mut req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
-        req = req.header(DEADLINE_NAME, HeaderValue::from(self.remaining_ms));
-        req = req.header(TRACEPARENT_NAME, self.trace.traceparent());
+    /// The request to the core: what every request carries (the deadline
+    /// header, the trace, credentials) and the timeouts of this call (connect
+    /// within the budget; the whole exchange within the budget plus, for a
+    /// transfer, the late-answer window). Built as an `http::Request` in
+    /// place: ureq's request builder moves the whole request through every
+    /// header it adds, a cost on every telegram.
+    fn request<S: ureq::AsSendBody>(
+        &self,
+        agent: &ureq::Agent,
+        method: Method,
+        body: S,
+    ) -> Result<Request<S>, ureq::Error> {
+        let mut req = Request::new(body);
+        *req.method_mut() = method;
+        *req.uri_mut() = Uri::try_from(self.url.as_str()).map_err(ureq::http::Error::from)?;
+        let headers = req.headers_mut();
+        headers.insert(DEADLINE_NAME, HeaderValue::from(self.remaining_ms));
+        headers.insert(
+            TRACEPARENT_NAME,
+            HeaderValue::try_from(self.trace.traceparent()).map_err(ureq::http::Error::from)?,
+        );
         if let Some(a) = &self.auth {
-            req = req.header(AUTHORIZATION, a.as_str());
+            let value = HeaderValue::try_from(a.as_str()).map_err(ureq::http::Error::from)?;
+            headers.insert(AUTHORIZATION, value);
         }
-        req.config()
+        if let CoreRequest::Transfer { guid, .. } = &self.request {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            let value = HeaderValue::try_from(guid.as_str()).map_err(ureq::http::Error::from)?;
+            headers.insert(GUID_NAME, value);
+        }
+        Ok(agent
+            .configure_request(req)
             .timeout_resolve(Some(self.connect))
             .timeout_connect(Some(self.connect))
             .timeout_global(Some(self.call_limit))
-            .build()
+            .build())
     }
 
     fn exchange(&self) -> Result<HttpAnswer, ureq::Error> {
         let agent = this_threads_agent(&self.agents);
         let mut response = match &self.request {
-            CoreRequest::Transfer { guid, json } => self
-                .prepare(agent.post(&self.url))
-                .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-                .header(GUID_NAME, guid.as_str())
-                .send(&json[..])?,
-            CoreRequest::Inquiry { .. } => self.prepare(agent.get(&self.url)).call()?,
+            CoreRequest::Transfer { json, .. } => {
+                agent.run(self.request(agent, Method::POST, &json[..])?)?
+            }
+            CoreRequest::Inquiry { .. } => agent.run(self.request(agent, Method::GET, ())?)?,
         };
         let status = response.status().as_u16();
         let header = |name: &str| {
