@@ -578,10 +578,11 @@ impl LineVisitor<'_, '_> {
             if self.name(name) {
                 self.result = OneLine(&mut *self.writer).write_str(value);
             }
-        } else if value
-            .bytes()
-            .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\')
-        {
+        } else if value.bytes().fold(true, |plain, b| {
+            // A fold, not `all`: no early exit, so the compiler checks
+            // many bytes at a time.
+            plain & (b' '..=b'~').contains(&b) & (b != b'"') & (b != b'\\')
+        }) {
             // What `{:?}` writes for printable ASCII with nothing to escape,
             // without its character-by-character escaping (and with no
             // control character for `OneLine` to look for).
@@ -664,16 +665,17 @@ impl<W: fmt::Write + ?Sized> fmt::Write for OneLine<'_, W> {
         // U+007F to U+009F: in UTF-8 a byte below 0x20, 0x7F, or 0xC2 followed
         // by 0x80 to 0x9F.
         let bytes = s.as_bytes();
-        // Most text has none: one quick scan for the first byte that may
-        // start one, and the whole text in one write when there is none.
-        let Some(first) = bytes
-            .iter()
-            .position(|&b| (b < 0x20 && b != b'\t') || b == 0x7f || b == 0xc2)
-        else {
+        // Most text has none: one quick scan (a fold with no early exit,
+        // which the compiler does many bytes at a time) for a byte that
+        // may start one, and the whole text in one write when there is none.
+        let suspect = bytes.iter().fold(false, |seen, &b| {
+            seen | ((b < 0x20) & (b != b'\t')) | (b == 0x7f) | (b == 0xc2)
+        });
+        if !suspect {
             return self.0.write_str(s);
-        };
+        }
         let mut start = 0;
-        let mut i = first;
+        let mut i = 0;
         while i < bytes.len() {
             let b = bytes[i];
             let len = match b {
@@ -748,6 +750,23 @@ mod tests {
                 c.to_string()
             };
             assert_eq!(one_line(&format!("a{c}b")), format!("a{want}b"), "{c:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// A string field is written as `{:?}` writes it, on one line,
+        /// whether it takes the plain path or not.
+        #[test]
+        fn a_string_field_is_written_as_debug_writes_it(value in "\\PC{0,12}|[ -~]{0,40}") {
+            let mut out = String::new();
+            let mut writer = tracing_subscriber::fmt::format::Writer::new(&mut out);
+            let mut v = super::LineVisitor {
+                writer: &mut writer,
+                empty: true,
+                result: Ok(()),
+            };
+            v.str_value("guid", &value);
+            proptest::prop_assert_eq!(out, one_line(&format!("guid={value:?}")));
         }
     }
 
