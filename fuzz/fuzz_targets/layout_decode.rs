@@ -54,9 +54,15 @@ fuzz_target!(|data: &[u8]| {
     let body = data.get(HEADER_LEN..).unwrap_or(data);
     for layout in layouts().values() {
         match layout.decode_request(body, HEADER_LEN) {
-            Ok(fields) => {
+            Ok(decoded) => {
                 assert_eq!(body.len(), layout.request_len());
-                assert_eq!(fields.len(), layout.request.len(), "one JSON key per field");
+                assert_eq!(decoded.len(), layout.request.len(), "one JSON key per field");
+                let fields = decoded.to_map();
+                // The text written straight from the fields is their map's JSON.
+                assert_eq!(
+                    serde_json::to_string(&decoded).unwrap(),
+                    serde_json::Value::Object(fields.clone()).to_string()
+                );
                 let bytes =
                     encode_fields(&layout.request, &fields, HEADER_LEN).unwrap_or_else(|e| {
                         panic!("{}: decoded fields do not encode: {e}", layout.tx_code)
