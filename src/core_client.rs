@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
-use ureq::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use ureq::http::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use ureq::http::{HeaderName, HeaderValue, Method, Request, Uri};
 use ureq::unversioned::transport::{Buffers, ConnectionDetails, Connector, NextTimeout, Transport};
 
@@ -61,6 +61,7 @@ pub const TRACEPARENT_HEADER: &str = "traceparent";
 const DEADLINE_NAME: HeaderName = HeaderName::from_static("x-expected-timeout-ms");
 const TRACEPARENT_NAME: HeaderName = HeaderName::from_static(TRACEPARENT_HEADER);
 const GUID_NAME: HeaderName = HeaderName::from_static("x-guid");
+const REPLAYED_NAME: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// A W3C trace id: one per telegram, random, never zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -388,10 +389,15 @@ impl CoreRequest {
     /// The request's URL at the base URL `base`.
     fn url_at(&self, base: &str) -> String {
         match self {
-            CoreRequest::Transfer { .. } => [base, "/v1/transfers"].concat(),
+            CoreRequest::Transfer { .. } => transfer_url(base),
             CoreRequest::Inquiry { guid } => [base, "/v1/transfers/", guid].concat(),
         }
     }
+}
+
+/// `POST /v1/transfers` at the base URL `base`.
+fn transfer_url(base: &str) -> String {
+    [base, "/v1/transfers"].concat()
 }
 
 /// How many agents (connection pools) a target's calls are spread over.
@@ -401,6 +407,10 @@ const AGENTS: usize = 16;
 pub struct Target {
     pub name: String,
     urls: Vec<String>,
+    /// Each base URL's `POST /v1/transfers` URL, parsed once (a transfer's
+    /// URL is the same for every telegram); `None` if it does not parse, and
+    /// the call reports that as it always did.
+    transfer_uris: Vec<Option<Uri>>,
     /// [`AGENTS`] agents with the same config, parts and resolver; the
     /// thread that runs a call keeps to one (see [`this_threads_agent`]).
     agents: Arc<[ureq::Agent]>,
@@ -493,6 +503,10 @@ impl Target {
         let auth = cfg.auth.as_ref().map(|a| a.header_value()).transpose()?;
         Ok(Target {
             name: cfg.name.clone(),
+            transfer_uris: urls
+                .iter()
+                .map(|base| Uri::try_from(transfer_url(base)).ok())
+                .collect(),
             urls,
             agents,
             connect_timeout: cfg.effective_connect_timeout(budget),
@@ -568,6 +582,23 @@ impl Target {
         &self.urls[attempt as usize % self.urls.len()]
     }
 
+    /// The request's URL at `base_url`, parsed: a transfer's from the
+    /// target's own, parsed when it was made (`base_url` may also be one
+    /// the journal recorded, no longer configured).
+    fn uri_of(&self, request: &CoreRequest, base_url: &str) -> Result<Uri, String> {
+        if let CoreRequest::Transfer { .. } = request
+            && let Some(uri) = self
+                .urls
+                .iter()
+                .position(|u| u == base_url)
+                .and_then(|i| self.transfer_uris[i].clone())
+        {
+            return Ok(uri);
+        }
+        let url = request.url_at(base_url);
+        Uri::try_from(url.as_str()).map_err(|_| url)
+    }
+
     /// The base URLs, in failover order.
     pub fn urls(&self) -> &[String] {
         &self.urls
@@ -623,7 +654,7 @@ impl Target {
         let job = Job {
             agents: self.agents.clone(),
             request: request.clone(),
-            url: request.url_at(base_url),
+            uri: self.uri_of(request, base_url),
             connect,
             call_limit,
             remaining_ms: remaining.as_millis() as u64,
@@ -713,8 +744,9 @@ struct Job {
     /// The target's agents; the exchange uses its thread's.
     agents: Arc<[ureq::Agent]>,
     request: CoreRequest,
-    /// The request's whole URL.
-    url: String,
+    /// The request's whole URL, parsed, or its text when it does not parse
+    /// (the call then fails as ureq failed when it parsed URLs itself).
+    uri: Result<Uri, String>,
     connect: Duration,
     call_limit: Duration,
     remaining_ms: u64,
@@ -759,7 +791,10 @@ impl Job {
     ) -> Result<Request<S>, ureq::Error> {
         let mut req = Request::new(body);
         *req.method_mut() = method;
-        *req.uri_mut() = Uri::try_from(self.url.as_str()).map_err(ureq::http::Error::from)?;
+        *req.uri_mut() = match &self.uri {
+            Ok(uri) => uri.clone(),
+            Err(url) => Uri::try_from(url.as_str()).map_err(ureq::http::Error::from)?,
+        };
         let headers = req.headers_mut();
         headers.insert(DEADLINE_NAME, HeaderValue::from(self.remaining_ms));
         headers.insert(
@@ -792,16 +827,16 @@ impl Job {
             CoreRequest::Inquiry { .. } => agent.run(self.request(agent, Method::GET, ())?)?,
         };
         let status = response.status().as_u16();
-        let header = |name: &str| {
+        // By `HeaderName`: a `&str` name is parsed on every look-up.
+        let header = |name: &HeaderName| {
             response
                 .headers()
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string)
         };
-        let retry_after = header("retry-after");
-        let replayed =
-            header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let retry_after = header(&RETRY_AFTER);
+        let replayed = header(&REPLAYED_NAME).is_some_and(|v| v.eq_ignore_ascii_case("true"));
         // Read into room for the whole answer when its length is given
         // (ureq's `read_to_vec` grows its buffer from nothing, two
         // allocations and copies per answer); the limit holds either way.
