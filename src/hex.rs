@@ -12,12 +12,16 @@ pub fn encode_into(bytes: &[u8], out: &mut [u8]) {
     }
 }
 
-/// Appends `bytes` to `text` as hex.
+/// Appends `bytes` to `text` as hex: written into a buffer on the stack and
+/// appended in one piece (a `push` per digit checks the room each time).
 pub fn push(text: &mut String, bytes: &[u8]) {
     text.reserve(2 * bytes.len());
-    for b in bytes {
-        text.push(char::from(DIGITS[usize::from(b >> 4)]));
-        text.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    let mut buf = [0u8; 64];
+    for chunk in bytes.chunks(buf.len() / 2) {
+        let hex = &mut buf[..2 * chunk.len()];
+        encode_into(chunk, hex);
+        // Hex digits only: always UTF-8.
+        text.push_str(std::str::from_utf8(hex).unwrap_or_default());
     }
 }
 
@@ -27,7 +31,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn hex_is_what_format_writes(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+        fn hex_is_what_format_writes(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
             let want: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
             let mut text = String::from("x");
             super::push(&mut text, &bytes);

@@ -85,6 +85,10 @@ pub(super) fn finish_of(reply: &Reply, outcome: &Outcome, note: String) -> Finis
 
 /// The words of the log line (and the journal's history) for an outcome.
 pub(super) fn describe(outcome: &Outcome, attempt: u32) -> String {
+    // Every answered transfer's line: made in one piece, not formatted twice.
+    if let (Outcome::Processed(_), 1) = (outcome, attempt) {
+        return "attempt 1: processed".to_string();
+    }
     let what = match outcome {
         Outcome::Processed(_) => "processed".to_string(),
         Outcome::Rejected(r) => format!("rejected: {r}"),
@@ -115,6 +119,17 @@ pub(super) fn error_of(outcome: &Outcome) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_processed_outcome_reads_the_same_at_every_attempt() {
+        let processed = Outcome::Processed(Default::default());
+        assert_eq!(describe(&processed, 0), "processed");
+        for n in 1..4 {
+            assert_eq!(describe(&processed, n), format!("attempt {n}: processed"));
+        }
+        let unknown = Outcome::Unknown("timeout".into());
+        assert_eq!(describe(&unknown, 1), "attempt 1: unknown: timeout");
+    }
 
     #[test]
     fn states_for_codes() {
