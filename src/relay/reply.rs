@@ -1,6 +1,8 @@
 //! A telegram's reply, and what an outcome leaves behind: the reply's code and
 //! body, the journal state, and the words of the log line.
 
+use std::fmt::Write as _;
+
 use crate::header::HEADER_LEN;
 use crate::journal::{Finish, Row, State};
 use crate::layout::{Layout, encode_fields};
@@ -83,26 +85,26 @@ pub(super) fn finish_of(reply: &Reply, outcome: &Outcome, note: String) -> Finis
     }
 }
 
-/// The words of the log line (and the journal's history) for an outcome.
+/// The words of the log line (and the journal's history) for an outcome,
+/// made in one piece whatever the outcome (every answered telegram has one).
 pub(super) fn describe(outcome: &Outcome, attempt: u32) -> String {
-    // Every answered transfer's line: made in one piece, not formatted twice.
-    if let (Outcome::Processed(_), 1) = (outcome, attempt) {
-        return "attempt 1: processed".to_string();
-    }
-    let what = match outcome {
-        Outcome::Processed(_) => "processed".to_string(),
-        Outcome::Rejected(r) => format!("rejected: {r}"),
-        Outcome::TargetError(r) => format!("target error: {r}"),
-        Outcome::NotSent(r) => format!("not sent: {r}"),
-        Outcome::NoCapacity(r) => format!("no capacity: {r}"),
-        Outcome::Unknown(r) => format!("unknown: {r}"),
-        Outcome::NeverReceived => "the core never received it".to_string(),
+    let (what, reason) = match outcome {
+        Outcome::Processed(_) => ("processed", ""),
+        Outcome::Rejected(r) => ("rejected: ", r.as_str()),
+        Outcome::TargetError(r) => ("target error: ", r.as_str()),
+        Outcome::NotSent(r) => ("not sent: ", r.as_str()),
+        Outcome::NoCapacity(r) => ("no capacity: ", r.as_str()),
+        Outcome::Unknown(r) => ("unknown: ", r.as_str()),
+        Outcome::NeverReceived => ("the core never received it", ""),
     };
+    // Room for "attempt 4294967295: " too.
+    let mut text = String::with_capacity(20 + what.len() + reason.len());
     if attempt > 0 {
-        format!("attempt {attempt}: {what}")
-    } else {
-        what
+        let _ = write!(text, "attempt {attempt}: ");
     }
+    text.push_str(what);
+    text.push_str(reason);
+    text
 }
 
 /// The error text a journal row keeps for an outcome.
