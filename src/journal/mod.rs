@@ -342,7 +342,7 @@ impl Journal {
     ) -> Result<Claim, JournalError> {
         match self {
             Journal::Memory(j) => j.claim(guid, tx_code, fingerprint, url, now_ms),
-            Journal::Sqlite(j) => j.claim(guid, tx_code, fingerprint, url, now_ms).await,
+            Journal::Sqlite(j) => Box::pin(j.claim(guid, tx_code, fingerprint, url, now_ms)).await,
             Journal::Postgres(j) => {
                 Box::pin(j.claim(guid, tx_code, fingerprint, url, now_ms)).await
             }
@@ -404,7 +404,7 @@ impl Journal {
     ) -> Result<bool, JournalError> {
         match self {
             Journal::Memory(j) => j.finish_if(guid, only_if, f, now_ms),
-            Journal::Sqlite(j) => j.finish_if(guid, only_if, f, now_ms).await,
+            Journal::Sqlite(j) => Box::pin(j.finish_if(guid, only_if, f, now_ms)).await,
             Journal::Postgres(j) => Box::pin(j.finish_if(guid, only_if, f, now_ms)).await,
         }
     }

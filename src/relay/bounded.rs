@@ -27,18 +27,25 @@ pub(super) enum Bounded<T> {
 /// into a task of its own only if it is still running at the deadline, so
 /// that it finishes in the background. A panic in the store is caught either
 /// way and reported as [`Bounded::Failed`].
-pub(super) async fn within<T: Send + 'static>(
+///
+/// `fut` is boxed here, before the returned future exists, so that the
+/// caller's future holds a pointer to it rather than the store's whole
+/// future by value: every telegram's future is that much smaller, which
+/// keeps it (and this box) within the allocator's per-thread caches.
+pub(super) fn within<T: Send + 'static>(
     deadline: Instant,
     fut: impl Future<Output = T> + Send + 'static,
-) -> Bounded<T> {
+) -> impl Future<Output = Bounded<T>> + Send {
     let mut fut = CatchUnwind(Box::pin(fut));
-    // A command the store leaves to the polling thread learns the deadline.
-    match tokio::time::timeout_at(deadline, stash::bounded(deadline, &mut fut)).await {
-        Ok(Ok(v)) => Bounded::Done(v),
-        Ok(Err(panic)) => {
-            Bounded::Failed(format!("journal task failed: {}", panic_message(&panic)))
+    async move {
+        // A command the store leaves to the polling thread learns the deadline.
+        match tokio::time::timeout_at(deadline, stash::bounded(deadline, &mut fut)).await {
+            Ok(Ok(v)) => Bounded::Done(v),
+            Ok(Err(panic)) => {
+                Bounded::Failed(format!("journal task failed: {}", panic_message(&panic)))
+            }
+            Err(_) => Bounded::Late(tokio::spawn(fut.0)),
         }
-        Err(_) => Bounded::Late(tokio::spawn(fut.0)),
     }
 }
 

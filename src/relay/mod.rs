@@ -236,11 +236,19 @@ impl Hub {
         let masked = route.layout.masked_request(&fields);
         telegram_log::record_fields(&masked);
         crate::console_stats::traces().note_fields(&header.guid, masked);
+        // Boxed: the telegram's own future (boxed per telegram by the server)
+        // stays under 1 KiB, within the allocator's per-thread cache, and so
+        // does each of these (see `Transfer::lead`).
         match route.operation {
             Operation::Transfer => {
-                transfer::run(self, &header, route, rules, fields, body, deadline).await
+                Box::pin(transfer::run(
+                    self, &header, route, rules, &fields, body, deadline,
+                ))
+                .await
             }
-            Operation::Inquiry => inquiry::run(self, route, rules, &fields, deadline).await,
+            Operation::Inquiry => {
+                Box::pin(inquiry::run(self, route, rules, &fields, deadline)).await
+            }
         }
     }
 }
