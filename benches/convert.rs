@@ -78,9 +78,10 @@ fn answer(c: &mut Criterion) {
     let framed = request_frame();
     let echo = Echo::from_telegram(&framed[4..]);
     let codes = CodeTable::builtin();
-    let Outcome::Processed(fields) = classify_transfer(200, CORE_ANSWER, &codes) else {
+    let Outcome::Processed(answer) = classify_transfer(200, CORE_ANSWER, &codes) else {
         panic!("the sample answer is a 200 OK");
     };
+    let fields = answer.fields();
     let sent_at = "20261129132001";
     let mut g = c.benchmark_group("trf001_answer");
     // What the brief calls "one answer back": fields -> body, header, frame.
@@ -97,11 +98,11 @@ fn answer(c: &mut Criterion) {
     // Plus reading the core's JSON and taking the hub's clock for `sent_at`.
     g.bench_function("json+layout+header+frame", |b| {
         b.iter(|| {
-            let Outcome::Processed(m) = classify_transfer(200, black_box(CORE_ANSWER), &codes)
+            let Outcome::Processed(answer) = classify_transfer(200, black_box(CORE_ANSWER), &codes)
             else {
                 unreachable!()
             };
-            let body = encode_fields(&layout.response, &m, HEADER_LEN).unwrap();
+            let body = encode_fields(&layout.response, &answer.fields(), HEADER_LEN).unwrap();
             let mut t = Vec::with_capacity(HEADER_LEN + body.len());
             write_response(&echo, &local_timestamp(), "0000", &body, &mut t);
             let mut out = BytesMut::with_capacity(t.len() + 4);

@@ -162,16 +162,32 @@ impl Relay {
         let Ok((status, body)) = answer else {
             return ("E901".into(), Vec::new());
         };
+        // A transfer's 200 read as a plain relay reads it: into a `serde_json`
+        // map, whose `result` is checked and whose values the layout writes
+        // (the hub reads the answer without a map; the floor is the plain way).
+        if status == 200 && !inquiry {
+            return match serde_json::from_slice::<Value>(&body) {
+                Ok(Value::Object(m)) if m.get("result").and_then(Value::as_str) == Some("OK") => {
+                    match encode_fields(&layout.response, &m, HEADER_LEN) {
+                        Ok(b) => ("0000".into(), b),
+                        Err(_) => ("E901".into(), Vec::new()),
+                    }
+                }
+                _ => ("E901".into(), Vec::new()),
+            };
+        }
         let outcome = if inquiry {
             classify_inquiry(status, &body, &self.codes)
         } else {
             classify_transfer(status, &body, &self.codes)
         };
         match &outcome {
-            Outcome::Processed(m) => match encode_fields(&layout.response, m, HEADER_LEN) {
-                Ok(b) => ("0000".into(), b),
-                Err(_) => ("E901".into(), Vec::new()),
-            },
+            Outcome::Processed(answer) => {
+                match encode_fields(&layout.response, &answer.fields(), HEADER_LEN) {
+                    Ok(b) => ("0000".into(), b),
+                    Err(_) => ("E901".into(), Vec::new()),
+                }
+            }
             o => (self.codes.code(o).as_str().to_string(), Vec::new()),
         }
     }

@@ -226,7 +226,7 @@ impl Layout {
     /// [`encode_fields`] for the request body.
     pub fn encode_request(
         &self,
-        values: &serde_json::Map<String, serde_json::Value>,
+        values: &(impl crate::json_object::FieldSource + ?Sized),
         base: usize,
     ) -> Result<Vec<u8>, FieldError> {
         encode_fields(&self.request, values, base)
@@ -235,7 +235,7 @@ impl Layout {
     /// [`encode_fields`] for the response body.
     pub fn encode_response(
         &self,
-        values: &serde_json::Map<String, serde_json::Value>,
+        values: &(impl crate::json_object::FieldSource + ?Sized),
         base: usize,
     ) -> Result<Vec<u8>, FieldError> {
         encode_fields(&self.response, values, base)

@@ -18,6 +18,7 @@
 //! | [`frame`] | the length prefix (ascii or binary): bytes <-> telegrams, pure |
 //! | [`header`] | the 64-byte header: parse, check, echo, write |
 //! | [`layout`] | layout files and field types: body bytes <-> JSON |
+//! | [`json_object`] | a JSON object read by name: a map, or the core's answer read without one |
 //! | [`rules`] | routes, layouts, channels and codes as one reloadable snapshot |
 //! | [`core_client`] | HTTP calls whose result type says "not sent" or "may have been sent" |
 //! | [`outcome`] | the core's answer -> standard code, from a table |
@@ -55,6 +56,7 @@ pub mod frame;
 pub mod header;
 pub mod hex;
 pub mod journal;
+pub mod json_object;
 pub mod layout;
 pub mod meters;
 pub mod metric_names;

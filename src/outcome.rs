@@ -10,7 +10,8 @@ use std::fmt;
 use std::path::Path;
 
 use serde::Deserialize;
-use serde_json::{Map, Value};
+
+use crate::json_object::BorrowedObject;
 
 /// A four-character standard response code.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,7 +82,7 @@ impl fmt::Debug for Code {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// The core processed it; the JSON answer holds the response fields.
-    Processed(Map<String, Value>),
+    Processed(Answer),
     /// The core refused it for a business reason; no money moved.
     Rejected(String),
     /// The core (or the path to it) failed in a way that is final: nothing moved.
@@ -186,25 +187,66 @@ impl CodeTable {
     }
 }
 
-fn json_object(body: &[u8]) -> Option<Map<String, Value>> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(m)) => Some(m),
-        _ => None,
+/// The core's JSON answer to a processed transfer (or inquiry), as it came.
+///
+/// Kept as its bytes, which are one JSON object: the response layout reads
+/// them again, borrowed ([`Answer::fields`]), when it writes the reply, so
+/// no map of the answer's keys and values is built and dropped per telegram.
+#[derive(Clone, PartialEq)]
+pub struct Answer(Vec<u8>);
+
+impl Answer {
+    /// The answer's fields, for the response layout.
+    pub fn fields(&self) -> BorrowedObject<'_> {
+        // Made only from bytes that read as one object (or `{}`).
+        BorrowedObject::parse(&self.0).unwrap_or_default()
+    }
+
+    /// The answer as the core sent it.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
     }
 }
 
-fn result_of(m: &Map<String, Value>) -> Option<&str> {
-    m.get("result").and_then(Value::as_str)
+/// An empty object: `{}`.
+impl Default for Answer {
+    fn default() -> Answer {
+        Answer(b"{}".to_vec())
+    }
+}
+
+impl fmt::Debug for Answer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Answer({})", String::from_utf8_lossy(&self.0))
+    }
+}
+
+fn result_of<'a>(m: &'a BorrowedObject<'_>) -> Option<&'a str> {
+    m.text("result")
 }
 
 /// Reads the core's answer to `POST /v1/transfers` (the request was sent).
 pub fn classify_transfer(status: u16, body: &[u8], table: &CodeTable) -> Outcome {
-    match status {
-        200 => match json_object(body) {
-            Some(m) if result_of(&m) == Some("OK") => Outcome::Processed(m),
-            Some(_) => Outcome::Unknown("200 whose result is not OK".into()),
-            None => Outcome::Unknown("200 with an unreadable body".into()),
-        },
+    read_transfer(status, body, table).0
+}
+
+/// [`classify_transfer`], with the answer's fields as read when it was
+/// processed: the response layout writes them without reading the body again.
+pub fn read_transfer<'b>(
+    status: u16,
+    body: &'b [u8],
+    table: &CodeTable,
+) -> (Outcome, Option<BorrowedObject<'b>>) {
+    let outcome = match status {
+        200 => {
+            return match BorrowedObject::parse(body) {
+                Some(m) if result_of(&m) == Some("OK") => {
+                    (Outcome::Processed(Answer(body.to_vec())), Some(m))
+                }
+                Some(_) => (Outcome::Unknown("200 whose result is not OK".into()), None),
+                None => (Outcome::Unknown("200 with an unreadable body".into()), None),
+            };
+        }
         201..=299 => Outcome::Unknown(format!("{status} instead of 200")),
         // A redirect is no refusal: `303 See Other` means "processed, the result
         // is elsewhere". The hub follows none (the target's URL is wrong: a
@@ -217,7 +259,7 @@ pub fn classify_transfer(status: u16, body: &[u8], table: &CodeTable) -> Outcome
         ..=199 | 600.. => Outcome::Unknown(format!(
             "{status}: a status outside HTTP's classes answered to the transfer; the core may have processed it"
         )),
-        422 => match json_object(body).as_ref().and_then(result_of) {
+        422 => match BorrowedObject::parse(body).as_ref().and_then(result_of) {
             Some(r) if table.business(r).is_some() => Outcome::Rejected(r.to_string()),
             Some(r) => Outcome::TargetError(format!("422 with unmapped result {r:?}")),
             None => Outcome::TargetError("422 with an unreadable body".into()),
@@ -230,19 +272,20 @@ pub fn classify_transfer(status: u16, body: &[u8], table: &CodeTable) -> Outcome
             "{status}: the core refused the hub's credentials (configuration problem)"
         )),
         _ => Outcome::TargetError(format!("status {status}{}", core_says(body))),
-    }
+    };
+    (outcome, None)
 }
 
 /// Reads the core's answer to `GET /v1/transfers/{guid}` (the request was sent).
 pub fn classify_inquiry(status: u16, body: &[u8], table: &CodeTable) -> Outcome {
-    let m = json_object(body);
+    let m = BorrowedObject::parse(body);
     match status {
         200 => {
             let Some(m) = m else {
                 return Outcome::Unknown("inquiry 200 with an unreadable body".into());
             };
-            match (m.get("status").and_then(Value::as_str), result_of(&m)) {
-                (Some("DONE"), Some("OK")) => Outcome::Processed(m),
+            match (m.text("status"), result_of(&m)) {
+                (Some("DONE"), Some("OK")) => Outcome::Processed(Answer(body.to_vec())),
                 (Some("DONE"), Some(r)) if table.business(r).is_some() => {
                     Outcome::Rejected(r.to_string())
                 }

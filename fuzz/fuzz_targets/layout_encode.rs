@@ -4,11 +4,15 @@
 //! decodes back to the same bytes; a refusal names a real field.
 //!
 //! Input: JSON text. Anything that is not a JSON object is also tried as the
-//! value of every field in turn, so odd values reach every field type.
+//! value of every field in turn, so odd values reach every field type. The
+//! bytes are also read as the hub reads the core's answer (a borrowed
+//! object, no map): accepted exactly when the map is, and written to the same
+//! body or the same error.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use relayhub::header::HEADER_LEN;
+use relayhub::json_object::BorrowedObject;
 use relayhub::layout::{Field, FieldType, Layout, builtin, decode_fields, encode_fields};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -60,9 +64,23 @@ fn check(fields: &[Field], values: &Map<String, Value>) {
 }
 
 fuzz_target!(|data: &[u8]| {
+    let borrowed = BorrowedObject::parse(data);
     let Ok(value) = serde_json::from_slice::<Value>(data) else {
+        assert!(borrowed.is_none(), "a borrowed object from bytes the map refuses");
         return;
     };
+    assert_eq!(borrowed.is_some(), value.is_object(), "read as an object");
+    if let (Value::Object(map), Some(borrowed)) = (&value, &borrowed) {
+        for layout in layouts().values() {
+            for fields in [&layout.request, &layout.response] {
+                assert_eq!(
+                    encode_fields(fields, borrowed, HEADER_LEN),
+                    encode_fields(fields, map, HEADER_LEN),
+                    "the borrowed object writes as the map"
+                );
+            }
+        }
+    }
     for layout in layouts().values() {
         for fields in [&layout.request, &layout.response] {
             match &value {

@@ -613,8 +613,8 @@ fn check_http(shared: &Shared, tx: Tx, status: u16, body: &[u8]) -> Result<Strin
         Tx::Inquiry => classify_inquiry(status, body, &shared.codes),
     };
     match &outcome {
-        Outcome::Processed(m) => {
-            encode_fields(&shared.layout(tx).response, m, HEADER_LEN)
+        Outcome::Processed(answer) => {
+            encode_fields(&shared.layout(tx).response, &answer.fields(), HEADER_LEN)
                 .map_err(|e| format!("200 answer does not fit the layout: {e}"))?;
             Ok(Code::OK.as_str().to_string())
         }

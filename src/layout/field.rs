@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 use super::decoded::{DecodedFields, FieldValue};
 use super::{Field, FieldError, FieldType};
 use crate::frame::ByteDisplay;
+use crate::json_object::{FieldSource, JsonRef};
 
 type Object = Map<String, Value>;
 
@@ -209,14 +210,14 @@ fn find_malformed(raw: &[u8]) -> (usize, String) {
 /// error, never cut.
 pub fn encode_fields(
     fields: &[Field],
-    values: &Object,
+    values: &(impl FieldSource + ?Sized),
     base: usize,
 ) -> Result<Vec<u8>, FieldError> {
     let mut out = Vec::with_capacity(total_len(fields));
     let mut start = 0usize;
     for f in fields {
         let at = base.saturating_add(start);
-        encode_one(f, values.get(&f.name), at, &mut out)?;
+        encode_one(f, values.field(&f.name), at, &mut out)?;
         start = start.saturating_add(f.length);
         debug_assert_eq!(out.len(), start, "field `{}` wrote a wrong length", f.name);
     }
@@ -225,13 +226,13 @@ pub fn encode_fields(
 
 fn encode_one(
     f: &Field,
-    value: Option<&Value>,
+    value: Option<JsonRef<'_>>,
     at: usize,
     out: &mut Vec<u8>,
 ) -> Result<(), FieldError> {
     let fail = |reason: String| error(&f.name, at, reason);
     let value = match value {
-        None | Some(Value::Null) => {
+        None | Some(JsonRef::Null) => {
             let what = if value.is_none() {
                 "is missing"
             } else {
@@ -289,7 +290,7 @@ fn encode_one(
             out.resize(start + f.length, b' ');
         }
         FieldType::N => match value {
-            Value::String(s) => {
+            JsonRef::Str(s) => {
                 if let Some((i, c)) = s.char_indices().find(|&(_, c)| !c.is_ascii_digit()) {
                     return Err(fail(format!(
                         "{} at position {i} is not an ASCII digit",
@@ -305,7 +306,7 @@ fn encode_one(
                 }
                 out.extend_from_slice(s.as_bytes());
             }
-            Value::Number(n) => {
+            JsonRef::Number(n) => {
                 let n = n.as_u64().ok_or_else(|| {
                     fail(format!(
                         "{n} is not a non-negative integer or a string of digits"
@@ -323,10 +324,10 @@ fn encode_one(
         },
         FieldType::U => {
             let n = match value {
-                Value::Number(n) => n
+                JsonRef::Number(n) => n
                     .as_u64()
                     .ok_or_else(|| fail(format!("{n} is not a non-negative integer")))?,
-                Value::String(s) => {
+                JsonRef::Str(s) => {
                     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
                         return Err(fail(format!("{s:?} is not a string of digits")));
                     }
@@ -344,9 +345,9 @@ fn encode_one(
     Ok(())
 }
 
-fn expect_str(v: &Value) -> Result<&str, String> {
+fn expect_str(v: JsonRef<'_>) -> Result<&str, String> {
     match v {
-        Value::String(s) => Ok(s),
+        JsonRef::Str(s) => Ok(s),
         other => Err(format!("expected a string, got {}", json_kind(other))),
     }
 }
@@ -404,14 +405,14 @@ fn put_zero_padded(n: u64, width: usize, out: &mut Vec<u8>) -> Result<(), String
     Ok(())
 }
 
-fn json_kind(v: &Value) -> &'static str {
+fn json_kind(v: JsonRef<'_>) -> &'static str {
     match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+        JsonRef::Null => "null",
+        JsonRef::Bool(_) => "a boolean",
+        JsonRef::Number(_) => "a number",
+        JsonRef::Str(_) => "a string",
+        JsonRef::Array => "an array",
+        JsonRef::Object => "an object",
     }
 }
 

@@ -1,6 +1,7 @@
 use std::path::{Path, PathBuf};
 
 use bytes::BytesMut;
+use proptest::strategy::Strategy as _;
 use serde_json::{Map, Value, json};
 
 use super::*;
@@ -751,4 +752,72 @@ fn encode_ignores_extra_keys_and_is_field_length() {
     let out = layout.encode_response(&v, 64).unwrap();
     assert_eq!(out.len(), layout.response_len());
     assert_eq!(&out[..], b"T1              20261129132001000000000000000");
+}
+
+/// Values of every kind for the response layouts' keys (and one they do not
+/// name), as JSON text: strings with escapes, numbers of each sign and size,
+/// nesting.
+fn answer_value() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        (0u64..1000).prop_map(|n| Value::from(n as f64 / 8.0)),
+        "[ -~]{0,20}".prop_map(Value::from),
+        "[0-9]{0,16}".prop_map(Value::from),
+        "\\PC{0,6}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(2, 8, 3, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::from),
+            proptest::collection::btree_map("[a-z]{1,3}", inner, 0..3)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+proptest::proptest! {
+    /// The core's answer read without a map writes every shipped layout's
+    /// response (and request) to the same bytes, or the same error, as the
+    /// map `serde_json` reads from the same text: keys repeated, in any
+    /// order, with escapes.
+    #[test]
+    fn an_answer_read_without_a_map_writes_as_the_map(
+        entries in proptest::collection::vec(
+            (
+                proptest::prop_oneof![
+                    proptest::sample::select(vec![
+                        "txn_id", "processed_at", "balance", "result", "status",
+                        "orig_guid", "memo", "amount", "unknown_key",
+                    ])
+                    .prop_map(str::to_string),
+                    "[a-z_]{1,8}",
+                ],
+                answer_value(),
+            ),
+            0..10,
+        ),
+    ) {
+        use crate::json_object::BorrowedObject;
+        let text = format!(
+            "{{{}}}",
+            entries
+                .iter()
+                .map(|(k, v)| format!("{}:{v}", Value::from(k.as_str())))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let map: Map<String, Value> = serde_json::from_str(&text).unwrap();
+        let borrowed = BorrowedObject::parse(text.as_bytes()).unwrap();
+        for layout in builtin().values() {
+            for fields in [&layout.response, &layout.request] {
+                proptest::prop_assert_eq!(
+                    encode_fields(fields, &borrowed, HEADER_LEN),
+                    encode_fields(fields, &map, HEADER_LEN)
+                );
+            }
+        }
+    }
 }

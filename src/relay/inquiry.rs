@@ -99,7 +99,9 @@ pub(super) async fn run(
             && !hub.late_calls.running(orig);
         if row.state == State::Unknown || orphaned {
             let body = rules.route(&row.tx_code).and_then(|r| match &outcome {
-                Outcome::Processed(m) => encode_fields(&r.layout.response, m, HEADER_LEN).ok(),
+                Outcome::Processed(answer) => {
+                    encode_fields(&r.layout.response, &answer.fields(), HEADER_LEN).ok()
+                }
                 _ => None,
             });
             if reply.code != Code::OK || body.is_some() {

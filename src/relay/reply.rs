@@ -5,8 +5,9 @@ use std::fmt::Write as _;
 
 use crate::header::HEADER_LEN;
 use crate::journal::{Finish, Row, State};
+use crate::json_object::BorrowedObject;
 use crate::layout::{Layout, encode_fields};
-use crate::outcome::{Code, CodeTable, Outcome};
+use crate::outcome::{Code, CodeTable, Outcome, read_transfer};
 
 /// The hub's answer to one telegram: a code, the body that goes with 0000, and
 /// whether the connection closes after it.
@@ -30,8 +31,38 @@ impl Reply {
 /// Turns an outcome into a reply; a 0000 whose answer does not fit the response
 /// layout is "unknown" (the core did something the hub cannot report).
 pub(super) fn reply_for(outcome: Outcome, layout: &Layout, codes: &CodeTable) -> (Reply, Outcome) {
-    if let Outcome::Processed(m) = &outcome {
-        return match encode_fields(&layout.response, m, HEADER_LEN) {
+    reply_with(outcome, None, layout, codes)
+}
+
+/// The reply to the core's answer to a transfer: [`read_transfer`] and
+/// [`reply_for`], with the answer's body read once.
+pub(super) fn reply_to_transfer(
+    status: u16,
+    body: &[u8],
+    layout: &Layout,
+    codes: &CodeTable,
+) -> (Reply, Outcome) {
+    let (outcome, fields) = read_transfer(status, body, codes);
+    reply_with(outcome, fields.as_ref(), layout, codes)
+}
+
+/// [`reply_for`], with a processed answer's `fields` if already read.
+fn reply_with(
+    outcome: Outcome,
+    fields: Option<&BorrowedObject<'_>>,
+    layout: &Layout,
+    codes: &CodeTable,
+) -> (Reply, Outcome) {
+    if let Outcome::Processed(answer) = &outcome {
+        let read;
+        let fields = match fields {
+            Some(f) => f,
+            None => {
+                read = answer.fields();
+                &read
+            }
+        };
+        return match encode_fields(&layout.response, fields, HEADER_LEN) {
             Ok(body) => (
                 Reply {
                     code: Code::OK,

@@ -18,12 +18,12 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use super::bounded::{self, Bounded};
-use super::reply::{describe, error_of, finish_of, reply_for};
+use super::reply::{describe, error_of, finish_of, reply_for, reply_to_transfer};
 use super::{Deadline, Hub, Reply, inquiry};
 use crate::core_client::{LateAnswer, Target};
 use crate::journal::{Finish, Journal, JournalError, Row, State, now_ms};
 use crate::layout::Layout;
-use crate::outcome::{Code, CodeTable, Outcome, classify_transfer};
+use crate::outcome::{Code, CodeTable, Outcome};
 use crate::rules::{Route, Rules};
 
 /// What is known about the latest attempt of a GUID when the core says it
@@ -235,12 +235,15 @@ pub(super) fn record_late(
     late_calls.begin(&guid);
     tokio::spawn(async move {
         let result = late.await;
-        let outcome = match result {
-            Ok(Ok(answer)) => classify_transfer(answer.status, &answer.body, &codes),
-            Ok(Err(f)) => Outcome::Unknown(format!("{f:?}")),
-            Err(_) => Outcome::Unknown("late call dropped".into()),
+        let (reply, outcome) = match result {
+            Ok(Ok(answer)) => reply_to_transfer(answer.status, &answer.body, &layout, &codes),
+            Ok(Err(f)) => reply_for(Outcome::Unknown(format!("{f:?}")), &layout, &codes),
+            Err(_) => reply_for(
+                Outcome::Unknown("late call dropped".into()),
+                &layout,
+                &codes,
+            ),
         };
-        let (reply, outcome) = reply_for(outcome, &layout, &codes);
         if !reply.code.is_final() {
             late_calls.end(&guid);
             info!(%guid, "late call ended without a readable answer; still unknown");

@@ -11,14 +11,14 @@ use tracing::{debug, info, warn};
 use super::bounded::{self, Bounded};
 use super::flights::Joined;
 use super::inquiry::{fits, inquire};
-use super::reply::{describe, finish_of, replay, reply_for};
+use super::reply::{describe, finish_of, replay, reply_for, reply_to_transfer};
 use super::{Deadline, Hub, Reply, settle};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target};
 use crate::header::Header;
 use crate::journal::{Claim, Finish, Row, State, now_ms};
 use crate::layout::DecodedFields;
 use crate::metric_names;
-use crate::outcome::{Code, Outcome, classify_transfer};
+use crate::outcome::{Code, Outcome};
 use crate::rules::{Route, Rules};
 
 /// SHA-256 over the tx code and the body: a repeat must match both.
@@ -397,12 +397,14 @@ impl Transfer<'_> {
         let mut tries = 0u32;
         // The URL the claim recorded; a failover records the next one first.
         let mut url = target.url_for(0);
-        let outcome = loop {
+        // How the call ended, as the reply and the outcome it stands for.
+        let ended = |o| reply_for(o, &self.route.layout, &self.rules.codes);
+        let (reply, outcome) = loop {
             // Checked before every attempt (and again by the send gate at its
             // first byte): a hub that lost its liveness sends nothing more
             // (the others may take the row over).
             if let Err(why) = self.hub.journal.may_send() {
-                break Outcome::NoCapacity(why);
+                break ended(Outcome::NoCapacity(why));
             }
             match target.attempt_at(&request, url, deadline.work).await {
                 CallEnd::Done(Ok(answer)) => {
@@ -412,23 +414,33 @@ impl Transfer<'_> {
                     if answer.status == 401 || answer.status == 403 {
                         tracing::error!(target_name = %target.name, status = answer.status, "the core refused the hub's credentials: check the target's auth configuration");
                     }
-                    break classify_transfer(answer.status, &answer.body, &self.rules.codes);
+                    // Read once, for the code and the reply's body.
+                    break reply_to_transfer(
+                        answer.status,
+                        &answer.body,
+                        &self.route.layout,
+                        &self.rules.codes,
+                    );
                 }
-                CallEnd::Done(Err(CallFailure::MaybeSent(r))) => break Outcome::Unknown(r),
-                CallEnd::Done(Err(CallFailure::NoCapacity(r))) => break Outcome::NoCapacity(r),
+                CallEnd::Done(Err(CallFailure::MaybeSent(r))) => break ended(Outcome::Unknown(r)),
+                CallEnd::Done(Err(CallFailure::NoCapacity(r))) => {
+                    break ended(Outcome::NoCapacity(r));
+                }
                 CallEnd::Done(Err(CallFailure::NotSent(r))) => {
                     tries += 1;
                     // Nothing left the hub: retry (on the next endpoint) if it fits.
                     let pause = target.backoff(tries);
                     if tries >= target.connect_attempts || !fits(pause, deadline.work) {
-                        break Outcome::NotSent(r);
+                        break ended(Outcome::NotSent(r));
                     }
                     let next = target.url_for(tries);
                     if next != url {
                         // Write-ahead: the journal names a URL before a byte goes there.
                         match self.note_url(next).await {
                             Ok(()) => url = next,
-                            Err(e) => break Outcome::NotSent(format!("{r}; no failover: {e}")),
+                            Err(e) => {
+                                break ended(Outcome::NotSent(format!("{r}; no failover: {e}")));
+                            }
                         }
                     }
                     metrics::counter!(metric_names::CORE_RETRIES, "target" => target.name.clone(), "operation" => "transfer").increment(1);
@@ -444,16 +456,15 @@ impl Transfer<'_> {
                         self.rules.codes.clone(),
                         late,
                     );
-                    break Outcome::Unknown(
+                    break ended(Outcome::Unknown(
                         "no answer within the budget; the call goes on for late answers".into(),
-                    );
+                    ));
                 }
             }
         };
         target.meters.record(&target.name, false, started.elapsed());
         // Phase timing for the telegram's summary line.
         crate::telegram_log::record_core_ms(started.elapsed().as_millis() as u64);
-        let (reply, outcome) = reply_for(outcome, &self.route.layout, &self.rules.codes);
         let note = describe(&outcome, attempt);
         let mut finish = finish_of(&reply, &outcome, note.clone());
         // Only onto this attempt, even when retried in the background.

@@ -841,7 +841,7 @@ mod protocol {
             unreachable!()
         };
         let body = trf
-            .encode_response(&answer, HEADER_LEN)
+            .encode_response(&answer.fields(), HEADER_LEN)
             .unwrap_or_else(|e| panic!("{DOC} section 11: {e}"));
         let shown = blocks[3].1.trim().as_bytes();
         let sent_at = std::str::from_utf8(&shown[4 + 46..4 + 60]).unwrap();
