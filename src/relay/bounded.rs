@@ -49,6 +49,16 @@ pub(super) fn within<T: Send + 'static>(
     }
 }
 
+/// Runs a call to a store that answers at once ([`Journal::at_once`]) in
+/// place: its value, or the panic that ended it, in the words [`within`]
+/// reports one with.
+///
+/// [`Journal::at_once`]: crate::journal::Journal::at_once
+pub(super) fn at_once<T>(call: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call))
+        .map_err(|panic| format!("journal task failed: {}", panic_message(&panic)))
+}
+
 /// Counts a journal failure on the telegram path, by stage.
 pub(super) fn count_failure(stage: &'static str) {
     metrics::counter!(metric_names::JOURNAL_ERRORS, "stage" => stage).increment(1);

@@ -149,7 +149,13 @@ impl Transfer<'_> {
             let now = now_ms();
             // Attempt 1 (and every resend) starts at the first URL.
             let url = self.target.url_for(0);
-            let claim = {
+            let claim = if let Some(store) = self.hub.journal.at_once() {
+                let (g, tx, fp) = (self.guid(), &self.header.tx_code, self.fingerprint);
+                match bounded::at_once(|| store.claim(g, tx, fp, url, now)) {
+                    Ok(claim) => Bounded::Done(claim),
+                    Err(panic) => Bounded::Failed(panic),
+                }
+            } else {
                 let (journal, g, tx, fp, u) = (
                     self.hub.journal.clone(),
                     self.guid().to_string(),
@@ -498,6 +504,26 @@ impl Transfer<'_> {
     /// truth either way; a write that failed or outlived the budget is finished
     /// in the background.
     async fn journal_outcome(&self, finish: Finish) {
+        if let Some(store) = self.hub.journal.at_once() {
+            let guid = self.guid();
+            let failed = match bounded::at_once(|| {
+                store.finish_if(guid, &[State::Sending], finish, now_ms())
+            }) {
+                Ok(Ok(true)) => return,
+                Ok(Ok(false)) => {
+                    info!("outcome not journaled: the row had been changed meanwhile");
+                    return;
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(panic) => panic,
+            };
+            // Only a bug fails a store in memory, and a retry would meet it
+            // again: the row stays `sending`, which a repeat of the GUID
+            // settles by inquiry, as after any outcome that was not written.
+            bounded::count_failure("outcome");
+            warn!(e = %failed, "could not journal the outcome");
+            return;
+        }
         let (journal, g, f) = (
             self.hub.journal.clone(),
             self.guid().to_string(),
