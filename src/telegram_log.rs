@@ -34,8 +34,10 @@ struct Later {
     channel: Option<String>,
     /// The request fields, masked by the layout: one JSON object.
     fields: Option<String>,
-    /// The time spent calling the core, each time it was called.
-    core_ms: Vec<u64>,
+    /// The time spent calling the core, each time it was called: the last
+    /// apart, so that one call, the common case, makes no list.
+    core_ms_last: Option<u64>,
+    core_ms_before: Vec<u64>,
 }
 
 /// Where a formatter writes the fields, each by its kind: a string is quoted
@@ -95,16 +97,12 @@ impl TelegramLog {
         if let Some(fields) = &later.fields {
             sink.text("fields", fields);
         }
-        let core_ms = if every_core_ms {
-            &later.core_ms[..]
+        let before = if every_core_ms {
+            &later.core_ms_before[..]
         } else {
-            later
-                .core_ms
-                .last()
-                .map(std::slice::from_ref)
-                .unwrap_or(&[])
+            &[]
         };
-        for ms in core_ms {
+        for ms in before.iter().chain(&later.core_ms_last) {
             sink.u64("core_ms", *ms);
         }
     }
@@ -156,7 +154,11 @@ pub fn record_fields(masked: &str) {
 
 /// The time one call to the core took.
 pub fn record_core_ms(ms: u64) {
-    later(|l| l.core_ms.push(ms));
+    later(|l| {
+        if let Some(before) = l.core_ms_last.replace(ms) {
+            l.core_ms_before.push(before);
+        }
+    });
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! is told explicitly (`--journal memory`) that forgetting on restart is fine.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex};
 
 use super::{Claim, Event, Finish, JournalError, Row, State};
@@ -30,9 +31,11 @@ impl MemoryJournal {
         now_ms: i64,
     ) -> Result<Claim, JournalError> {
         let mut rows = self.lock();
-        if let Some((row, _)) = rows.get(guid) {
-            return Ok(Claim::Existing(row.clone()));
-        }
+        // One look-up for both outcomes (the key is made either way).
+        let slot = match rows.entry(guid.into()) {
+            Entry::Occupied(o) => return Ok(Claim::Existing(o.get().0.clone())),
+            Entry::Vacant(v) => v,
+        };
         let row = Row {
             guid: guid.into(),
             tx_code: tx_code.into(),
@@ -54,7 +57,7 @@ impl MemoryJournal {
             code: None,
             note: "attempt 1".into(),
         };
-        rows.insert(guid.into(), (row, vec![ev]));
+        slot.insert((row, vec![ev]));
         Ok(Claim::New)
     }
 

@@ -33,7 +33,7 @@ pub(super) enum Joined<'a> {
 /// the leader is cancelled (its followers then see the sender gone).
 pub(super) struct Lead<'a> {
     flights: &'a Flights,
-    guid: String,
+    guid: &'a str,
     tx: watch::Sender<Option<Reply>>,
 }
 
@@ -46,7 +46,7 @@ impl Lead<'_> {
 
 impl Drop for Lead<'_> {
     fn drop(&mut self) {
-        self.flights.lock().remove(&self.guid);
+        self.flights.lock().remove(self.guid);
     }
 }
 
@@ -56,7 +56,7 @@ impl Flights {
     }
 
     /// Leads the GUID's flight, or follows the one already in the air.
-    pub(super) fn join(&self, guid: &str, fingerprint: &str) -> Joined<'_> {
+    pub(super) fn join<'a>(&'a self, guid: &'a str, fingerprint: &str) -> Joined<'a> {
         let mut flights = self.lock();
         if let Some(f) = flights.get(guid) {
             return Joined::Follow {
@@ -74,7 +74,7 @@ impl Flights {
         );
         Joined::Lead(Lead {
             flights: self,
-            guid: guid.to_string(),
+            guid,
             tx,
         })
     }
