@@ -31,13 +31,13 @@ pub struct TelegramLog {
 
 #[derive(Default)]
 struct Later {
-    channel: Option<String>,
+    /// The header was read and checked: the line shows its channel, the
+    /// echo's bytes (a checked header's `channel_id`), with no copy of them.
+    channel: bool,
     /// The request fields, masked by the layout: one JSON object.
     fields: Option<String>,
-    /// The time spent calling the core, each time it was called: the last
-    /// apart, so that one call, the common case, makes no list.
-    core_ms_last: Option<u64>,
-    core_ms_before: Vec<u64>,
+    /// The time spent calling the core, each time it was called.
+    core_ms: Vec<u64>,
 }
 
 /// Where a formatter writes the fields, each by its kind: a string is quoted
@@ -91,18 +91,22 @@ impl TelegramLog {
         }
         sink.text("trace", self.trace.as_str());
         let later = self.later.borrow();
-        if let Some(channel) = &later.channel {
-            sink.str("channel", channel);
+        if later.channel {
+            sink.str("channel", self.echo.channel_id_str());
         }
         if let Some(fields) = &later.fields {
             sink.text("fields", fields);
         }
-        let before = if every_core_ms {
-            &later.core_ms_before[..]
+        let core_ms = if every_core_ms {
+            &later.core_ms[..]
         } else {
-            &[]
+            later
+                .core_ms
+                .last()
+                .map(std::slice::from_ref)
+                .unwrap_or(&[])
         };
-        for ms in before.iter().chain(&later.core_ms_last) {
+        for ms in core_ms {
             sink.u64("core_ms", *ms);
         }
     }
@@ -142,9 +146,10 @@ fn later(f: impl FnOnce(&mut Later)) {
     let _ = TELEGRAM.try_with(|t| f(&mut t.later.borrow_mut()));
 }
 
-/// The channel, once the header is parsed.
-pub fn record_channel(channel: &str) {
-    later(|l| l.channel = Some(channel.to_owned()));
+/// The header is parsed and checked: from now on the lines show its
+/// channel (the telegram's own `channel_id` bytes, kept in the echo).
+pub fn record_channel() {
+    later(|l| l.channel = true);
 }
 
 /// The request fields, masked (a JSON object's text), once the body is read.
@@ -154,11 +159,7 @@ pub fn record_fields(masked: &str) {
 
 /// The time one call to the core took.
 pub fn record_core_ms(ms: u64) {
-    later(|l| {
-        if let Some(before) = l.core_ms_last.replace(ms) {
-            l.core_ms_before.push(before);
-        }
-    });
+    later(|l| l.core_ms.push(ms));
 }
 
 #[cfg(test)]
@@ -205,7 +206,7 @@ mod tests {
         let (all, last) = log()
             .scope(async {
                 let start = written(true);
-                record_channel("IBANK");
+                record_channel();
                 record_fields(r#"{"amount":5}"#);
                 record_core_ms(11);
                 record_core_ms(12);

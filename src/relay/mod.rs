@@ -204,7 +204,7 @@ impl Hub {
             Ok(h) => h,
             Err(e) => return (Reply::code(Code::FORMAT), e.to_string()),
         };
-        telegram_log::record_channel(&header.channel_id);
+        telegram_log::record_channel();
         let Some(route) = rules.route(&header.tx_code) else {
             return (
                 Reply::code(Code::NOT_ROUTED),

@@ -797,6 +797,7 @@ mod tests {
         let mut echo = Echo::blank();
         echo.guid[..guid.len()].copy_from_slice(guid.as_bytes());
         echo.tx_code[..tx.len()].copy_from_slice(tx.as_bytes());
+        echo.channel_id[..5].copy_from_slice(b"IBANK");
         let trace = TraceId(0x4bf92f3577b34da6a3ce929d0e0e4736).text();
         TelegramLog::new(echo, "10.1.2.3".parse().unwrap(), trace)
     }
@@ -807,7 +808,7 @@ mod tests {
         let conn = info_span!("conn", peer = %"10.1.2.3:5000");
         let _conn = conn.enter();
         telegram_log("G1", "TRF001").sync_scope(|| {
-            telegram_log::record_channel("IBANK");
+            telegram_log::record_channel();
             let masked =
                 json!({"amount": 50000, "from_account": "*********4001", "memo": "<2 \"q\">"});
             telegram_log::record_fields(&masked.to_string());
