@@ -48,12 +48,21 @@ impl FieldSource for Map<String, Value> {
 /// A JSON object read from bytes, its keys and text borrowed from them.
 ///
 /// It reads as `serde_json` reads the same bytes into a map: the same bytes
-/// are accepted, and a key given twice has its last value.
+/// are accepted, and a key given twice has its last value. One exception:
+/// an object whose first key is [`RESERVED_KEY`], at any depth, is refused
+/// as unreadable. `serde_json` (with its `raw_value` feature, which a
+/// dependency of this crate turns on) reads such an object as the JSON text
+/// of its value instead; an answer from the core has no business with it,
+/// and "unreadable" is the reading that claims nothing (a 200 is then
+/// E901).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BorrowedObject<'a> {
     /// In the order read.
     entries: Vec<(Cow<'a, str>, Scalar<'a>)>,
 }
+
+/// `serde_json`'s private token for a raw value, as an object's first key.
+pub const RESERVED_KEY: &str = "$serde_json::private::RawValue";
 
 /// A value as kept by [`BorrowedObject`].
 #[derive(Debug, Clone, PartialEq)]
@@ -108,6 +117,9 @@ impl<'de> Deserialize<'de> for BorrowedObject<'de> {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
                 while let Some(Text(key)) = map.next_key()? {
+                    if entries.is_empty() && key == RESERVED_KEY {
+                        return Err(de::Error::custom(RESERVED_REFUSED));
+                    }
                     entries.push((key, map.next_value()?));
                 }
                 Ok(BorrowedObject { entries })
@@ -116,6 +128,8 @@ impl<'de> Deserialize<'de> for BorrowedObject<'de> {
         d.deserialize_map(ObjectVisitor)
     }
 }
+
+const RESERVED_REFUSED: &str = "an object whose first key is serde_json's reserved token";
 
 /// A string, borrowed when it has no escape to undo.
 struct Text<'a>(Cow<'a, str>);
@@ -185,7 +199,14 @@ impl<'de> Deserialize<'de> for Scalar<'de> {
                 Ok(Scalar::Array)
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                while map.next_entry::<Text, Scalar>()?.is_some() {}
+                let mut first = true;
+                while let Some(Text(key)) = map.next_key()? {
+                    if first && key == RESERVED_KEY {
+                        return Err(de::Error::custom(RESERVED_REFUSED));
+                    }
+                    first = false;
+                    map.next_value::<Scalar>()?;
+                }
                 Ok(Scalar::Object)
             }
         }
@@ -249,6 +270,27 @@ mod tests {
             );
         }
         assert!(BorrowedObject::parse(b" \n{ } \t").is_some());
+    }
+
+    #[test]
+    fn serde_jsons_reserved_first_key_is_unreadable_at_any_depth() {
+        for bad in [
+            r#"{"$serde_json::private::RawValue":"{\"result\":\"OK\"}"}"#,
+            r#"{"\u0024serde_json::private::RawValue":"{}"}"#,
+            r#"{"result":"OK","x":{"$serde_json::private::RawValue":1}}"#,
+            r#"{"result":"NOT_FOUND","x":[{"$serde_json::private::RawValue":true}]}"#,
+        ] {
+            assert_eq!(BorrowedObject::parse(bad.as_bytes()), None, "{bad}");
+        }
+        // Anywhere but first, it is a key like any other.
+        let later = br#"{"result":"OK","$serde_json::private::RawValue":"5"}"#;
+        let o = BorrowedObject::parse(later).unwrap();
+        assert_eq!(o.text(RESERVED_KEY), Some("5"));
+        let nested_later = br#"{"x":{"a":1,"$serde_json::private::RawValue":"5"}}"#;
+        assert_eq!(
+            BorrowedObject::parse(nested_later).unwrap().field("x"),
+            Some(JsonRef::Object)
+        );
     }
 
     /// Any JSON text: the values and their nesting, as text.

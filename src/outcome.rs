@@ -425,6 +425,23 @@ mod tests {
         }
     }
 
+    /// serde_json's reserved token as an object's first key makes a body
+    /// unreadable, at any depth: never a 0000 or a "never received" that the
+    /// top level alone would give.
+    #[test]
+    fn a_body_with_serde_jsons_reserved_first_key_proves_nothing() {
+        let wrapped =
+            r#"{"$serde_json::private::RawValue":"{\"result\":\"OK\",\"txn_id\":\"T1\"}"}"#;
+        assert_eq!(code_of_transfer(200, wrapped), Code::UNKNOWN);
+        let nested = r#"{"result":"OK","x":{"$serde_json::private::RawValue":1}}"#;
+        assert_eq!(code_of_transfer(200, nested), Code::UNKNOWN);
+        let inquiry = |s: u16, b: &str| t().code(&classify_inquiry(s, b.as_bytes(), &t()));
+        let not_found = r#"{"result":"NOT_FOUND","x":[{"$serde_json::private::RawValue":true}]}"#;
+        assert_eq!(inquiry(404, not_found), Code::UNKNOWN);
+        let done = r#"{"status":"DONE","result":"OK","x":{"$serde_json::private::RawValue":"1"}}"#;
+        assert_eq!(inquiry(200, done), Code::UNKNOWN);
+    }
+
     #[test]
     fn the_core_s_text_is_kept_bounded_and_on_one_line() {
         let o = classify_transfer(

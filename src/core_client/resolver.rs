@@ -548,7 +548,10 @@ mod tests {
             resolved(&r, "http://127.0.0.2:10/"),
             Ok(vec![addr("127.0.0.2:10")])
         );
-        assert_eq!(resolved(&r, "http://127.0.0.1/"), Ok(vec![addr("127.0.0.1:80")]));
+        assert_eq!(
+            resolved(&r, "http://127.0.0.1/"),
+            Ok(vec![addr("127.0.0.1:80")])
+        );
     }
 
     #[test]
