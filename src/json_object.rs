@@ -49,7 +49,7 @@ impl FieldSource for Map<String, Value> {
 ///
 /// It reads as `serde_json` reads the same bytes into a map: the same bytes
 /// are accepted, and a key given twice has its last value. One exception:
-/// an object whose first key is [`RESERVED_KEY`], at any depth, is refused
+/// an object whose first key is `$serde_json::private::RawValue`, at any depth, is refused
 /// as unreadable. `serde_json` (with its `raw_value` feature, which a
 /// dependency of this crate turns on) reads such an object as the JSON text
 /// of its value instead; an answer from the core has no business with it,
@@ -62,7 +62,7 @@ pub struct BorrowedObject<'a> {
 }
 
 /// `serde_json`'s private token for a raw value, as an object's first key.
-pub const RESERVED_KEY: &str = "$serde_json::private::RawValue";
+const RESERVED_KEY: &str = "$serde_json::private::RawValue";
 
 /// A value as kept by [`BorrowedObject`].
 #[derive(Debug, Clone, PartialEq)]
@@ -108,28 +108,31 @@ impl FieldSource for BorrowedObject<'_> {
 
 impl<'de> Deserialize<'de> for BorrowedObject<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct ObjectVisitor;
-        impl<'de> Visitor<'de> for ObjectVisitor {
-            type Value = BorrowedObject<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some(Text(key)) = map.next_key()? {
-                    if entries.is_empty() && key == RESERVED_KEY {
-                        return Err(de::Error::custom(RESERVED_REFUSED));
-                    }
-                    entries.push((key, map.next_value()?));
-                }
-                Ok(BorrowedObject { entries })
-            }
-        }
         d.deserialize_map(ObjectVisitor)
     }
 }
 
-const RESERVED_REFUSED: &str = "an object whose first key is serde_json's reserved token";
+/// Reads an object, at the top or nested, the same way.
+struct ObjectVisitor;
+
+impl<'de> Visitor<'de> for ObjectVisitor {
+    type Value = BorrowedObject<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
+        while let Some(Text(key)) = map.next_key()? {
+            if entries.is_empty() && key == RESERVED_KEY {
+                return Err(de::Error::custom(
+                    "an object whose first key is serde_json's reserved token",
+                ));
+            }
+            entries.push((key, map.next_value()?));
+        }
+        Ok(BorrowedObject { entries })
+    }
+}
 
 /// A string, borrowed when it has no escape to undo.
 struct Text<'a>(Cow<'a, str>);
@@ -198,16 +201,8 @@ impl<'de> Deserialize<'de> for Scalar<'de> {
                 while seq.next_element::<Scalar>()?.is_some() {}
                 Ok(Scalar::Array)
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut first = true;
-                while let Some(Text(key)) = map.next_key()? {
-                    if first && key == RESERVED_KEY {
-                        return Err(de::Error::custom(RESERVED_REFUSED));
-                    }
-                    first = false;
-                    map.next_value::<Scalar>()?;
-                }
-                Ok(Scalar::Object)
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                ObjectVisitor.visit_map(map).map(|_| Scalar::Object)
             }
         }
         d.deserialize_any(ScalarVisitor)

@@ -201,11 +201,6 @@ impl Answer {
         // Made only from bytes that read as one object (or `{}`).
         BorrowedObject::parse(&self.0).unwrap_or_default()
     }
-
-    /// The answer as the core sent it.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.0
-    }
 }
 
 /// An empty object: `{}`.

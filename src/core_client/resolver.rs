@@ -245,21 +245,20 @@ impl CachedResolver {
             let Some((host, port)) = host_port(&uri) else {
                 continue;
             };
+            let literal = host
+                .parse::<IpAddr>()
+                .ok()
+                .map(|ip| SocketAddr::new(ip, port));
             if let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) {
                 known.push(Known {
                     scheme: scheme.to_string(),
                     authority: authority.as_str().to_string(),
                     host: host.to_string(),
                     port,
-                    literal: host
-                        .parse::<IpAddr>()
-                        .ok()
-                        .map(|ip| SocketAddr::new(ip, port)),
+                    literal,
                 });
             }
-            if host.parse::<IpAddr>().is_ok()
-                || entries.iter().any(|e| e.host == host && e.port == port)
-            {
+            if literal.is_some() || entries.iter().any(|e| e.host == host && e.port == port) {
                 continue;
             }
             entries.push(Entry {

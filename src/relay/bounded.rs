@@ -8,7 +8,7 @@ use std::future::Future;
 use tokio::time::Instant;
 
 use super::Reply;
-use crate::catch_unwind::{CatchUnwind, panic_message};
+use crate::catch_unwind::{CatchUnwind, Panic, panic_message};
 use crate::metric_names;
 use crate::outcome::Code;
 use crate::stash;
@@ -41,9 +41,7 @@ pub(super) fn within<T: Send + 'static>(
         // A command the store leaves to the polling thread learns the deadline.
         match tokio::time::timeout_at(deadline, stash::bounded(deadline, &mut fut)).await {
             Ok(Ok(v)) => Bounded::Done(v),
-            Ok(Err(panic)) => {
-                Bounded::Failed(format!("journal task failed: {}", panic_message(&panic)))
-            }
+            Ok(Err(panic)) => Bounded::Failed(failed(&panic)),
             Err(_) => Bounded::Late(tokio::spawn(fut.0)),
         }
     }
@@ -55,8 +53,12 @@ pub(super) fn within<T: Send + 'static>(
 ///
 /// [`Journal::at_once`]: crate::journal::Journal::at_once
 pub(super) fn at_once<T>(call: impl FnOnce() -> T) -> Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call))
-        .map_err(|panic| format!("journal task failed: {}", panic_message(&panic)))
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).map_err(|panic| failed(&panic))
+}
+
+/// A store's panic, as a journal call's failure.
+fn failed(panic: &Panic) -> String {
+    format!("journal task failed: {}", panic_message(panic))
 }
 
 /// Counts a journal failure on the telegram path, by stage.
