@@ -88,6 +88,22 @@ impl<'a> DecodedFields<'a> {
         }
     }
 
+    /// About the length of these fields as a JSON object's entries: each key
+    /// and text quoted with its colon and comma, a number's 20 digits at most.
+    pub fn json_len_hint(&self) -> usize {
+        self.entries
+            .iter()
+            .map(|(k, v)| {
+                k.len()
+                    + 6
+                    + match v {
+                        FieldValue::Text(t) => t.len(),
+                        FieldValue::Number(_) => 20,
+                    }
+            })
+            .sum()
+    }
+
     /// Whether there is a field `name`.
     pub fn contains(&self, name: &str) -> bool {
         self.get(name).is_some()

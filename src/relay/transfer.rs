@@ -66,7 +66,14 @@ pub fn transfer_body(guid: &str, channel_id: &str, fields: &DecodedFields<'_>) -
         header: [("channel_id", channel_id), ("guid", guid)],
         fields,
     };
-    serde_json::to_vec(&body).unwrap_or_default()
+    // Sized for the usual body (every key and text quoted, no escapes), so
+    // that writing it seldom grows the buffer.
+    let hint = 32 + guid.len() + channel_id.len() + fields.json_len_hint();
+    let mut out = Vec::with_capacity(hint);
+    match serde_json::to_writer(&mut out, &body) {
+        Ok(()) => out,
+        Err(_) => Vec::new(),
+    }
 }
 
 /// Answers a transfer telegram.
@@ -634,6 +641,32 @@ mod tests {
                 String::from_utf8(transfer_body(&guid, &channel, &fields)).unwrap(),
                 String::from_utf8(body_as_an_object(&guid, &channel, &fields.to_map())).unwrap()
             );
+        }
+    }
+
+    proptest! {
+        /// A body with nothing to escape fits the buffer it is written
+        /// into: writing it never grows (and copies) the buffer.
+        #[test]
+        fn a_body_without_escapes_is_written_without_growing(
+            guid in "[a-zA-Z0-9]{0,40}",
+            channel in "[A-Z]{0,8}",
+            fields in proptest::collection::btree_map(
+                "[a-z_]{1,16}",
+                prop_oneof![
+                    any::<u64>().prop_map(FieldValue::Number),
+                    "[ !#-\\[\\]-~]{0,40}".prop_map(|s| FieldValue::Text(s.into())),
+                ],
+                0..24,
+            ),
+        ) {
+            let fields = DecodedFields::from_entries(
+                fields.iter().map(|(k, v)| (k.as_str(), v.clone())).collect(),
+            );
+            let body = transfer_body(&guid, &channel, &fields);
+            let hint = 32 + guid.len() + channel.len() + fields.json_len_hint();
+            prop_assert!(body.len() <= hint, "{} bytes against a hint of {hint}", body.len());
+            prop_assert_eq!(body.capacity(), hint);
         }
     }
 
