@@ -11,7 +11,10 @@ use super::Reply;
 
 struct Flight {
     fingerprint: String,
-    reply: watch::Receiver<Option<Reply>>,
+    /// Made by the first follower: a flight nobody follows (nearly all of
+    /// them) costs no channel, no wake-up of its waiters and no copy of the
+    /// reply.
+    reply: Option<watch::Sender<Option<Reply>>>,
 }
 
 /// The transfers in flight in this process, by GUID.
@@ -29,24 +32,34 @@ pub(super) enum Joined<'a> {
     },
 }
 
-/// The leader's hold on a flight; the flight ends when it is dropped, even if
-/// the leader is cancelled (its followers then see the sender gone).
+/// The leader's hold on a flight; the flight ends when it is finished or
+/// dropped, even if the leader is cancelled (its followers then see the
+/// sender gone).
 pub(super) struct Lead<'a> {
-    flights: &'a Flights,
+    /// `None` once the flight has ended.
+    flights: Option<&'a Flights>,
     guid: &'a str,
-    tx: watch::Sender<Option<Reply>>,
 }
 
 impl Lead<'_> {
-    /// Hands the reply to every follower.
-    pub(super) fn finish(&self, reply: &Reply) {
-        let _ = self.tx.send(Some(reply.clone()));
+    /// Ends the flight and hands the reply to every follower. A telegram with
+    /// the GUID that comes after this leads a flight of its own, and finds
+    /// the transfer's row in the journal.
+    pub(super) fn finish(mut self, reply: &Reply) {
+        if let Some(tx) = self.end().and_then(|flight| flight.reply) {
+            let _ = tx.send(Some(reply.clone()));
+        }
+    }
+
+    /// Takes the flight out of the list, once.
+    fn end(&mut self) -> Option<Flight> {
+        self.flights.take()?.lock().remove(self.guid)
     }
 }
 
 impl Drop for Lead<'_> {
     fn drop(&mut self) {
-        self.flights.lock().remove(self.guid);
+        self.end();
     }
 }
 
@@ -58,29 +71,96 @@ impl Flights {
     /// Leads the GUID's flight, or follows the one already in the air.
     pub(super) fn join<'a>(&'a self, guid: &'a str, fingerprint: &str) -> Joined<'a> {
         let mut flights = self.lock();
-        if let Some(f) = flights.get(guid) {
+        if let Some(f) = flights.get_mut(guid) {
+            let reply = match &f.reply {
+                Some(tx) => tx.subscribe(),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    f.reply = Some(tx);
+                    rx
+                }
+            };
             return Joined::Follow {
                 fingerprint: f.fingerprint.clone(),
-                reply: f.reply.clone(),
+                reply,
             };
         }
-        let (tx, rx) = watch::channel(None);
         flights.insert(
             guid.to_string(),
             Flight {
                 fingerprint: fingerprint.to_string(),
-                reply: rx,
+                reply: None,
             },
         );
         Joined::Lead(Lead {
-            flights: self,
+            flights: Some(self),
             guid,
-            tx,
         })
     }
 
     /// Whether a telegram of this process is handling the GUID now.
     pub(super) fn contains(&self, guid: &str) -> bool {
         self.lock().contains_key(guid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::Code;
+
+    fn lead<'a>(joined: Joined<'a>) -> Lead<'a> {
+        match joined {
+            Joined::Lead(lead) => lead,
+            Joined::Follow { .. } => panic!("expected to lead"),
+        }
+    }
+
+    fn follow(joined: Joined<'_>) -> (String, watch::Receiver<Option<Reply>>) {
+        match joined {
+            Joined::Follow { fingerprint, reply } => (fingerprint, reply),
+            Joined::Lead(_) => panic!("expected to follow"),
+        }
+    }
+
+    #[tokio::test]
+    async fn every_follower_gets_the_leaders_reply() {
+        let flights = Flights::default();
+        let first = lead(flights.join("G1", "f1"));
+        let (theirs, mut a) = follow(flights.join("G1", "f2"));
+        assert_eq!(theirs, "f1");
+        let (_, mut b) = follow(flights.join("G1", "f1"));
+        first.finish(&Reply::code(Code::OK));
+        for rx in [&mut a, &mut b] {
+            let got = rx.wait_for(Option::is_some).await.unwrap().clone();
+            assert_eq!(got.unwrap().code, Code::OK);
+        }
+        assert!(!flights.contains("G1"));
+    }
+
+    #[tokio::test]
+    async fn followers_see_a_cancelled_leader_gone() {
+        let flights = Flights::default();
+        let first = lead(flights.join("G1", "f1"));
+        let (_, mut rx) = follow(flights.join("G1", "f1"));
+        drop(first);
+        assert!(rx.wait_for(Option::is_some).await.is_err());
+        assert!(!flights.contains("G1"));
+    }
+
+    #[test]
+    fn a_finished_flight_is_over_and_the_next_telegram_leads() {
+        let flights = Flights::default();
+        let first = lead(flights.join("G1", "f1"));
+        assert!(flights.contains("G1"));
+        first.finish(&Reply::code(Code::OK));
+        assert!(!flights.contains("G1"));
+        let again = lead(flights.join("G1", "f1"));
+        // Flights of other GUIDs are their own.
+        let other = lead(flights.join("G2", "f1"));
+        drop(again);
+        assert!(flights.contains("G2"));
+        drop(other);
+        assert!(!flights.contains("G2"));
     }
 }
