@@ -75,6 +75,7 @@ impl<In: Transport> Connector<In> for SocketConnector {
             read_timeout: None,
             write_timeout: None,
             held: Vec::new(),
+            answered: false,
             #[cfg(test)]
             writes: 0,
         })))
@@ -151,6 +152,9 @@ pub(super) struct CoreSocket {
     write_timeout: Option<Duration>,
     /// A request's head, held back to go out with its body.
     held: Vec<u8>,
+    /// The last read brought bytes: the call's answer, as far as this
+    /// socket knows (see [`Transport::is_open`] below).
+    answered: bool,
     /// Writes made, for the tests.
     #[cfg(test)]
     writes: usize,
@@ -236,12 +240,24 @@ impl Transport for CoreSocket {
             }
         };
         self.buffers.input_appended(amount);
+        self.answered = amount > 0;
         Ok(amount > 0)
     }
 
     /// Open: no byte waiting (the core sends nothing unasked), no end of
     /// stream or error, and no request head held back without its body.
+    ///
+    /// ureq asks twice per call: when the connection goes back to its pool,
+    /// right after the answer was read, and when a later call takes it out.
+    /// The first is answered without a system call: whatever that probe
+    /// could find (bytes after the answer, the core's close) the second
+    /// finds too, before anything is written, and the connection is then
+    /// dropped as it would have been. Bytes past the answer that are already
+    /// read, ureq finds in its buffer itself.
     fn is_open(&mut self) -> bool {
+        if std::mem::take(&mut self.answered) {
+            return self.held.is_empty();
+        }
         self.held.is_empty() && crate::peek::peek_now(&self.stream) == crate::peek::Peeked::Nothing
     }
 }
@@ -360,6 +376,7 @@ mod tests {
             read_timeout: None,
             write_timeout: None,
             held: Vec::new(),
+            answered: false,
             writes: 0,
         };
         (socket, core)
@@ -380,6 +397,35 @@ mod tests {
         // Blocks until the end of the stream is here.
         assert_eq!(socket.stream.peek(&mut [0u8; 1]).unwrap(), 0);
         assert!(!socket.is_open(), "closed by the core");
+    }
+
+    /// The probe as the connection goes back to the pool, right after its
+    /// answer, is skipped; the one as a call takes it out sees what it
+    /// would have seen.
+    #[test]
+    fn a_connection_is_probed_when_taken_out_not_when_put_back() {
+        let (mut socket, mut core) = pair();
+        let left = after(Duration::from_secs(5));
+        core.write_all(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
+        assert!(socket.await_input(left).unwrap());
+        core.write_all(b"x").unwrap();
+        // Blocks until the unasked byte is here (and leaves it).
+        socket.stream.peek(&mut [0u8; 1]).unwrap();
+        assert!(socket.is_open(), "put back after its answer: no probe");
+        assert!(!socket.is_open(), "taken out: the probe sees the byte");
+
+        let (mut socket, mut core) = pair();
+        core.write_all(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
+        assert!(socket.await_input(left).unwrap());
+        drop(core);
+        assert_eq!(socket.stream.peek(&mut [0u8; 1]).unwrap(), 0);
+        assert!(socket.is_open());
+        assert!(!socket.is_open(), "taken out: the probe sees the close");
+        assert!(!socket.await_input(left).unwrap(), "the end of the stream");
+        assert!(
+            !socket.is_open(),
+            "a read that brought nothing is no answer"
+        );
     }
 
     #[test]
