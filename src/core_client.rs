@@ -671,14 +671,27 @@ impl Target {
             let result = job.run();
             let _ = tx.send(result);
         });
-        let started = self.callers.run_or_stash(work, deadline);
-        if started.is_err() {
+        let Ok(here) = self.callers.run_or_stash(work, deadline) else {
             // Dropped unrun: the gate never left `QUEUED`.
             return CallEnd::Done(Err(CallFailure::NoCapacity(
                 "no thread could be started for the call".into(),
             )));
-        }
-        match tokio::time::timeout_at(deadline, &mut rx).await {
+        };
+        // Run on this thread right after this poll (an adopter's stash),
+        // under its clock's lease, which moves the telegram to the reactor
+        // by the deadline: a call that ends first needs no timer (a lock on
+        // the runtime's timer wheel, shared by every thread, twice per
+        // telegram). The reactor's poll registers it.
+        let early = if here {
+            crate::stash::by_the_next_poll(&mut rx).await
+        } else {
+            None
+        };
+        let ended = match early {
+            Some(result) => Ok(result),
+            None => tokio::time::timeout_at(deadline, &mut rx).await,
+        };
+        match ended {
             Ok(Ok(result)) => {
                 if let Ok(answer) = &result {
                     match answer.status {

@@ -66,6 +66,22 @@ pub(crate) fn stash_call(work: Work, due: tokio::time::Instant) -> Option<Work> 
     put(work, Some(due), false, |work| work).err()
 }
 
+/// `fut`'s output if it is ready in this poll or the next one; `None` if
+/// not by then. For a core call left in the stash: it runs on this thread
+/// right after this poll, and the next poll comes when it has ended or when
+/// the clock has moved the telegram to the reactor (at its deadline, or on
+/// bytes from the channel), so a caller waits here with no timer and
+/// registers one only if the call is still running at that next poll.
+pub(crate) async fn by_the_next_poll<F: Future + Unpin>(fut: &mut F) -> Option<F::Output> {
+    let mut first = true;
+    std::future::poll_fn(|cx| match Pin::new(&mut *fut).poll(cx) {
+        Poll::Ready(out) => Poll::Ready(Some(out)),
+        Poll::Pending if std::mem::take(&mut first) => Poll::Pending,
+        Poll::Pending => Poll::Ready(None),
+    })
+    .await
+}
+
 /// Leaves the command `make` builds from `value` in this thread's stash if
 /// it is open and empty: this thread runs it right after the poll, with no
 /// wake-up on either side, and runs it even if the poll ended the caller's
@@ -142,6 +158,28 @@ mod tests {
         let stashed = stashed.expect("stashed");
         assert!(stashed.must_run);
         stashed.due
+    }
+
+    /// Ready at the first poll or the second: its output; still pending at
+    /// the second: `None`, and the caller goes on to wait with a timer.
+    #[test]
+    fn by_the_next_poll_waits_one_poll_and_no_more() {
+        use std::task::Waker;
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut ready = std::future::ready(7);
+        let mut wait = Box::pin(by_the_next_poll(&mut ready));
+        assert_eq!(wait.as_mut().poll(&mut cx), Poll::Ready(Some(7)));
+
+        let (tx, mut rx) = tokio::sync::oneshot::channel::<u8>();
+        let mut wait = Box::pin(by_the_next_poll(&mut rx));
+        assert_eq!(wait.as_mut().poll(&mut cx), Poll::Pending);
+        tx.send(9).unwrap();
+        assert_eq!(wait.as_mut().poll(&mut cx), Poll::Ready(Some(Ok(9))));
+
+        let (_tx, mut rx) = tokio::sync::oneshot::channel::<u8>();
+        let mut wait = Box::pin(by_the_next_poll(&mut rx));
+        assert_eq!(wait.as_mut().poll(&mut cx), Poll::Pending);
+        assert_eq!(wait.as_mut().poll(&mut cx), Poll::Ready(None));
     }
 
     #[test]

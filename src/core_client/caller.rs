@@ -105,12 +105,13 @@ impl Callers {
 
     /// Runs `work` on an idle thread, or on a new one; or leaves it in this
     /// thread's stash when one is open ([`crate::stash`]), for a caller that
-    /// waits for it until `due`. Fails, handing `work` back untouched, only
-    /// when no thread can be started.
-    pub(crate) fn run_or_stash(&self, work: Work, due: tokio::time::Instant) -> Result<(), Work> {
+    /// waits for it until `due`: `Ok(true)` then, the work runs on this
+    /// thread right after the poll that asked for it. Fails, handing `work`
+    /// back untouched, only when no thread can be started.
+    pub(crate) fn run_or_stash(&self, work: Work, due: tokio::time::Instant) -> Result<bool, Work> {
         match crate::stash::stash_call(work, due) {
-            None => Ok(()),
-            Some(work) => self.run(work),
+            None => Ok(true),
+            Some(work) => self.run(work).map(|()| false),
         }
     }
 
