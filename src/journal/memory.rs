@@ -11,14 +11,18 @@ use super::{Claim, Event, Finish, JournalError, Row, State};
 /// bytes a slot instead of some 290, so growing it (a rehash copies every
 /// slot into a table twice as large, each page of it touched for the first
 /// time) costs a twelfth of the copying and of the page faults per telegram.
-type Rows = HashMap<Box<str>, Box<(Row, Vec<Event>)>>;
+type Rows = HashMap<Box<str>, Box<Kept>>;
+
+/// One GUID's row and its history.
+struct Kept {
+    row: Row,
+    events: Vec<Event>,
+}
 
 /// A row and its history, to change in place.
 fn row_mut<'a>(rows: &'a mut Rows, guid: &str) -> Option<(&'a mut Row, &'a mut Vec<Event>)> {
-    rows.get_mut(guid).map(|entry| {
-        let (row, events) = &mut **entry;
-        (row, events)
-    })
+    rows.get_mut(guid)
+        .map(|kept| (&mut kept.row, &mut kept.events))
 }
 
 #[derive(Clone, Default)]
@@ -44,7 +48,7 @@ impl MemoryJournal {
         let mut rows = self.lock();
         // One look-up for both outcomes (the key is made either way).
         let slot = match rows.entry(guid.into()) {
-            Entry::Occupied(o) => return Ok(Claim::Existing(o.get().0.clone())),
+            Entry::Occupied(o) => return Ok(Claim::Existing(o.get().row.clone())),
             Entry::Vacant(v) => v,
         };
         let row = Row {
@@ -70,7 +74,7 @@ impl MemoryJournal {
             code: None,
             note: "attempt 1".into(),
         });
-        slot.insert(Box::new((row, events)));
+        slot.insert(Box::new(Kept { row, events }));
         Ok(Claim::New)
     }
 
@@ -160,14 +164,14 @@ impl MemoryJournal {
     }
 
     pub fn get(&self, guid: &str) -> Result<Option<Row>, JournalError> {
-        Ok(self.lock().get(guid).map(|entry| entry.0.clone()))
+        Ok(self.lock().get(guid).map(|kept| kept.row.clone()))
     }
 
     pub fn history(&self, guid: &str) -> Result<Vec<Event>, JournalError> {
         Ok(self
             .lock()
             .get(guid)
-            .map(|entry| entry.1.clone())
+            .map(|kept| kept.events.clone())
             .unwrap_or_default())
     }
 
@@ -175,8 +179,8 @@ impl MemoryJournal {
         let mut rows: Vec<Row> = self
             .lock()
             .values()
-            .filter(|entry| entry.0.state == state)
-            .map(|entry| entry.0.clone())
+            .filter(|kept| kept.row.state == state)
+            .map(|kept| kept.row.clone())
             .collect();
         rows.sort_by_key(|r| r.created_ms);
         rows.truncate(limit);
@@ -187,14 +191,14 @@ impl MemoryJournal {
         Ok(self
             .lock()
             .values()
-            .filter(|entry| entry.0.state == state)
+            .filter(|kept| kept.row.state == state)
             .count() as u64)
     }
 
     pub fn recover(&self, now_ms: i64) -> Result<u64, JournalError> {
         let mut n = 0;
-        for entry in self.lock().values_mut() {
-            let (row, events) = &mut **entry;
+        for kept in self.lock().values_mut() {
+            let Kept { row, events } = &mut **kept;
             if row.state == State::Sending {
                 row.state = State::Unknown;
                 row.updated_ms = now_ms;
@@ -215,7 +219,7 @@ impl MemoryJournal {
     pub fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
         let mut rows = self.lock();
         let before = rows.len();
-        rows.retain(|_, entry| entry.0.updated_ms >= before_ms || !entry.0.state.is_settled());
+        rows.retain(|_, kept| kept.row.updated_ms >= before_ms || !kept.row.state.is_settled());
         Ok((before - rows.len()) as u64)
     }
 
@@ -223,7 +227,7 @@ impl MemoryJournal {
         Ok(self
             .lock()
             .values()
-            .filter(|entry| entry.0.updated_ms < before_ms && !entry.0.state.is_settled())
+            .filter(|kept| kept.row.updated_ms < before_ms && !kept.row.state.is_settled())
             .count() as u64)
     }
 }
