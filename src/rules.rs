@@ -126,9 +126,10 @@ pub enum RulesError {
 /// One consistent version of routes, layouts, channels and codes.
 #[derive(Debug, Clone)]
 pub struct Rules {
-    routes: HashMap<String, Route>,
+    /// Looked up twice per telegram, so hashed with foldhash (see Cargo.toml).
+    routes: foldhash::HashMap<String, Route>,
     /// None: no channel table, every channel may call.
-    channels: Option<HashMap<String, ChannelRule>>,
+    channels: Option<foldhash::HashMap<String, ChannelRule>>,
     /// Certificate name (lowercased) -> channel id.
     cert_channels: HashMap<String, String>,
     pub codes: CodeTable,
@@ -149,7 +150,7 @@ impl Rules {
             Some(path) => CodeTable::from_file(path)?,
             None => CodeTable::builtin(),
         };
-        let mut routes = HashMap::new();
+        let mut routes = foldhash::HashMap::default();
         for r in &cfg.routes {
             let target = target_names
                 .iter()
@@ -193,7 +194,7 @@ impl Rules {
         let channels = if cfg.channels.is_empty() {
             None
         } else {
-            let mut map = HashMap::new();
+            let mut map = foldhash::HashMap::default();
             for c in &cfg.channels {
                 let allow_from = c
                     .allow_from

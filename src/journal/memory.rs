@@ -1,7 +1,7 @@
 //! A journal that lives in memory: for tests and benchmarks, and for a hub that
 //! is told explicitly (`--journal memory`) that forgetting on restart is fine.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex};
 

@@ -2,7 +2,7 @@
 //! telegrams with the same GUID wait for its reply instead of touching the
 //! journal or the core.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Mutex;
 
 use tokio::sync::watch;
