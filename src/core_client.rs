@@ -24,7 +24,9 @@
 //! connections costs a fresh connect, not an "unknown". What remains is the race
 //! where the peer closes in the instant between the probe and the write: that
 //! request may have been written, so it is (correctly) "unknown", E901, and the
-//! channel's resend is answered by inquiry.
+//! channel's resend is answered by inquiry. A core that closes every
+//! connection right after answering loses that race often; the target then
+//! stops reusing connections for a while (`closes.rs`).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -40,6 +42,7 @@ use ureq::unversioned::transport::{Buffers, ConnectionDetails, Connector, NextTi
 use crate::config::TargetConfig;
 
 pub(crate) mod caller;
+mod closes;
 mod resolver;
 mod socket;
 pub mod tls;
@@ -491,10 +494,12 @@ impl Target {
             &urls,
             Duration::from_millis(cfg.resolve_refresh_ms),
         );
+        // One watch for all the target's agents: they share its core.
+        let closes = Arc::new(closes::CloseWatch::new(&cfg.name));
         let agents = (0..AGENTS)
             .map(|_| {
                 let connector =
-                    ().chain(socket::SocketConnector)
+                    ().chain(socket::SocketConnector::new(closes.clone()))
                         .chain(tls_connector.clone())
                         .chain(GateConnector);
                 ureq::Agent::with_parts(config.clone(), connector, resolver.clone())

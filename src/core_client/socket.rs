@@ -34,6 +34,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use ureq::Timeout;
+
+use super::closes::CloseWatch;
 use ureq::unversioned::transport::time::Duration as UreqDuration;
 use ureq::unversioned::transport::{
     Buffers, ConnectionDetails, Connector, Either, LazyBuffers, NextTimeout, ShutdownHandle,
@@ -46,9 +48,17 @@ pub(super) const TIMEOUT_STEP: Duration = Duration::from_millis(10);
 /// The shortest connect attempt given to one of several addresses.
 const MIN_PER_ADDRESS: Duration = Duration::from_millis(10);
 
-/// Opens plain TCP connections as [`CoreSocket`]s.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct SocketConnector;
+/// Opens plain TCP connections as [`CoreSocket`]s, for one target.
+#[derive(Debug, Clone)]
+pub(super) struct SocketConnector {
+    closes: Arc<CloseWatch>,
+}
+
+impl SocketConnector {
+    pub(super) fn new(closes: Arc<CloseWatch>) -> SocketConnector {
+        SocketConnector { closes }
+    }
+}
 
 impl<In: Transport> Connector<In> for SocketConnector {
     type Out = Either<In, CoreSocket>;
@@ -76,6 +86,8 @@ impl<In: Transport> Connector<In> for SocketConnector {
             write_timeout: None,
             held: Vec::new(),
             answered: false,
+            pooled_at: None,
+            closes: self.closes.clone(),
             #[cfg(test)]
             writes: 0,
         })))
@@ -155,9 +167,27 @@ pub(super) struct CoreSocket {
     /// The last read brought bytes: the call's answer, as far as this
     /// socket knows (see [`Transport::is_open`] below).
     answered: bool,
+    /// When it last went back to its pool, right after an answer.
+    pooled_at: Option<Instant>,
+    /// What the target's probes have found (see `closes.rs`).
+    closes: Arc<CloseWatch>,
     /// Writes made, for the tests.
     #[cfg(test)]
     writes: usize,
+}
+
+impl CoreSocket {
+    /// Tells the target's watch that the core closed this connection: found
+    /// by the probe as a call took it out, or by a call that wrote into it
+    /// and then read its end or a reset (the probe's race lost: the core's
+    /// FIN came after the probe). Timed from when the connection last went
+    /// back to its pool; one never pooled tells nothing.
+    fn note_core_close(&self) {
+        if let Some(at) = self.pooled_at {
+            let now = Instant::now();
+            self.closes.closed(now.saturating_duration_since(at), now);
+        }
+    }
 }
 
 impl std::fmt::Debug for CoreSocket {
@@ -236,7 +266,14 @@ impl Transport for CoreSocket {
                     self.stream.set_read_timeout(Some(left))?;
                     self.read_timeout = Some(left);
                 }
-                result => break result.map_err(|e| io_error(e, timeout.reason))?,
+                result => {
+                    if matches!(&result, Ok(0))
+                        || matches!(&result, Err(e) if e.kind() == io::ErrorKind::ConnectionReset)
+                    {
+                        self.note_core_close();
+                    }
+                    break result.map_err(|e| io_error(e, timeout.reason))?;
+                }
             }
         };
         self.buffers.input_appended(amount);
@@ -254,11 +291,26 @@ impl Transport for CoreSocket {
     /// finds too, before anything is written, and the connection is then
     /// dropped as it would have been. Bytes past the answer that are already
     /// read, ureq finds in its buffer itself.
+    ///
+    /// The second probe also tells the target's [`CloseWatch`] of a
+    /// connection the core closed right after answering; while the watch
+    /// has reuse off, no pooled connection is reused (nor probed).
     fn is_open(&mut self) -> bool {
         if std::mem::take(&mut self.answered) {
+            self.pooled_at = Some(Instant::now());
             return self.held.is_empty();
         }
-        self.held.is_empty() && crate::peek::peek_now(&self.stream) == crate::peek::Peeked::Nothing
+        if !self.held.is_empty() || !self.closes.reuse(Instant::now) {
+            return false;
+        }
+        match crate::peek::peek_now(&self.stream) {
+            crate::peek::Peeked::Nothing => true,
+            crate::peek::Peeked::Bytes => false,
+            crate::peek::Peeked::Closed => {
+                self.note_core_close();
+                false
+            }
+        }
     }
 }
 
@@ -377,6 +429,8 @@ mod tests {
             write_timeout: None,
             held: Vec::new(),
             answered: false,
+            pooled_at: None,
+            closes: Arc::new(CloseWatch::new("test")),
             writes: 0,
         };
         (socket, core)
@@ -559,7 +613,7 @@ mod tests {
             .build();
         let agent = ureq::Agent::with_parts(
             config,
-            ().chain(SocketConnector),
+            ().chain(SocketConnector::new(Arc::new(CloseWatch::new("test")))),
             DefaultResolver::default(),
         );
         for call in 0..3 {
@@ -571,6 +625,55 @@ mod tests {
             // The core's end is closed (its FIN sent) before the next call.
             closes.recv().unwrap();
         }
+    }
+
+    /// A core that closes every connection right after its answer, without
+    /// `Connection: close`, as fast as it can: its FIN races the probe of
+    /// the next call, and a call that loses writes into a closed connection
+    /// ("don't know"). After a few such closes the target stops reusing its
+    /// connections, so only the calls before that can lose.
+    #[test]
+    fn a_core_that_closes_after_every_answer_stops_reuse() {
+        use std::io::{BufRead, BufReader};
+        use ureq::unversioned::resolver::DefaultResolver;
+        const CALLS: usize = 400;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                    line.clear();
+                }
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
+            }
+        });
+        let watch = Arc::new(CloseWatch::new("test"));
+        let config = ureq::Agent::config_builder()
+            .proxy(None)
+            .max_idle_connections(1)
+            .build();
+        let agent = ureq::Agent::with_parts(
+            config,
+            ().chain(SocketConnector::new(watch.clone())),
+            DefaultResolver::default(),
+        );
+        let failed = (0..CALLS)
+            .filter(|_| {
+                agent
+                    .get(&url)
+                    .call()
+                    .and_then(|mut a| a.body_mut().read_to_string())
+                    .is_err()
+            })
+            .count();
+        assert!(!watch.reuse(Instant::now), "reuse is still on");
+        assert!(
+            failed < super::super::closes::SEEN as usize,
+            "{failed} of {CALLS} calls failed"
+        );
     }
 
     #[test]
