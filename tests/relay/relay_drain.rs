@@ -123,12 +123,22 @@ async fn a_telegram_completed_after_the_in_flight_wait_still_gets_e903() {
     let addr = hub.addr;
     let [mut watch]: [_; 1] = channels.try_into().ok().unwrap();
     let in_flight = in_flight(&core, addr, &slow).await;
-    // Half a telegram on a connection of its own.
+    // Half a telegram on a connection of its own, proven open by a first
+    // exchange: a connection still in the listener's backlog when the
+    // drain closes the listener is reset by the kernel, answered by nobody.
     let late = guid("LATE");
     let whole = framed(&transfer(&late, 10));
     let (first, rest) = whole.split_at(whole.len() / 2);
     let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
     half.set_nodelay(true).unwrap();
+    half.write_all(&framed(&transfer(&guid("OPEN"), 10)))
+        .await
+        .unwrap();
+    let (_, opened) = read_raw_answer(&mut half).await;
+    assert_eq!(
+        relayhub::client::Answer::parse(&opened).unwrap().code,
+        "0000"
+    );
     half.write_all(first).await.unwrap();
 
     let stopping = tokio::spawn(hub.shutdown());
