@@ -20,7 +20,23 @@ pub(crate) enum Peeked {
 /// Looks at `stream` without blocking. On Linux the socket stays as it was;
 /// elsewhere it is left blocking (every caller's socket is).
 pub(crate) fn peek_now(stream: &TcpStream) -> Peeked {
-    match peek_dontwait(stream) {
+    peeked(peek_dontwait(stream))
+}
+
+/// [`peek_now`] on any socket's descriptor, such as a tokio stream's (Linux
+/// only: elsewhere the answer is always [`Peeked::Nothing`]).
+pub(crate) fn peek_fd_now(fd: &impl std::os::fd::AsRawFd) -> Peeked {
+    #[cfg(target_os = "linux")]
+    return peeked(recv_peek(fd.as_raw_fd()));
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = fd;
+        Peeked::Nothing
+    }
+}
+
+fn peeked(result: io::Result<usize>) -> Peeked {
+    match result {
         Ok(0) => Peeked::Closed,
         Ok(_) => Peeked::Bytes,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Peeked::Nothing,
@@ -29,15 +45,21 @@ pub(crate) fn peek_now(stream: &TcpStream) -> Peeked {
 }
 
 #[cfg(target_os = "linux")]
-#[allow(unsafe_code)]
 fn peek_dontwait(stream: &TcpStream) -> io::Result<usize> {
     use std::os::fd::AsRawFd;
+    recv_peek(stream.as_raw_fd())
+}
+
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn recv_peek(fd: std::os::fd::RawFd) -> io::Result<usize> {
     let mut byte = 0u8;
     loop {
-        // SAFETY: one byte into a live local, from a descriptor `stream` owns.
+        // SAFETY: one byte into a live local, from a descriptor the caller
+        // holds open for the call.
         let n = unsafe {
             libc::recv(
-                stream.as_raw_fd(),
+                fd,
                 (&raw mut byte).cast(),
                 1,
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,

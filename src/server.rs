@@ -110,6 +110,11 @@ pub trait ChannelStream: Send + 'static {
     /// Whether a connection of this kind can be lent to an adopter
     /// (`adoption.rs`): plain TCP only.
     const LENDABLE: bool = false;
+    /// Whether bytes from the channel wait in the socket, not yet read (a
+    /// look that does not wait); false where the stream cannot tell.
+    fn bytes_waiting(_reader: &Self::Reader) -> bool {
+        false
+    }
     /// The halves joined again as a socket, to lend to an adopter; called
     /// only when [`ChannelStream::LENDABLE`].
     fn into_std(
@@ -129,6 +134,10 @@ impl ChannelStream for TcpStream {
         self.into_split()
     }
     const LENDABLE: bool = true;
+    fn bytes_waiting(reader: &Self::Reader) -> bool {
+        let stream: &TcpStream = reader.as_ref();
+        crate::peek::peek_fd_now(stream) == crate::peek::Peeked::Bytes
+    }
     fn into_std(
         reader: Self::Reader,
         writer: Self::Writer,
@@ -793,8 +802,17 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             _ = link.stop.notified(), if queued => break,
             // Draining: a connection that holds nothing closes, unless the
             // channel's next bytes are already here (read, then answered).
+            // Bytes already in the socket are read however long the
+            // reactor takes to see them (within the read timeout: a busy
+            // machine took longer than the settling wait); otherwise a
+            // short wait for any the reactor has not marked yet.
             _ = in_flight.closing(), if holds_nothing => {
-                if !read_settled(&mut reader, &mut buf).await {
+                let wait = if S::bytes_waiting(&reader) {
+                    limits.read_timeout
+                } else {
+                    SETTLE
+                };
+                if !read_settled(&mut reader, &mut buf, wait).await {
                     break;
                 }
             }
@@ -828,11 +846,15 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
 /// it readable), so they are answered (E903), not reset.
 const SETTLE: Duration = Duration::from_millis(20);
 
-/// Reads what the channel has sent, waiting at most [`SETTLE`]: whether bytes
+/// Reads what the channel has sent, waiting at most `wait`: whether bytes
 /// were added to `buf` (a read cut short by the wait loses none).
-async fn read_settled<R: tokio::io::AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut) -> bool {
+async fn read_settled<R: tokio::io::AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+    wait: Duration,
+) -> bool {
     matches!(
-        tokio::time::timeout(SETTLE, reader.read_buf(buf)).await,
+        tokio::time::timeout(wait, reader.read_buf(buf)).await,
         Ok(Ok(n)) if n > 0
     )
 }
@@ -926,14 +948,45 @@ mod tests {
             let (mut reader, _writer) = TcpStream::from_std(hub).unwrap().into_split();
             let mut buf = BytesMut::new();
             assert!(
-                read_settled(&mut reader, &mut buf).await,
+                read_settled(&mut reader, &mut buf, SETTLE).await,
                 "8 bytes waiting, none read"
             );
             assert_eq!(&buf[..], b"0004ABCD");
             let began = Instant::now();
-            assert!(!read_settled(&mut reader, &mut buf).await);
+            assert!(!read_settled(&mut reader, &mut buf, SETTLE).await);
             assert!(began.elapsed() >= SETTLE);
         }
+    }
+
+    /// A draining connection tells bytes already in its socket from none,
+    /// without waiting for the reactor to mark it readable: those are read
+    /// within the read timeout, not only the settling wait.
+    #[tokio::test]
+    async fn a_plain_connection_sees_bytes_waiting_in_its_socket() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut channel = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (hub, _) = listener.accept().unwrap();
+        hub.set_nonblocking(true).unwrap();
+        let (mut reader, _writer) = TcpStream::from_std(hub.try_clone().unwrap())
+            .unwrap()
+            .into_split();
+        assert!(!<TcpStream as ChannelStream>::bytes_waiting(&reader));
+        channel.write_all(b"0004AB").unwrap();
+        // Until the bytes are here (a blocking peek on a clone).
+        hub.set_nonblocking(false).unwrap();
+        hub.peek(&mut [0u8; 1]).unwrap();
+        hub.set_nonblocking(true).unwrap();
+        assert!(<TcpStream as ChannelStream>::bytes_waiting(&reader));
+        let mut buf = BytesMut::new();
+        assert!(read_settled(&mut reader, &mut buf, Duration::from_secs(5)).await);
+        assert_eq!(&buf[..], b"0004AB");
+        assert!(!<TcpStream as ChannelStream>::bytes_waiting(&reader));
+        drop(channel);
+        assert!(
+            !<TcpStream as ChannelStream>::bytes_waiting(&reader),
+            "the end of the stream is no bytes"
+        );
     }
 
     /// Answers 0000 with the request's header, except that a telegram whose
