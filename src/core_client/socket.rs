@@ -584,16 +584,12 @@ mod tests {
         assert!(started.elapsed() >= Duration::from_millis(30));
     }
 
-    /// Through ureq's pool: a core that closes each connection after its
-    /// answer (without saying so) costs a new connection per call, never a
-    /// request written into a closed one.
-    #[test]
-    fn a_pooled_connection_the_core_closed_is_not_reused() {
+    /// A core that answers each connection's first request and closes it,
+    /// without `Connection: close`; `closed` runs after each close. Its URL.
+    fn closing_core(closed: impl Fn() + Send + 'static) -> String {
         use std::io::{BufRead, BufReader};
-        use ureq::unversioned::resolver::DefaultResolver;
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/", listener.local_addr().unwrap());
-        let (closed, closes) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { return };
@@ -604,18 +600,35 @@ mod tests {
                 }
                 let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
                 drop((reader, stream));
-                let _ = closed.send(());
+                closed();
             }
         });
+        url
+    }
+
+    /// An agent on these sockets that pools one idle connection.
+    fn pooling_agent(watch: Arc<CloseWatch>) -> ureq::Agent {
         let config = ureq::Agent::config_builder()
             .proxy(None)
             .max_idle_connections(1)
             .build();
-        let agent = ureq::Agent::with_parts(
+        ureq::Agent::with_parts(
             config,
-            ().chain(SocketConnector::new(Arc::new(CloseWatch::new("test")))),
-            DefaultResolver::default(),
-        );
+            ().chain(SocketConnector::new(watch)),
+            ureq::unversioned::resolver::DefaultResolver::default(),
+        )
+    }
+
+    /// Through ureq's pool: a core that closes each connection after its
+    /// answer (without saying so) costs a new connection per call, never a
+    /// request written into a closed one.
+    #[test]
+    fn a_pooled_connection_the_core_closed_is_not_reused() {
+        let (closed, closes) = std::sync::mpsc::channel();
+        let url = closing_core(move || {
+            let _ = closed.send(());
+        });
+        let agent = pooling_agent(Arc::new(CloseWatch::new("test")));
         for call in 0..3 {
             let mut answer = agent
                 .get(&url)
@@ -634,32 +647,10 @@ mod tests {
     /// connections, so only the calls before that can lose.
     #[test]
     fn a_core_that_closes_after_every_answer_stops_reuse() {
-        use std::io::{BufRead, BufReader};
-        use ureq::unversioned::resolver::DefaultResolver;
         const CALLS: usize = 400;
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}/", listener.local_addr().unwrap());
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { return };
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut line = String::new();
-                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
-                    line.clear();
-                }
-                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
-            }
-        });
+        let url = closing_core(|| {});
         let watch = Arc::new(CloseWatch::new("test"));
-        let config = ureq::Agent::config_builder()
-            .proxy(None)
-            .max_idle_connections(1)
-            .build();
-        let agent = ureq::Agent::with_parts(
-            config,
-            ().chain(SocketConnector::new(watch.clone())),
-            DefaultResolver::default(),
-        );
+        let agent = pooling_agent(watch.clone());
         let failed = (0..CALLS)
             .filter(|_| {
                 agent
