@@ -808,7 +808,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             // short wait for any the reactor has not marked yet.
             _ = in_flight.closing(), if holds_nothing => {
                 let wait = if S::bytes_waiting(&reader) {
-                    limits.read_timeout
+                    limits.read_timeout.max(SETTLE)
                 } else {
                     SETTLE
                 };

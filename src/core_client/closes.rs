@@ -9,14 +9,22 @@
 //! that was a quarter to a third of the calls behind a proxy that closes
 //! after each answer (about one in twenty with a faster one). Such a core
 //! shows itself in what the probes find, and in the calls that lost the
-//! race: connections closed within [`QUICK`] of their answer. After
-//! [`SEEN`] of them within [`WINDOW`], the target's pooled connections are
-//! not reused for [`PAUSE`]: each call opens a new one, which such a core
-//! costs anyway. A core that closes idle connections after a keep-alive
-//! timeout (seconds) does not look like one.
+//! race: connections closed within [`QUICK`] of their first answer. After
+//! [`SEEN`] of them within [`WINDOW`], on connections opened after the
+//! window's first, with no answer on a reused connection in between, the target's
+//! pooled connections are not reused for [`PAUSE`]: each call opens a new
+//! one, which such a core costs anyway.
+//!
+//! What does not count: a close after a keep-alive timeout (seconds); a
+//! connection that had answered more than once; and a restarting core's
+//! burst, all the pooled connections found closed at once (each was opened
+//! before the first of them was found). An answer on a reused connection
+//! proves the core keeps them and starts the count over. A TLS core that
+//! sends `close_notify` before closing is not seen by the probe (its alert
+//! reads as bytes), so for TLS the watch rarely acts.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A connection found closed this soon after its answer was closed by a
@@ -38,6 +46,8 @@ pub(super) struct CloseWatch {
     off_until_ms: AtomicU64,
     /// Quick closes seen in the current window.
     counted: Mutex<Counted>,
+    /// `counted.closes`, read without the lock by every reused answer.
+    pending: AtomicU32,
 }
 
 #[derive(Debug, Default)]
@@ -53,6 +63,7 @@ impl CloseWatch {
             epoch: Instant::now(),
             off_until_ms: AtomicU64::new(0),
             counted: Mutex::new(Counted::default()),
+            pending: AtomicU32::new(0),
         }
     }
 
@@ -60,37 +71,64 @@ impl CloseWatch {
     /// while reuse is on).
     pub(super) fn reuse(&self, now: impl FnOnce() -> Instant) -> bool {
         let until = self.off_until_ms.load(Ordering::Relaxed);
-        until == 0 || self.ms(now()) >= until
+        if until == 0 {
+            return true;
+        }
+        if self.ms(now()) < until {
+            return false;
+        }
+        // Back on: later take-outs read no clock.
+        let _ = self
+            .off_until_ms
+            .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
+        true
     }
 
-    /// A connection taken from the pool was found closed by the core (by
-    /// the probe, or by the call that wrote into it), `idle` after it went
-    /// back to the pool. True when this turns reuse off.
-    pub(super) fn closed(&self, idle: Duration, now: Instant) -> bool {
+    /// A reused connection brought an answer: the core keeps its
+    /// connections, and any count starts over.
+    pub(super) fn kept(&self) {
+        if self.pending.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        *self.counted.lock().unwrap_or_else(|p| p.into_inner()) = Counted::default();
+        self.pending.store(0, Ordering::Relaxed);
+    }
+
+    /// A connection taken from the pool, opened at `opened` and pooled
+    /// after its first answer, was found closed by the core (by the probe,
+    /// or by the call that wrote into it), `idle` after it went back to the
+    /// pool. True when this turns reuse off.
+    pub(super) fn closed(&self, opened: Instant, idle: Duration, now: Instant) -> bool {
         if idle >= QUICK {
             return false;
         }
         let mut counted = self.counted.lock().unwrap_or_else(|p| p.into_inner());
-        if counted
-            .since
-            .is_none_or(|since| now.duration_since(since) > WINDOW)
-        {
-            *counted = Counted {
-                since: Some(now),
-                closes: 0,
-            };
+        match counted.since {
+            Some(since) if now.duration_since(since) <= WINDOW => {
+                if opened <= since {
+                    // Opened before the window's first close: part of the
+                    // burst that one told of (a restart closes them all).
+                    return false;
+                }
+            }
+            _ => {
+                counted.since = Some(now);
+                counted.closes = 0;
+            }
         }
         counted.closes += 1;
         if counted.closes < SEEN {
+            self.pending.store(counted.closes, Ordering::Relaxed);
             return false;
         }
         *counted = Counted::default();
+        self.pending.store(0, Ordering::Relaxed);
         drop(counted);
         self.off_until_ms
             .store(self.ms(now + PAUSE).max(1), Ordering::Relaxed);
         tracing::warn!(
             target_name = %self.target,
-            "the core closed {SEEN} connections within {} ms of answering on them (without \
+            "the core closed {SEEN} connections within {} ms of their first answer (without \
              `Connection: close`); each call opens a new connection for the next {} s",
             QUICK.as_millis(),
             PAUSE.as_secs()
@@ -109,23 +147,30 @@ mod tests {
 
     const SOON: Duration = Duration::from_millis(1);
 
+    /// A close as a core that closes after every answer makes them: the
+    /// connection was opened just before.
+    fn close_at(watch: &CloseWatch, at: Instant) -> bool {
+        watch.closed(at - SOON / 2, SOON, at)
+    }
+
     #[test]
     fn quick_closes_turn_reuse_off_for_the_pause() {
         let watch = CloseWatch::new("core");
         let t0 = Instant::now();
         assert!(watch.reuse(|| t0));
         for i in 1..SEEN {
-            assert!(!watch.closed(SOON, t0 + SOON * i));
+            assert!(!close_at(&watch, t0 + SOON * i));
             assert!(watch.reuse(|| t0 + SOON * i), "{i} closes");
         }
-        assert!(watch.closed(SOON, t0 + SOON * SEEN));
+        assert!(close_at(&watch, t0 + SOON * SEEN));
         let off = t0 + SOON * SEEN;
         assert!(!watch.reuse(|| off));
         assert!(!watch.reuse(|| off + PAUSE - Duration::from_millis(2)));
         assert!(watch.reuse(|| off + PAUSE + Duration::from_millis(2)));
+        assert!(watch.reuse(|| panic!("no clock read once reuse is back on")));
         // The count started over: one more close does not turn it off again.
-        assert!(!watch.closed(SOON, off + PAUSE + SOON));
-        assert!(watch.reuse(|| off + PAUSE + SOON));
+        assert!(!close_at(&watch, off + PAUSE + SOON * 3));
+        assert!(watch.reuse(|| off + PAUSE + SOON * 3));
     }
 
     #[test]
@@ -133,8 +178,9 @@ mod tests {
         let watch = CloseWatch::new("core");
         let t0 = Instant::now();
         for i in 1..=10 * SEEN {
-            assert!(!watch.closed(QUICK, t0 + SOON * i));
-            assert!(!watch.closed(Duration::from_secs(5), t0 + SOON * i));
+            let at = t0 + SOON * i;
+            assert!(!watch.closed(at - SOON / 2, QUICK, at));
+            assert!(!watch.closed(at - SOON / 2, Duration::from_secs(5), at));
         }
         assert!(watch.reuse(|| t0 + SOON * 100));
     }
@@ -143,9 +189,36 @@ mod tests {
     fn closes_further_apart_than_the_window_do_not_add_up() {
         let watch = CloseWatch::new("core");
         let t0 = Instant::now();
-        for i in 0..10 * SEEN {
-            assert!(!watch.closed(SOON, t0 + (WINDOW + SOON) * i), "close {i}");
+        for i in 1..10 * SEEN {
+            assert!(!close_at(&watch, t0 + (WINDOW + SOON) * i), "close {i}");
         }
         assert!(watch.reuse(|| t0 + WINDOW * 100));
+    }
+
+    /// A keep-alive core that restarts closes every pooled connection at
+    /// once: all of them were opened before the first one is counted.
+    #[test]
+    fn a_restarts_burst_counts_once() {
+        let watch = CloseWatch::new("core");
+        let t0 = Instant::now();
+        let opened = t0 - Duration::from_secs(1);
+        for i in 1..=16 {
+            assert!(!watch.closed(opened, SOON, t0 + SOON * i / 16), "close {i}");
+        }
+        assert!(watch.reuse(|| t0 + SOON * 2));
+    }
+
+    #[test]
+    fn an_answer_on_a_reused_connection_starts_the_count_over() {
+        let watch = CloseWatch::new("core");
+        let t0 = Instant::now();
+        for round in 0..10 {
+            for i in 1..SEEN {
+                let at = t0 + SOON * (round * SEEN + i);
+                assert!(!close_at(&watch, at), "round {round}, close {i}");
+            }
+            watch.kept();
+        }
+        assert!(watch.reuse(|| t0 + SOON * 100));
     }
 }

@@ -86,6 +86,8 @@ impl<In: Transport> Connector<In> for SocketConnector {
             write_timeout: None,
             held: Vec::new(),
             answered: false,
+            opened_at: Instant::now(),
+            answers: 0,
             pooled_at: None,
             closes: self.closes.clone(),
             #[cfg(test)]
@@ -167,6 +169,10 @@ pub(super) struct CoreSocket {
     /// The last read brought bytes: the call's answer, as far as this
     /// socket knows (see [`Transport::is_open`] below).
     answered: bool,
+    /// When it was opened.
+    opened_at: Instant,
+    /// Answers it has brought (counted as it goes back to the pool).
+    answers: u32,
     /// When it last went back to its pool, right after an answer.
     pooled_at: Option<Instant>,
     /// What the target's probes have found (see `closes.rs`).
@@ -180,12 +186,13 @@ impl CoreSocket {
     /// Tells the target's watch that the core closed this connection: found
     /// by the probe as a call took it out, or by a call that wrote into it
     /// and then read its end or a reset (the probe's race lost: the core's
-    /// FIN came after the probe). Timed from when the connection last went
-    /// back to its pool; one never pooled tells nothing.
+    /// FIN came after the probe). Timed from when the connection went back
+    /// to its pool; only one pooled after its first answer tells anything.
     fn note_core_close(&self) {
-        if let Some(at) = self.pooled_at {
+        if let (1, Some(at)) = (self.answers, self.pooled_at) {
             let now = Instant::now();
-            self.closes.closed(now.saturating_duration_since(at), now);
+            self.closes
+                .closed(self.opened_at, now.saturating_duration_since(at), now);
         }
     }
 }
@@ -297,6 +304,10 @@ impl Transport for CoreSocket {
     /// has reuse off, no pooled connection is reused (nor probed).
     fn is_open(&mut self) -> bool {
         if std::mem::take(&mut self.answered) {
+            self.answers = self.answers.saturating_add(1);
+            if self.answers > 1 {
+                self.closes.kept();
+            }
             self.pooled_at = Some(Instant::now());
             return self.held.is_empty();
         }
@@ -429,6 +440,8 @@ mod tests {
             write_timeout: None,
             held: Vec::new(),
             answered: false,
+            opened_at: Instant::now(),
+            answers: 0,
             pooled_at: None,
             closes: Arc::new(CloseWatch::new("test")),
             writes: 0,
