@@ -23,6 +23,10 @@ pub const CORE_RETRIES: &str = "relayhub_core_retries_total";
 /// `cause` (`certificate_expired`, `certificate_not_valid_for_name`,
 /// `unknown_issuer`, `refused_by_core`, `timeout`, ...).
 pub const CORE_TLS_FAILURES: &str = "relayhub_core_tls_handshake_failures_total";
+/// Times a target stopped reusing its connections for a while because its
+/// core closed them right after answering (`core_client/closes.rs`), by
+/// `target`.
+pub const CORE_REUSE_PAUSES: &str = "relayhub_core_connection_reuse_pauses_total";
 /// Channel connections open now.
 pub const OPEN_CONNECTIONS: &str = "relayhub_open_connections";
 /// Channel connections closed at once because `max_connections` were open.
@@ -108,6 +112,11 @@ pub fn describe_all() {
         CORE_TLS_FAILURES,
         Unit::Count,
         "TLS handshakes with a core that failed, so nothing was sent (E902, failover allowed), by target and cause."
+    );
+    describe_counter!(
+        CORE_REUSE_PAUSES,
+        Unit::Count,
+        "Times a target stopped reusing its connections to the core for 60 s because the core closed them right after answering without Connection: close (each call opens a new connection meanwhile), by target."
     );
     describe_gauge!(
         OPEN_CONNECTIONS,

@@ -126,6 +126,8 @@ impl CloseWatch {
         drop(counted);
         self.off_until_ms
             .store(self.ms(now + PAUSE).max(1), Ordering::Relaxed);
+        metrics::counter!(crate::metric_names::CORE_REUSE_PAUSES, "target" => self.target.clone())
+            .increment(1);
         tracing::warn!(
             target_name = %self.target,
             "the core closed {SEEN} connections within {} ms of their first answer (without \
@@ -171,6 +173,27 @@ mod tests {
         // The count started over: one more close does not turn it off again.
         assert!(!close_at(&watch, off + PAUSE + SOON * 3));
         assert!(watch.reuse(|| off + PAUSE + SOON * 3));
+    }
+
+    /// Every pause is counted under its target (an alert can watch the
+    /// metric instead of the log).
+    #[test]
+    fn a_pause_is_counted_by_target() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let watch = CloseWatch::new("core-a");
+            let t0 = Instant::now();
+            for i in 1..=SEEN {
+                close_at(&watch, t0 + SOON * i);
+            }
+        });
+        let line = format!(
+            "{}{{target=\"core-a\"}} 1",
+            crate::metric_names::CORE_REUSE_PAUSES
+        );
+        let text = handle.render();
+        assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
     }
 
     #[test]
