@@ -20,7 +20,10 @@ pub(crate) enum Peeked {
 /// Looks at `stream` without blocking. On Linux the socket stays as it was;
 /// elsewhere it is left blocking (every caller's socket is).
 pub(crate) fn peek_now(stream: &TcpStream) -> Peeked {
-    peeked(peek_dontwait(stream))
+    #[cfg(target_os = "linux")]
+    return peek_fd_now(stream);
+    #[cfg(not(target_os = "linux"))]
+    peeked(peek_toggling(stream))
 }
 
 /// [`peek_now`] on any socket's descriptor, such as a tokio stream's (Linux
@@ -42,12 +45,6 @@ fn peeked(result: io::Result<usize>) -> Peeked {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Peeked::Nothing,
         Err(_) => Peeked::Closed,
     }
-}
-
-#[cfg(target_os = "linux")]
-fn peek_dontwait(stream: &TcpStream) -> io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    recv_peek(stream.as_raw_fd())
 }
 
 #[cfg(target_os = "linux")]
@@ -76,7 +73,7 @@ fn recv_peek(fd: std::os::fd::RawFd) -> io::Result<usize> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn peek_dontwait(stream: &TcpStream) -> io::Result<usize> {
+fn peek_toggling(stream: &TcpStream) -> io::Result<usize> {
     stream.set_nonblocking(true)?;
     let peeked = stream.peek(&mut [0u8; 1]);
     stream.set_nonblocking(false)?;

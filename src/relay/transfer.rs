@@ -66,14 +66,17 @@ pub fn transfer_body(guid: &str, channel_id: &str, fields: &DecodedFields<'_>) -
         header: [("channel_id", channel_id), ("guid", guid)],
         fields,
     };
-    // Sized for the usual body (every key and text quoted, no escapes), so
-    // that writing it seldom grows the buffer.
-    let hint = 32 + guid.len() + channel_id.len() + fields.json_len_hint();
-    let mut out = Vec::with_capacity(hint);
+    let mut out = Vec::with_capacity(body_len_hint(guid, channel_id, fields));
     match serde_json::to_writer(&mut out, &body) {
         Ok(()) => out,
         Err(_) => Vec::new(),
     }
+}
+
+/// The length of the usual transfer body (every key and text quoted, no
+/// escapes), so that writing it seldom grows its buffer.
+fn body_len_hint(guid: &str, channel_id: &str, fields: &DecodedFields<'_>) -> usize {
+    32 + guid.len() + channel_id.len() + fields.json_len_hint()
 }
 
 /// Answers a transfer telegram.
@@ -620,6 +623,18 @@ mod tests {
         serde_json::to_vec(&Value::Object(json)).unwrap()
     }
 
+    /// A strategy's map of fields as decoded fields.
+    fn decoded<'a>(
+        fields: &'a std::collections::BTreeMap<String, FieldValue<'static>>,
+    ) -> DecodedFields<'a> {
+        DecodedFields::from_entries(
+            fields
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.clone()))
+                .collect(),
+        )
+    }
+
     proptest! {
         #[test]
         fn the_transfer_body_is_the_object_of_header_and_fields(
@@ -634,9 +649,7 @@ mod tests {
                 0..8,
             ),
         ) {
-            let fields = DecodedFields::from_entries(
-                fields.iter().map(|(k, v)| (k.as_str(), v.clone())).collect(),
-            );
+            let fields = decoded(&fields);
             prop_assert_eq!(
                 String::from_utf8(transfer_body(&guid, &channel, &fields)).unwrap(),
                 String::from_utf8(body_as_an_object(&guid, &channel, &fields.to_map())).unwrap()
@@ -660,11 +673,9 @@ mod tests {
                 0..24,
             ),
         ) {
-            let fields = DecodedFields::from_entries(
-                fields.iter().map(|(k, v)| (k.as_str(), v.clone())).collect(),
-            );
+            let fields = decoded(&fields);
             let body = transfer_body(&guid, &channel, &fields);
-            let hint = 32 + guid.len() + channel.len() + fields.json_len_hint();
+            let hint = body_len_hint(&guid, &channel, &fields);
             prop_assert!(body.len() <= hint, "{} bytes against a hint of {hint}", body.len());
             prop_assert_eq!(body.capacity(), hint);
         }
