@@ -260,9 +260,13 @@ pub async fn run(
     limits: Limits,
     shutdown: impl Future<Output = ()>,
 ) {
-    let in_flight = Arc::new(InFlight::default());
-    let adopters = Arc::new(Adopters::new());
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let serving = Serving {
+        in_flight: Arc::new(InFlight::default()),
+        adopters: Arc::new(Adopters::new()),
+        slots: Arc::new(Semaphore::new(limits.max_connections)),
+        hub: hub.clone(),
+        limits,
+    };
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -287,24 +291,80 @@ pub async fn run(
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            warn!(%peer, max = limits.max_connections, "connection refused: too many open connections");
-            metrics::counter!(crate::metric_names::CONNECTIONS_REFUSED).increment(1);
-            drop(stream);
-            continue;
-        };
-        if let Err(e) = stream.set_nodelay(true) {
-            debug!(%e, "could not set TCP_NODELAY");
-        }
-        let hub = hub.clone();
-        let in_flight = in_flight.clone();
-        let adopters = adopters.clone();
         // The configuration in force now: a reload changes the next one only.
         let acceptor = match (&tls, is_tls) {
             (Some(t), true) => Some(t.acceptor.current()),
             _ => None,
         };
-        let span = if is_tls {
+        serving.spawn(&mut connections, stream, peer, acceptor);
+    }
+    hub.start_draining();
+    // Connections the kernel completed and the loop had not taken yet are
+    // open to their channels, some with a telegram sent: taken in now, they
+    // get E903 like any open connection, instead of the reset that closing
+    // the listener with them in its backlog would give.
+    for (stream, peer) in backlog(listener, serving.limits.max_connections) {
+        serving.spawn(&mut connections, stream, peer, None);
+    }
+    if let Some(t) = tls {
+        let acceptor = t.acceptor.current();
+        for (stream, peer) in backlog(t.listener, serving.limits.max_connections) {
+            serving.spawn(&mut connections, stream, peer, Some(acceptor.clone()));
+        }
+    }
+    info!("draining: listeners closed, waiting for telegrams in flight");
+    let in_flight = &serving.in_flight;
+    in_flight.wait_idle().await;
+    // Idle connections close; one that receives a telegram meanwhile
+    // answers it (E903) first.
+    in_flight.close_idle();
+    let closed = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(CLOSE_GRACE, closed).await.is_err() {
+        info!(
+            connections = connections.len(),
+            "closing connections still reading part of a telegram"
+        );
+    }
+    connections.shutdown().await;
+    info!("drained");
+}
+
+/// What every accepted connection's task shares.
+struct Serving {
+    hub: Arc<Hub>,
+    limits: Limits,
+    in_flight: Arc<InFlight>,
+    adopters: Arc<Adopters>,
+    /// One permit per open connection (`max_connections`).
+    slots: Arc<Semaphore>,
+}
+
+impl Serving {
+    /// Serves an accepted connection in a task of its own (its TLS
+    /// handshake first, with `acceptor`), or closes it at once when the hub
+    /// holds as many as it may.
+    fn spawn(
+        &self,
+        connections: &mut JoinSet<()>,
+        stream: TcpStream,
+        peer: SocketAddr,
+        acceptor: Option<tokio_rustls::TlsAcceptor>,
+    ) {
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            let max = self.limits.max_connections;
+            warn!(%peer, max, "connection refused: too many open connections");
+            metrics::counter!(crate::metric_names::CONNECTIONS_REFUSED).increment(1);
+            drop(stream);
+            return;
+        };
+        if let Err(e) = stream.set_nodelay(true) {
+            debug!(%e, "could not set TCP_NODELAY");
+        }
+        let hub = self.hub.clone();
+        let in_flight = self.in_flight.clone();
+        let adopters = self.adopters.clone();
+        let limits = self.limits;
+        let span = if acceptor.is_some() {
             info_span!("conn", %peer, tls = true)
         } else {
             info_span!("conn", %peer)
@@ -332,23 +392,39 @@ pub async fn run(
             .instrument(span),
         );
     }
-    hub.start_draining();
-    drop(listener);
-    drop(tls);
-    info!("draining: listeners closed, waiting for telegrams in flight");
-    in_flight.wait_idle().await;
-    // Idle connections close; one that receives a telegram meanwhile
-    // answers it (E903) first.
-    in_flight.close_idle();
-    let closed = async { while connections.join_next().await.is_some() {} };
-    if tokio::time::timeout(CLOSE_GRACE, closed).await.is_err() {
-        info!(
-            connections = connections.len(),
-            "closing connections still reading part of a telegram"
-        );
+}
+
+/// Takes the connections waiting in `listener`'s backlog, at most `max`,
+/// without waiting for more, and closes the listener. Through the socket
+/// itself: the reactor may not have reported them yet.
+fn backlog(listener: TcpListener, max: usize) -> Vec<(TcpStream, SocketAddr)> {
+    let listener = match listener.into_std() {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(%e, "cannot take the listener's backlog; closing it");
+            return Vec::new();
+        }
+    };
+    let mut taken = Vec::new();
+    while taken.len() < max {
+        let (stream, peer) = match listener.accept() {
+            Ok(x) => x,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => {
+                tracing::error!(%e, "accept failed while taking the backlog");
+                break;
+            }
+        };
+        match stream
+            .set_nonblocking(true)
+            .and_then(|()| TcpStream::from_std(stream))
+        {
+            Ok(stream) => taken.push((stream, peer)),
+            Err(e) => debug!(%e, %peer, "could not serve a connection from the backlog"),
+        }
     }
-    connections.shutdown().await;
-    info!("drained");
+    taken
 }
 
 /// The server side of a TLS handshake, bounded like a slow sender's

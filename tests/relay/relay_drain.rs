@@ -157,3 +157,47 @@ async fn a_telegram_completed_after_the_in_flight_wait_still_gets_e903() {
     within(stopping).await.unwrap();
     assert!(!core.stats().by_guid.contains_key(&late));
 }
+
+/// Connections the kernel completed while the hub's accept loop had not yet
+/// taken them (in the listener's backlog) when the drain began, each with a
+/// whole telegram in it. To their channels they are open connections: each
+/// gets its E903, none is reset by the listener's close with its telegram
+/// unread. (A runtime of one thread: the hub runs only when the test
+/// awaits, so the connects and the drain's signal come before its accept
+/// loop sees any of them.)
+#[tokio::test]
+async fn connections_still_in_the_backlog_when_the_drain_begins_get_e903() {
+    use std::io::Write;
+    const WAITING: usize = 16;
+    let core = start_core().await;
+    let (hub, _cfg) = start_hub(&core.url(), &HubOpts::budget(3_000)).await;
+    let addr = hub.addr;
+    let mut ch = connect(addr, PrefixMode::Ascii).await;
+    assert_eq!(
+        exchange(&mut ch, &transfer(&guid("UP"), 10)).await.code,
+        "0000"
+    );
+
+    let mut waiting = Vec::new();
+    for _ in 0..WAITING {
+        // Blocking: completed by the kernel, with no await for the hub to run.
+        let mut conn = std::net::TcpStream::connect(addr).unwrap();
+        let g = guid("BACKLOG");
+        conn.write_all(&framed(&transfer(&g, 10))).unwrap();
+        conn.set_nonblocking(true).unwrap();
+        waiting.push((g, tokio::net::TcpStream::from_std(conn).unwrap()));
+    }
+    let stopping = tokio::spawn(hub.shutdown());
+
+    for (g, mut conn) in waiting {
+        let (_, raw) = read_raw_answer(&mut conn).await;
+        let answer = relayhub::client::Answer::parse(&raw).unwrap();
+        assert_eq!(
+            (answer.guid.as_str(), answer.code.as_str()),
+            (g.as_str(), "E903")
+        );
+        assert_closed(&mut conn).await;
+        assert!(!core.stats().by_guid.contains_key(&g));
+    }
+    within(stopping).await.unwrap();
+}
