@@ -1,7 +1,7 @@
 //! Raw-wire helpers: ascii prefixes, answers read off a plain socket,
 //! byte-by-byte writes, closes.
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::within;
@@ -13,8 +13,9 @@ pub fn framed(telegram: &[u8]) -> Vec<u8> {
     v
 }
 
-/// Reads one ascii-prefixed answer from a raw stream: (prefix bytes, telegram).
-pub async fn read_raw_answer(s: &mut TcpStream) -> (Vec<u8>, Vec<u8>) {
+/// Reads one ascii-prefixed answer from a raw stream (a socket, or TLS over
+/// one): (prefix bytes, telegram).
+pub async fn read_raw_answer<S: AsyncRead + Unpin>(s: &mut S) -> (Vec<u8>, Vec<u8>) {
     within(async {
         let mut prefix = [0u8; 4];
         s.read_exact(&mut prefix).await.expect("answer prefix");

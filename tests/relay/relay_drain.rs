@@ -201,3 +201,67 @@ async fn connections_still_in_the_backlog_when_the_drain_begins_get_e903() {
     }
     within(stopping).await.unwrap();
 }
+
+/// The TLS listener's backlog too: a connection the kernel completed before
+/// the drain began has its handshake once taken in, then its telegram's E903.
+#[tokio::test]
+async fn tls_connections_still_in_the_backlog_when_the_drain_begins_get_e903() {
+    use common::certs::{TestCa, Validity};
+    use relayhub::client::{Channel, TlsClient};
+    use tokio::io::AsyncWriteExt;
+    const WAITING: usize = 4;
+    let ca = TestCa::new("relayhub drain test CA");
+    let leaf = ca.server("hub", &["127.0.0.1"], Validity::Current);
+    let core = start_core().await;
+    let toml = format!(
+        "[server]\ntls_listen = \"127.0.0.1:0\"\ntls_cert_file = {:?}\ntls_key_file = {:?}\n",
+        leaf.cert, leaf.key
+    );
+    let opts = HubOpts {
+        budget_ms: Some(3_000),
+        ..HubOpts::toml(&toml)
+    };
+    let (hub, _cfg) = start_hub(&core.url(), &opts).await;
+    let tls_addr = hub.tls_addr.expect("a TLS listener").to_string();
+    let tls = TlsClient {
+        ca_file: ca.cert.clone(),
+        client_cert: None,
+        server_name: None,
+    }
+    .connector()
+    .unwrap();
+    let mut ch = within(Channel::connect_tls(&tls_addr, PrefixMode::Ascii, &tls))
+        .await
+        .unwrap();
+    assert_eq!(
+        exchange(&mut ch, &transfer(&guid("UP"), 10)).await.code,
+        "0000"
+    );
+
+    let mut waiting = Vec::new();
+    for _ in 0..WAITING {
+        // Blocking: completed by the kernel, with no await for the hub to run.
+        let conn = std::net::TcpStream::connect(&tls_addr).unwrap();
+        conn.set_nonblocking(true).unwrap();
+        waiting.push(tokio::net::TcpStream::from_std(conn).unwrap());
+    }
+    let stopping = tokio::spawn(hub.shutdown());
+
+    let name = tls.server_name(&tls_addr).unwrap();
+    for conn in waiting {
+        let mut s =
+            within(tokio_rustls::TlsConnector::from(tls.config()).connect(name.clone(), conn))
+                .await
+                .expect("the handshake of a connection taken from the backlog");
+        let g = guid("BACKLOG");
+        s.write_all(&framed(&transfer(&g, 10))).await.unwrap();
+        let (_, raw) = read_raw_answer(&mut s).await;
+        let answer = relayhub::client::Answer::parse(&raw).unwrap();
+        assert_eq!(
+            (answer.guid.as_str(), answer.code.as_str()),
+            (g.as_str(), "E903")
+        );
+        assert!(!core.stats().by_guid.contains_key(&g));
+    }
+    within(stopping).await.unwrap();
+}
