@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
-use ureq::http::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
-use ureq::http::{HeaderName, HeaderValue, Method, Request, Uri};
+use ureq::http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, RETRY_AFTER, USER_AGENT};
+use ureq::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 use ureq::unversioned::transport::{Buffers, ConnectionDetails, Connector, NextTimeout, Transport};
 
 use crate::config::TargetConfig;
@@ -406,6 +406,33 @@ fn transfer_url(base: &str) -> String {
 /// How many agents (connection pools) a target's calls are spread over.
 const AGENTS: usize = 16;
 
+/// The headers of a request to a core, at most: host, user-agent, accept,
+/// the deadline, traceparent, authorization, content-type, x-guid and
+/// content-length (ureq's).
+const REQUEST_HEADERS: usize = 9;
+
+/// The `User-Agent` of every request to a core.
+const USER_AGENT_TEXT: &str = concat!("relayhub/", env!("CARGO_PKG_VERSION"));
+
+/// The `Host` header ureq would write for `uri`: its host, with the port
+/// when it is not the scheme's default (`maybe_with_port` in ureq-proto).
+/// Made once per URL: ureq makes it on every request (a `format!`, a copy
+/// and two parses of the authority), and writes none of its own when the
+/// request has one.
+fn host_header(uri: &Uri) -> Option<HeaderValue> {
+    let host = uri.host()?;
+    let default = match uri.scheme_str() {
+        Some("https") => Some(443),
+        Some("http") | None => Some(80),
+        Some(_) => None,
+    };
+    let text = match (uri.port(), default) {
+        (Some(port), Some(default)) if port != default => format!("{host}:{port}"),
+        _ => host.to_string(),
+    };
+    HeaderValue::try_from(text).ok()
+}
+
 /// One configured target: its endpoints, agents, bulkhead and timeouts.
 pub struct Target {
     pub name: String,
@@ -413,7 +440,7 @@ pub struct Target {
     /// Each base URL's `POST /v1/transfers` URL, parsed once (a transfer's
     /// URL is the same for every telegram); `None` if it does not parse, and
     /// the call reports that as it always did.
-    transfer_uris: Vec<Option<Uri>>,
+    transfer_uris: Vec<Option<(Uri, Option<HeaderValue>)>>,
     /// [`AGENTS`] agents with the same config, parts and resolver; the
     /// thread that runs a call keeps to one (see [`this_threads_agent`]).
     agents: Arc<[ureq::Agent]>,
@@ -473,7 +500,7 @@ impl Target {
             .no_delay(true)
             .max_idle_connections(pooled)
             .max_idle_connections_per_host(pooled)
-            .user_agent(concat!("relayhub/", env!("CARGO_PKG_VERSION")))
+            .user_agent(USER_AGENT_TEXT)
             // Requests and answers are small; ureq's 128 KiB default buffers
             // would be kept by every pooled connection.
             .input_buffer_size(16 * 1024)
@@ -510,7 +537,11 @@ impl Target {
             name: cfg.name.clone(),
             transfer_uris: urls
                 .iter()
-                .map(|base| Uri::try_from(transfer_url(base)).ok())
+                .map(|base| {
+                    let uri = Uri::try_from(transfer_url(base)).ok()?;
+                    let host = host_header(&uri);
+                    Some((uri, host))
+                })
                 .collect(),
             urls,
             agents,
@@ -590,18 +621,24 @@ impl Target {
     /// The request's URL at `base_url`, parsed: a transfer's from the
     /// target's own, parsed when it was made (`base_url` may also be one
     /// the journal recorded, no longer configured).
-    fn uri_of(&self, request: &CoreRequest, base_url: &str) -> Result<Uri, String> {
+    /// The request's URL, parsed, and its `Host` header when made already
+    /// (a transfer's: ureq makes an inquiry's).
+    fn uri_of(
+        &self,
+        request: &CoreRequest,
+        base_url: &str,
+    ) -> (Result<Uri, String>, Option<HeaderValue>) {
         if let CoreRequest::Transfer { .. } = request
-            && let Some(uri) = self
+            && let Some((uri, host)) = self
                 .urls
                 .iter()
                 .position(|u| u == base_url)
                 .and_then(|i| self.transfer_uris[i].clone())
         {
-            return Ok(uri);
+            return (Ok(uri), host);
         }
         let url = request.url_at(base_url);
-        Uri::try_from(url.as_str()).map_err(|_| url)
+        (Uri::try_from(url.as_str()).map_err(|_| url), None)
     }
 
     /// The base URLs, in failover order.
@@ -656,10 +693,12 @@ impl Target {
         };
         let gate = SendGate::new(licence);
         let (tx, mut rx) = oneshot::channel();
+        let (uri, host) = self.uri_of(request, base_url);
         let job = Job {
             agents: self.agents.clone(),
             request: request.clone(),
-            uri: self.uri_of(request, base_url),
+            uri,
+            host,
             connect,
             call_limit,
             remaining_ms: remaining.as_millis() as u64,
@@ -765,6 +804,8 @@ struct Job {
     /// The request's whole URL, parsed, or its text when it does not parse
     /// (the call then fails as ureq failed when it parsed URLs itself).
     uri: Result<Uri, String>,
+    /// The `Host` header made for the URL, if it was.
+    host: Option<HeaderValue>,
     connect: Duration,
     call_limit: Duration,
     remaining_ms: u64,
@@ -808,12 +849,22 @@ impl Job {
         body: S,
     ) -> Result<Request<S>, ureq::Error> {
         let mut req = Request::new(body);
+        // Room for every header the request carries, ureq's included: grown
+        // from empty, the map moves and rehashes twice per request.
+        *req.headers_mut() = HeaderMap::with_capacity(REQUEST_HEADERS);
         *req.method_mut() = method;
         *req.uri_mut() = match &self.uri {
             Ok(uri) => uri.clone(),
             Err(url) => Uri::try_from(url.as_str()).map_err(ureq::http::Error::from)?,
         };
         let headers = req.headers_mut();
+        // What ureq adds to a request that lacks them, each made anew per
+        // request there; here from values made once.
+        if let Some(host) = &self.host {
+            headers.insert(HOST, host.clone());
+        }
+        headers.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_TEXT));
+        headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
         headers.insert(DEADLINE_NAME, HeaderValue::from(self.remaining_ms));
         headers.insert(
             TRACEPARENT_NAME,
@@ -1129,6 +1180,65 @@ mod tests {
             opened < CALLS / 2,
             "{opened} of {CALLS} calls opened a new connection instead of reusing a pooled one"
         );
+    }
+
+    /// The `Host` made once per URL is what ureq would make per request:
+    /// the port only when it is not the scheme's default.
+    #[test]
+    fn the_host_header_is_the_host_with_a_port_only_when_not_the_default() {
+        for (url, host) in [
+            ("http://127.0.0.1:8080/v1/transfers", "127.0.0.1:8080"),
+            ("http://core.bank.example/v1/transfers", "core.bank.example"),
+            (
+                "http://core.bank.example:80/v1/transfers",
+                "core.bank.example",
+            ),
+            (
+                "https://core.bank.example:443/v1/transfers",
+                "core.bank.example",
+            ),
+            (
+                "https://core.bank.example:8443/v1/transfers",
+                "core.bank.example:8443",
+            ),
+            (
+                "https://core.bank.example:80/v1/transfers",
+                "core.bank.example:80",
+            ),
+            ("http://[::1]:9000/v1/transfers", "[::1]:9000"),
+        ] {
+            let uri = Uri::try_from(url).unwrap();
+            assert_eq!(host_header(&uri).unwrap(), host, "{url}");
+        }
+    }
+
+    /// A transfer's request carries one `Host`, `User-Agent` and `Accept`
+    /// each, as ureq wrote them when it made them itself.
+    #[tokio::test]
+    async fn a_transfer_carries_one_host_user_agent_and_accept() {
+        let (url, head) = one_shot_core();
+        let budget = Duration::from_secs(5);
+        let target = Target::new(&TargetConfig::with_url("core", &url), budget).unwrap();
+        let request = CoreRequest::Transfer {
+            guid: "G1".into(),
+            json: b"{}".to_vec(),
+        };
+        let end = target.attempt(&request, 0, Instant::now() + budget).await;
+        assert!(matches!(end, CallEnd::Done(Ok(ref a)) if a.status == 200));
+        let head = head.recv_timeout(budget).unwrap().to_ascii_lowercase();
+        let authority = url.trim_start_matches("http://");
+        for expected in [
+            format!("host: {authority}"),
+            format!("user-agent: relayhub/{}", env!("CARGO_PKG_VERSION")),
+            "accept: */*".to_string(),
+        ] {
+            let name = expected.split(':').next().unwrap();
+            let lines: Vec<&str> = head
+                .lines()
+                .filter(|l| l.starts_with(&format!("{name}:")))
+                .collect();
+            assert_eq!(lines, [expected.as_str()], "in:\n{head}");
+        }
     }
 
     #[tokio::test]
