@@ -296,20 +296,22 @@ pub async fn run(
             (Some(t), true) => Some(t.acceptor.current()),
             _ => None,
         };
-        serving.spawn(&mut connections, stream, peer, acceptor);
+        serving.spawn(&mut connections, stream, peer, acceptor, false);
     }
     hub.start_draining();
     // Connections the kernel completed and the loop had not taken yet are
-    // open to their channels, some with a telegram sent: taken in now, they
-    // get E903 like any open connection, instead of the reset that closing
-    // the listener with them in its backlog would give.
-    for (stream, peer) in backlog(listener, serving.limits.max_connections) {
-        serving.spawn(&mut connections, stream, peer, None);
+    // open to their channels, some with a telegram sent: taken in now (as
+    // many as there are free connection slots), they get E903 like any open
+    // connection, instead of the reset that closing the listener with them
+    // in its backlog would give. Taken after the drain began: none of their
+    // telegrams is handled as if the hub were not draining.
+    for (stream, peer) in backlog(listener, serving.slots.available_permits()) {
+        serving.spawn(&mut connections, stream, peer, None, true);
     }
     if let Some(t) = tls {
         let acceptor = t.acceptor.current();
-        for (stream, peer) in backlog(t.listener, serving.limits.max_connections) {
-            serving.spawn(&mut connections, stream, peer, Some(acceptor.clone()));
+        for (stream, peer) in backlog(t.listener, serving.slots.available_permits()) {
+            serving.spawn(&mut connections, stream, peer, Some(acceptor.clone()), true);
         }
     }
     info!("draining: listeners closed, waiting for telegrams in flight");
@@ -342,13 +344,15 @@ struct Serving {
 impl Serving {
     /// Serves an accepted connection in a task of its own (its TLS
     /// handshake first, with `acceptor`), or closes it at once when the hub
-    /// holds as many as it may.
+    /// holds as many as it may. `from_backlog`: taken from the listener's
+    /// backlog by the drain.
     fn spawn(
         &self,
         connections: &mut JoinSet<()>,
         stream: TcpStream,
         peer: SocketAddr,
         acceptor: Option<tokio_rustls::TlsAcceptor>,
+        from_backlog: bool,
     ) {
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
             let max = self.limits.max_connections;
@@ -373,15 +377,19 @@ impl Serving {
             async move {
                 let _permit = permit;
                 metrics::gauge!(crate::metric_names::OPEN_CONNECTIONS).increment(1.0);
+                let carry = Carry {
+                    from_backlog,
+                    ..Carry::default()
+                };
                 match acceptor {
                     None => {
-                        serve_plain(stream, peer, hub, limits, in_flight, Some(adopters)).await;
+                        let adopters = Some(adopters);
+                        serve_plain(stream, peer, hub, limits, in_flight, adopters, carry).await;
                     }
                     Some(acceptor) => {
                         if let Some((tls, cert)) =
                             handshake(acceptor, stream, limits.tls_handshake_timeout).await
                         {
-                            let carry = Carry::default();
                             serve_connection(tls, peer, cert, hub, limits, in_flight, carry, None)
                                 .await;
                         }
@@ -406,13 +414,27 @@ fn backlog(listener: TcpListener, max: usize) -> Vec<(TcpStream, SocketAddr)> {
         }
     };
     let mut taken = Vec::new();
-    while taken.len() < max {
+    // Every accept counts, failed ones too: the loop ends.
+    for _ in 0..max {
         let (stream, peer) = match listener.accept() {
             Ok(x) => x,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            // The one connection's trouble (it went away, a signal): the
+            // rest of the backlog is still taken.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Interrupted
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                debug!(%e, "a connection in the backlog went away");
+                continue;
+            }
+            // Out of file descriptors and the like: the rest is reset.
             Err(e) => {
-                tracing::error!(%e, "accept failed while taking the backlog");
+                tracing::error!(%e, "accept failed while taking the backlog; the rest of it is reset");
                 break;
             }
         };
@@ -421,7 +443,7 @@ fn backlog(listener: TcpListener, max: usize) -> Vec<(TcpStream, SocketAddr)> {
             .and_then(|()| TcpStream::from_std(stream))
         {
             Ok(stream) => taken.push((stream, peer)),
-            Err(e) => debug!(%e, %peer, "could not serve a connection from the backlog"),
+            Err(e) => warn!(%e, %peer, "a connection from the backlog could not be served; closed"),
         }
     }
     taken
@@ -670,13 +692,13 @@ async fn serve_plain<H: Answerer>(
     limits: Limits,
     in_flight: Arc<InFlight>,
     adopters: Option<Arc<Adopters>>,
+    carry: Carry,
 ) {
     let start: adoption::Start = {
         let hub = hub.clone();
         Arc::new(move |telegram, read_at| handling(hub.clone(), telegram, peer.ip(), None, read_at))
     };
-    let mut stream = stream;
-    let mut carry = Carry::default();
+    let (mut stream, mut carry) = (stream, carry);
     loop {
         let served = serve_connection(
             stream,
@@ -754,6 +776,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
         mut started,
         mut idle_from,
         mut inline,
+        mut from_backlog,
     } = carry;
     buf.reserve(512);
     // The last telegram outlasted an adopter's patience: not lent again
@@ -857,7 +880,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     }
                     break;
                 }
-                Ok(Ok(_)) => {}
+                Ok(Ok(_)) => from_backlog = false,
                 Ok(Err(e)) => {
                     debug!(%e, "read failed");
                     break;
@@ -881,9 +904,14 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             // Bytes already in the socket are read however long the
             // reactor takes to see them (within the read timeout: a busy
             // machine took longer than the settling wait); otherwise a
-            // short wait for any the reactor has not marked yet.
+            // short wait for any the reactor has not marked yet. One taken
+            // from the backlog by the drain waits for its channel's first
+            // bytes as long as the drain lets connections finish: it was
+            // open to its channel before the drain began.
             _ = in_flight.closing(), if holds_nothing => {
-                let wait = if S::bytes_waiting(&reader) {
+                let wait = if from_backlog {
+                    CLOSE_GRACE
+                } else if S::bytes_waiting(&reader) {
                     limits.read_timeout.max(SETTLE)
                 } else {
                     SETTLE
@@ -891,6 +919,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                 if !read_settled(&mut reader, &mut buf, wait).await {
                     break;
                 }
+                from_backlog = false;
             }
         }
     }
@@ -1280,6 +1309,7 @@ mod tests {
                     limits,
                     in_flight,
                     Some(adopters),
+                    Carry::default(),
                 )
                 .await;
             }
@@ -1424,7 +1454,17 @@ mod tests {
         let server = tokio::spawn(async move {
             let (stream, peer) = listener.accept().await.unwrap();
             stream.set_nodelay(true).unwrap();
-            serve_plain(stream, peer, Arc::new(hub), limits, in_flight, adopters).await;
+            let carry = Carry::default();
+            serve_plain(
+                stream,
+                peer,
+                Arc::new(hub),
+                limits,
+                in_flight,
+                adopters,
+                carry,
+            )
+            .await;
         });
         let channel = TcpStream::connect(addr).await.unwrap();
         (channel, server)

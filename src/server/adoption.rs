@@ -113,6 +113,9 @@ pub(super) struct Carry {
     /// A telegram still being handled (past its call's deadline, with bytes
     /// from the channel during a long call, or waiting past the patience).
     pub inline: Option<Inline>,
+    /// Taken from the listener's backlog by a draining hub, nothing read
+    /// from it yet: its channel may not have sent its telegram yet.
+    pub from_backlog: bool,
 }
 
 /// How a lent connection comes back.
@@ -412,6 +415,7 @@ fn carry(buf: BytesMut, started: Option<Instant>, idle_from: Instant) -> Carry {
         buf,
         idle_from: Some(idle_from),
         inline: None,
+        from_backlog: false,
     }
 }
 

@@ -247,16 +247,25 @@ async fn tls_connections_still_in_the_backlog_when_the_drain_begins_get_e903() {
     }
     let stopping = tokio::spawn(hub.shutdown());
 
+    // Side by side: the drain lets its connections finish within its grace.
     let name = tls.server_name(&tls_addr).unwrap();
-    for conn in waiting {
-        let mut s =
-            within(tokio_rustls::TlsConnector::from(tls.config()).connect(name.clone(), conn))
-                .await
-                .expect("the handshake of a connection taken from the backlog");
-        let g = guid("BACKLOG");
-        s.write_all(&framed(&transfer(&g, 10))).await.unwrap();
-        let (_, raw) = read_raw_answer(&mut s).await;
-        let answer = relayhub::client::Answer::parse(&raw).unwrap();
+    let exchanges: Vec<_> = waiting
+        .into_iter()
+        .map(|conn| {
+            let (config, name) = (tls.config(), name.clone());
+            tokio::spawn(async move {
+                let mut s = within(tokio_rustls::TlsConnector::from(config).connect(name, conn))
+                    .await
+                    .expect("the handshake of a connection taken from the backlog");
+                let g = guid("BACKLOG");
+                s.write_all(&framed(&transfer(&g, 10))).await.unwrap();
+                let (_, raw) = read_raw_answer(&mut s).await;
+                (g, relayhub::client::Answer::parse(&raw).unwrap())
+            })
+        })
+        .collect();
+    for exchange in exchanges {
+        let (g, answer) = within(exchange).await.unwrap();
         assert_eq!(
             (answer.guid.as_str(), answer.code.as_str()),
             (g.as_str(), "E903")
@@ -264,4 +273,43 @@ async fn tls_connections_still_in_the_backlog_when_the_drain_begins_get_e903() {
         assert!(!core.stats().by_guid.contains_key(&g));
     }
     within(stopping).await.unwrap();
+}
+
+/// A connection taken from the backlog whose channel had not sent its
+/// telegram yet, and sends it only after the drain has closed the idle
+/// connections: it was open to its channel before the drain began, so it
+/// waits for that telegram (within the drain's grace) and answers it E903,
+/// instead of closing at once like a connection that had been idle.
+#[tokio::test]
+async fn a_backlog_connection_whose_telegram_comes_after_the_idle_close_gets_e903() {
+    use tokio::io::AsyncWriteExt;
+    let core = start_core().await;
+    let (hub, _cfg) = start_hub(&core.url(), &HubOpts::budget(3_000)).await;
+    let addr = hub.addr;
+    // An idle connection, whose close shows that the drain has closed the
+    // connections that hold nothing.
+    let mut watch = connect(addr, PrefixMode::Ascii).await;
+    assert_eq!(
+        exchange(&mut watch, &transfer(&guid("UP"), 10)).await.code,
+        "0000"
+    );
+
+    // Blocking: completed by the kernel, with no await for the hub to run.
+    let conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_nonblocking(true).unwrap();
+    let mut conn = tokio::net::TcpStream::from_std(conn).unwrap();
+    let stopping = tokio::spawn(hub.shutdown());
+    assert!(within(watch.recv()).await.expect("read").is_none());
+
+    let late = guid("LATE");
+    conn.write_all(&framed(&transfer(&late, 10))).await.unwrap();
+    let (_, raw) = read_raw_answer(&mut conn).await;
+    let answer = relayhub::client::Answer::parse(&raw).unwrap();
+    assert_eq!(
+        (answer.guid.as_str(), answer.code.as_str()),
+        (late.as_str(), "E903")
+    );
+    assert_closed(&mut conn).await;
+    within(stopping).await.unwrap();
+    assert!(!core.stats().by_guid.contains_key(&late));
 }
