@@ -55,11 +55,11 @@ pub enum FrameError {
         byte: u8,
     },
     /// The prefix says 0: a telegram cannot be empty.
-    #[error("length prefix is 0: a telegram cannot be empty")]
+    #[error("length prefix at byte 0 is 0: a telegram cannot be empty")]
     ZeroLength,
     /// The prefix says more than the configured maximum (decode), or a telegram is
     /// too long for the prefix to carry (encode).
-    #[error("telegram length {len} exceeds the maximum of {max} bytes")]
+    #[error("length prefix at byte 0: telegram length {len} exceeds the maximum of {max} bytes")]
     TooLong {
         /// The length asked for.
         len: usize,
@@ -324,7 +324,7 @@ mod tests {
         assert_eq!(binary().decode(&mut buf), Err(FrameError::ZeroLength));
         assert_eq!(
             FrameError::ZeroLength.to_string(),
-            "length prefix is 0: a telegram cannot be empty"
+            "length prefix at byte 0 is 0: a telegram cannot be empty"
         );
     }
 
@@ -341,7 +341,7 @@ mod tests {
         );
         assert_eq!(
             err.to_string(),
-            "telegram length 4097 exceeds the maximum of 4096 bytes"
+            "length prefix at byte 0: telegram length 4097 exceeds the maximum of 4096 bytes"
         );
         let mut buf = BytesMut::from(&[0xFFu8; 4][..]);
         assert_eq!(

@@ -35,10 +35,11 @@ pub(super) async fn run(
     deadline: Deadline,
 ) -> (Reply, String) {
     let orig = fields.text("orig_guid").unwrap_or("");
-    if !is_guid(orig) {
+    if let Some(at) = first_non_guid_byte(orig) {
+        let at = HEADER_LEN + at;
         return (
             Reply::code(Code::FORMAT),
-            format!("field `orig_guid` at byte {HEADER_LEN}: not a GUID of 32 [0-9A-Za-z_-]"),
+            format!("field `orig_guid` at byte {at}: not a GUID of 32 [0-9A-Za-z_-]"),
         );
     }
     let target = hub.target(route);
@@ -211,10 +212,12 @@ pub(super) fn fits(pause: Duration, deadline: Instant) -> bool {
         .is_some_and(|end| end < deadline)
 }
 
-fn is_guid(s: &str) -> bool {
-    s.len() == 32
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+/// Where `s` (a field's text, trailing spaces trimmed) stops being a GUID
+/// of 32 [0-9A-Za-z_-]: its first other byte, or where it ends short.
+fn first_non_guid_byte(s: &str) -> Option<usize> {
+    s.bytes()
+        .position(|b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+        .or_else(|| (s.len() != 32).then_some(s.len().min(32)))
 }
 
 #[cfg(test)]
@@ -222,6 +225,23 @@ mod tests {
     use super::*;
 
     use super::super::core_and_hub;
+
+    #[test]
+    fn a_malformed_orig_guid_is_placed_at_its_first_bad_byte() {
+        let good = "20261202IBANK0000000000000LEAD01";
+        assert_eq!(first_non_guid_byte(good), None);
+        assert_eq!(first_non_guid_byte("abc.def"), Some(3));
+        assert_eq!(first_non_guid_byte("ABCDEF"), Some(6), "ends short");
+        assert_eq!(first_non_guid_byte(""), Some(0));
+        assert_eq!(
+            first_non_guid_byte(" 0261202IBANK0000000000000LEAD01"),
+            Some(0)
+        );
+        assert_eq!(
+            first_non_guid_byte("20261202IBANK0000000000000LEAD0é"),
+            Some(31)
+        );
+    }
 
     /// A telegram of `tx` from IBANK with these fields.
     fn telegram(tx: &str, guid: &str, fields: serde_json::Value) -> Vec<u8> {

@@ -208,11 +208,17 @@ impl Hub {
         let Some(route) = rules.route(&header.tx_code) else {
             return (
                 Reply::code(Code::NOT_ROUTED),
-                format!("tx code {} has no route", header.tx_code),
+                format!(
+                    "header field `tx_code` at byte {}: {} has no route",
+                    crate::header::TX_CODE.start,
+                    header.tx_code
+                ),
             );
         };
         if let Err(refusal) = rules.check_channel(&header.channel_id, peer, cert, &header.tx_code) {
-            return (Reply::code(Code::CHANNEL), refusal.to_string());
+            let at = crate::header::CHANNEL_ID.start;
+            let note = format!("header field `channel_id` at byte {at}: {refusal}");
+            return (Reply::code(Code::CHANNEL), note);
         }
         let body = &telegram[HEADER_LEN..];
         let fields = match route.layout.decode_request(body, HEADER_LEN) {

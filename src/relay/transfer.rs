@@ -98,7 +98,7 @@ pub(super) async fn run(
             if theirs != fingerprint {
                 return (
                     Reply::code(Code::FORMAT),
-                    "GUID is in flight with a different body".into(),
+                    guid_clash("in flight with a different body"),
                 );
             }
             match tokio::time::timeout_at(deadline.work, reply.wait_for(Option::is_some)).await {
@@ -202,7 +202,7 @@ impl Transfer<'_> {
             if row.fingerprint != self.fingerprint {
                 return (
                     Reply::code(Code::FORMAT),
-                    "GUID already journaled with a different body or tx code".into(),
+                    guid_clash("already journaled with a different body or tx code"),
                 );
             }
             match row.state {
@@ -591,6 +591,12 @@ enum Resend {
     Post(u32),
     Answer(Reply, String),
     LostRace,
+}
+
+/// The E102 note of a GUID clash: it names the GUID's field.
+fn guid_clash(what: &str) -> String {
+    let at = crate::header::GUID.start;
+    format!("header field `guid` at byte {at}: {what}")
 }
 
 #[cfg(test)]

@@ -665,6 +665,75 @@ async fn the_reason_for_an_e102_is_on_the_hub_s_line_with_the_guid() {
     );
 }
 
+/// Every refusal's line names the field and the byte that decided it, not
+/// only a body's E102: an unrouted tx code, a channel the table refuses, a
+/// GUID clash, an inquiry's malformed `orig_guid` (at its first bad byte).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_refusal_names_its_field_and_byte_on_the_hub_s_line() {
+    let core = start_core().await;
+    let dir = TempDir::new("fh-refusals");
+    let cfg = write(
+        &dir,
+        "relayhub.toml",
+        &format!(
+            "{}{}{}{}[[channel]]\nid = \"{CHANNEL}\"\ntx_codes = [\"TRF001\", \"INQ001\"]\n",
+            target(&core.url()),
+            route("TRF001", "transfer", None),
+            route("TRF002", "transfer", Some("TRF001")),
+            route("INQ001", "inquiry", None),
+        ),
+    );
+    let hub = serve(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        "memory",
+    ]);
+    let with_tx = |tx: &[u8; 6], g: &str| {
+        let mut t = transfer(g, 1_000);
+        t[..6].copy_from_slice(tx);
+        t
+    };
+    let cases = [
+        (
+            with_tx(b"XYZ999", &guid("FHE101")),
+            "E101",
+            "header field `tx_code` at byte 0",
+        ),
+        (
+            with_tx(b"TRF002", &guid("FHE103")),
+            "E103",
+            "header field `channel_id` at byte 38",
+        ),
+        (
+            inquiry(&guid("FHINQ"), "abc.def"),
+            "E102",
+            "field `orig_guid` at byte 67",
+        ),
+        (
+            inquiry(&guid("FHINQ"), "ABCDEF"),
+            "E102",
+            "field `orig_guid` at byte 70",
+        ),
+    ];
+    for (telegram, code, want) in cases {
+        let g = std::str::from_utf8(&telegram[6..38]).unwrap().to_string();
+        assert_eq!(hub.send(&telegram).await.code, code, "{want}");
+        let line = log_line(&hub, &g, 0);
+        assert!(line.contains(code) && line.contains(want), "{want}: {line}");
+    }
+    let clash = guid("FHCLASH");
+    assert_eq!(hub.send(&transfer(&clash, 1_000)).await.code, "0000");
+    assert_eq!(hub.send(&transfer(&clash, 2_000)).await.code, "E102");
+    let line = log_line(&hub, &clash, 1);
+    assert!(
+        line.contains("E102") && line.contains("header field `guid` at byte 6"),
+        "{line}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_follows_a_config_s_routes_and_explains_codes_by_operation() {
     let core = start_core().await;
