@@ -185,7 +185,9 @@ impl Hub {
                 meters.record(tx, reply.code, elapsed);
                 crate::console_stats::record(echo.guid_str(), tx, reply.code, elapsed, trace);
                 // Inside the telegram's scope: the line carries its fields.
-                info!(code = %reply.code, ms = elapsed.as_millis() as u64, "{note}");
+                // The note as text, not a format string: written as it is.
+                let ms = elapsed.as_millis() as u64;
+                info!(message = note.as_str(), code = %reply.code, ms);
                 reply
             }))
             .await;
