@@ -383,7 +383,8 @@ pub type LateAnswer = oneshot::Receiver<Result<HttpAnswer, CallFailure>>;
 #[derive(Debug, Clone)]
 pub enum CoreRequest {
     /// `POST /v1/transfers` with `X-GUID`.
-    Transfer { guid: String, json: Vec<u8> },
+    /// Shared, not copied, by each attempt's call.
+    Transfer { guid: Arc<str>, json: Arc<[u8]> },
     /// `GET /v1/transfers/{guid}`.
     Inquiry { guid: String },
 }
@@ -876,7 +877,7 @@ impl Job {
         }
         if let CoreRequest::Transfer { guid, .. } = &self.request {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            let value = HeaderValue::try_from(guid.as_str()).map_err(ureq::http::Error::from)?;
+            let value = HeaderValue::try_from(&**guid).map_err(ureq::http::Error::from)?;
             headers.insert(GUID_NAME, value);
         }
         Ok(agent
@@ -1221,7 +1222,7 @@ mod tests {
         let target = Target::new(&TargetConfig::with_url("core", &url), budget).unwrap();
         let request = CoreRequest::Transfer {
             guid: "G1".into(),
-            json: b"{}".to_vec(),
+            json: Arc::from(&b"{}"[..]),
         };
         let end = target.attempt(&request, 0, Instant::now() + budget).await;
         assert!(matches!(end, CallEnd::Done(Ok(ref a)) if a.status == 200));
@@ -1298,7 +1299,7 @@ mod tests {
         target.require_licence(Arc::new(|| Err("this hub is fenced".into())));
         let transfer = CoreRequest::Transfer {
             guid: "G1".into(),
-            json: b"{}".to_vec(),
+            json: Arc::from(&b"{}"[..]),
         };
         let end = target.attempt(&transfer, 0, Instant::now() + budget).await;
         match end {

@@ -13,10 +13,21 @@ use super::{Claim, Event, Finish, JournalError, Row, State};
 /// time) costs a twelfth of the copying and of the page faults per telegram.
 type Rows = HashMap<Box<str>, Box<Kept>>;
 
-/// One GUID's row and its history.
+/// One GUID's row and its history. The row's `guid` is left empty: the
+/// map's key holds it, and a row read out gets it back ([`Kept::row`]).
 struct Kept {
     row: Row,
     events: Vec<Event>,
+}
+
+impl Kept {
+    /// The row as the journal's callers see it, its GUID included.
+    fn row(&self, guid: &str) -> Row {
+        Row {
+            guid: guid.to_owned(),
+            ..self.row.clone()
+        }
+    }
 }
 
 /// A row and its history, to change in place.
@@ -48,11 +59,11 @@ impl MemoryJournal {
         let mut rows = self.lock();
         // One look-up for both outcomes (the key is made either way).
         let slot = match rows.entry(guid.into()) {
-            Entry::Occupied(o) => return Ok(Claim::Existing(o.get().row.clone())),
+            Entry::Occupied(o) => return Ok(Claim::Existing(o.get().row(guid))),
             Entry::Vacant(v) => v,
         };
         let row = Row {
-            guid: guid.into(),
+            guid: String::new(),
             tx_code: tx_code.into(),
             fingerprint: fingerprint.into(),
             state: State::Sending,
@@ -164,7 +175,7 @@ impl MemoryJournal {
     }
 
     pub fn get(&self, guid: &str) -> Result<Option<Row>, JournalError> {
-        Ok(self.lock().get(guid).map(|kept| kept.row.clone()))
+        Ok(self.lock().get(guid).map(|kept| kept.row(guid)))
     }
 
     pub fn history(&self, guid: &str) -> Result<Vec<Event>, JournalError> {
@@ -178,9 +189,9 @@ impl MemoryJournal {
     pub fn list(&self, state: State, limit: usize) -> Result<Vec<Row>, JournalError> {
         let mut rows: Vec<Row> = self
             .lock()
-            .values()
-            .filter(|kept| kept.row.state == state)
-            .map(|kept| kept.row.clone())
+            .iter()
+            .filter(|(_, kept)| kept.row.state == state)
+            .map(|(guid, kept)| kept.row(guid))
             .collect();
         rows.sort_by_key(|r| r.created_ms);
         rows.truncate(limit);
@@ -258,6 +269,19 @@ mod tests {
             j.get("g").unwrap().map(|r| (r.state, r.attempts)),
             Some((State::Sending, 2))
         );
+    }
+
+    /// The map's key is the only copy of a GUID: every row read out has it.
+    #[test]
+    fn a_row_read_out_carries_its_guid() {
+        let j = MemoryJournal::default();
+        j.claim("g1", "TRF001", "fp", "http://core", 1).unwrap();
+        assert_eq!(j.get("g1").unwrap().unwrap().guid, "g1");
+        let Claim::Existing(row) = j.claim("g1", "TRF001", "fp", "http://core", 2).unwrap() else {
+            panic!("a second claim of g1 is not new");
+        };
+        assert_eq!(row.guid, "g1");
+        assert_eq!(j.list(State::Sending, 10).unwrap()[0].guid, "g1");
     }
 
     #[test]

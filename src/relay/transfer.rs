@@ -2,6 +2,7 @@
 //! (written ahead of the first request byte), the resend policy, the POST with
 //! failover only while nothing was sent, and the outcome journaled.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -406,8 +407,12 @@ impl Transfer<'_> {
         let target = self.target;
         let deadline = self.deadline;
         let request = CoreRequest::Transfer {
-            guid: guid.to_string(),
-            json: transfer_body(&self.header.guid, &self.header.channel_id, self.fields),
+            guid: Arc::from(guid),
+            json: Arc::from(transfer_body(
+                &self.header.guid,
+                &self.header.channel_id,
+                self.fields,
+            )),
         };
         let started = Instant::now();
         let mut tries = 0u32;
