@@ -161,6 +161,13 @@ struct LayoutFile {
 }
 
 impl Layout {
+    /// Where request field `name` starts within the body (after the header),
+    /// if the layout has it.
+    pub fn request_offset(&self, name: &str) -> Option<usize> {
+        let at = self.request.iter().position(|f| f.name == name)?;
+        Some(self.request[..at].iter().map(|f| f.length).sum())
+    }
+
     /// Parses and validates one layout file; `file` (a path or a name) is only used
     /// in errors.
     pub fn from_json(file: &str, text: &str) -> Result<Layout, LayoutError> {

@@ -287,6 +287,20 @@ fn description_is_optional_and_empty_lists_are_allowed() {
 }
 
 #[test]
+fn a_request_field_s_offset_counts_the_fields_before_it() {
+    let l = Layout::from_json(
+        "t",
+        r#"{"tx_code":"INQ002","request_length":36,"request":[
+        {"name":"branch","type":"AN","length":4},
+        {"name":"orig_guid","type":"AN","length":32}],"response_length":0,"response":[]}"#,
+    )
+    .unwrap();
+    assert_eq!(l.request_offset("branch"), Some(0));
+    assert_eq!(l.request_offset("orig_guid"), Some(4));
+    assert_eq!(l.request_offset("memo"), None);
+}
+
+#[test]
 fn u_limits_at_the_edge() {
     let ok = r#"{"tx_code":"EDGE01","request_length":19,"request":[
         {"name":"n","type":"U","length":19,"min":0,"max":9999999999999999999}],

@@ -36,7 +36,8 @@ pub(super) async fn run(
 ) -> (Reply, String) {
     let orig = fields.text("orig_guid").unwrap_or("");
     if let Some(at) = first_non_guid_byte(orig) {
-        let at = HEADER_LEN + at;
+        // Where the field is in the telegram: a layout may put it after others.
+        let at = HEADER_LEN + route.layout.request_offset("orig_guid").unwrap_or(0) + at;
         return (
             Reply::code(Code::FORMAT),
             format!("field `orig_guid` at byte {at}: not a GUID of 32 [0-9A-Za-z_-]"),
