@@ -1293,28 +1293,9 @@ mod tests {
         hub: H,
         adopters: Arc<Adopters>,
     ) -> (TcpStream, Arc<InFlight>, tokio::task::JoinHandle<()>) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let limits = Limits::from(&ServerConfig::default());
         let in_flight = Arc::new(InFlight::default());
-        let server = tokio::spawn({
-            let in_flight = in_flight.clone();
-            async move {
-                let (stream, peer) = listener.accept().await.unwrap();
-                stream.set_nodelay(true).unwrap();
-                serve_plain(
-                    stream,
-                    peer,
-                    Arc::new(hub),
-                    limits,
-                    in_flight,
-                    Some(adopters),
-                    Carry::default(),
-                )
-                .await;
-            }
-        });
-        let channel = TcpStream::connect(addr).await.unwrap();
+        let (channel, server) = served(hub, limits, Some(adopters), in_flight.clone()).await;
         (channel, in_flight, server)
     }
 
@@ -1448,23 +1429,24 @@ mod tests {
         limits: Limits,
         adopters: Option<Arc<Adopters>>,
     ) -> (TcpStream, tokio::task::JoinHandle<()>) {
+        served(hub, limits, adopters, Arc::new(InFlight::default())).await
+    }
+
+    /// One channel connection served by `serve_plain`, on a port of its
+    /// own: the channel's end and the task.
+    async fn served<H: Answerer>(
+        hub: H,
+        limits: Limits,
+        adopters: Option<Arc<Adopters>>,
+        in_flight: Arc<InFlight>,
+    ) -> (TcpStream, tokio::task::JoinHandle<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let in_flight = Arc::new(InFlight::default());
         let server = tokio::spawn(async move {
             let (stream, peer) = listener.accept().await.unwrap();
             stream.set_nodelay(true).unwrap();
-            let carry = Carry::default();
-            serve_plain(
-                stream,
-                peer,
-                Arc::new(hub),
-                limits,
-                in_flight,
-                adopters,
-                carry,
-            )
-            .await;
+            let (hub, carry) = (Arc::new(hub), Carry::default());
+            serve_plain(stream, peer, hub, limits, in_flight, adopters, carry).await;
         });
         let channel = TcpStream::connect(addr).await.unwrap();
         (channel, server)

@@ -101,6 +101,18 @@ fn serve(args: &[&str]) -> Proc {
     try_start(&mut cmd).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A hub with the config file `cfg`, on port 0, with the memory journal.
+fn serve_config(cfg: &Path) -> Proc {
+    serve(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        "memory",
+    ])
+}
+
 /// Waits (bounded) for a log line containing `needle` beyond the first `skip`
 /// such lines, and returns it.
 fn log_line(hub: &Proc, needle: &str, skip: usize) -> String {
@@ -144,6 +156,23 @@ fn route(tx: &str, op: &str, layout: Option<&str>) -> String {
         .map(|l| format!("layout = {l:?}\n"))
         .unwrap_or_default();
     format!("[[route]]\ntx_code = {tx:?}\noperation = {op:?}\n{layout}\n")
+}
+
+/// A hub (memory journal) from a config in `dir` with TRF001, TRF002 (by
+/// TRF001's layout) and INQ001 routed to `core_url`, and `extra` after them.
+fn serve_three_routes(core_url: &str, dir: &TempDir, extra: &str) -> Proc {
+    let cfg = write(
+        dir,
+        "relayhub.toml",
+        &format!(
+            "{}{}{}{}{extra}",
+            target(core_url),
+            route("TRF001", "transfer", None),
+            route("TRF002", "transfer", Some("TRF001")),
+            route("INQ001", "inquiry", None),
+        ),
+    );
+    serve_config(&cfg)
 }
 
 fn trf_json(amount: u64) -> String {
@@ -296,14 +325,7 @@ async fn a_reload_refuses_layouts_that_do_not_fit_the_core() {
             target(&core.url())
         ),
     );
-    let hub = serve(&[
-        "--config",
-        cfg.to_str().unwrap(),
-        "--listen",
-        "127.0.0.1:0",
-        "--journal",
-        "memory",
-    ]);
+    let hub = serve_config(&cfg);
     for file in not_fitting_files() {
         std::fs::copy(&file, layouts.join("bad.json")).unwrap();
         let line = reload(&hub);
@@ -386,14 +408,7 @@ async fn fields_that_declare_no_log_rule_are_masked() {
         "{line}"
     );
 
-    let hub = serve(&[
-        "--config",
-        cfg.to_str().unwrap(),
-        "--listen",
-        "127.0.0.1:0",
-        "--journal",
-        "memory",
-    ]);
+    let hub = serve_config(&cfg);
     let layout = Layout::from_json("TRF002.json", EXTENDED).unwrap();
     let g = guid("FHMASK");
     let fields = json!({
@@ -430,14 +445,7 @@ async fn a_reload_names_the_changed_keys_that_wait_for_a_restart() {
     let dir = TempDir::new("fh-restart");
     let first = format!("[server]\nbudget_ms = 3000\n\n{}", target(&core.url()));
     let cfg = write(&dir, "relayhub.toml", &first);
-    let hub = serve(&[
-        "--config",
-        cfg.to_str().unwrap(),
-        "--listen",
-        "127.0.0.1:0",
-        "--journal",
-        "memory",
-    ]);
+    let hub = serve_config(&cfg);
 
     // Nothing changed: a plain ok.
     let line = reload(&hub);
@@ -611,14 +619,7 @@ async fn send_explains_a_mismatched_prefix() {
                 target(&core.url())
             ),
         );
-        let hub = serve(&[
-            "--config",
-            cfg.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--journal",
-            "memory",
-        ]);
+        let hub = serve_config(&cfg);
         let addr = hub.addr.to_string();
         let out = relayhub(&[
             "send",
@@ -641,62 +642,27 @@ async fn send_explains_a_mismatched_prefix() {
     assert_eq!(core.stats().post, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_reason_for_an_e102_is_on_the_hub_s_line_with_the_guid() {
-    let core = start_core().await;
-    let hub = serve(&[
-        "--core-url",
-        &core.url(),
-        "--listen",
-        "127.0.0.1:0",
-        "--journal",
-        "memory",
-    ]);
-    let g = guid("FHE102");
-    let mut t = transfer(&g, 1_000);
-    // amount (U 13) starts at byte 64 + 16 + 3 + 16 = 99.
-    t[101] = b'x';
-    let a = hub.send(&t).await;
-    assert_eq!(a.code, "E102");
-    let line = log_line(&hub, &g, 0);
-    assert!(
-        line.contains("E102") && line.contains("field `amount` at byte 101"),
-        "{line}"
-    );
-}
-
-/// Every refusal's line names the field and the byte that decided it, not
-/// only a body's E102: an unrouted tx code, a channel the table refuses, a
-/// GUID clash, an inquiry's malformed `orig_guid` (at its first bad byte).
+/// The reason for every refusal is on the hub's line with the GUID, naming
+/// the field and the byte that decided it: a body's E102, an unrouted tx
+/// code, a channel the table refuses, a GUID clash, an inquiry's malformed
+/// `orig_guid` (at its first bad byte).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_refusal_names_its_field_and_byte_on_the_hub_s_line() {
     let core = start_core().await;
     let dir = TempDir::new("fh-refusals");
-    let cfg = write(
-        &dir,
-        "relayhub.toml",
-        &format!(
-            "{}{}{}{}[[channel]]\nid = \"{CHANNEL}\"\ntx_codes = [\"TRF001\", \"INQ001\"]\n",
-            target(&core.url()),
-            route("TRF001", "transfer", None),
-            route("TRF002", "transfer", Some("TRF001")),
-            route("INQ001", "inquiry", None),
-        ),
-    );
-    let hub = serve(&[
-        "--config",
-        cfg.to_str().unwrap(),
-        "--listen",
-        "127.0.0.1:0",
-        "--journal",
-        "memory",
-    ]);
+    let channels =
+        format!("[[channel]]\nid = \"{CHANNEL}\"\ntx_codes = [\"TRF001\", \"INQ001\"]\n");
+    let hub = serve_three_routes(&core.url(), &dir, &channels);
     let with_tx = |tx: &[u8; 6], g: &str| {
         let mut t = transfer(g, 1_000);
         t[..6].copy_from_slice(tx);
         t
     };
+    let mut bad_amount = transfer(&guid("FHE102"), 1_000);
+    // amount (U 13) starts at byte 64 + 16 + 3 + 16 = 99.
+    bad_amount[101] = b'x';
     let cases = [
+        (bad_amount, "E102", "field `amount` at byte 101"),
         (
             with_tx(b"XYZ999", &guid("FHE101")),
             "E101",
@@ -721,42 +687,26 @@ async fn each_refusal_names_its_field_and_byte_on_the_hub_s_line() {
     for (telegram, code, want) in cases {
         let g = std::str::from_utf8(&telegram[6..38]).unwrap().to_string();
         assert_eq!(hub.send(&telegram).await.code, code, "{want}");
-        let line = log_line(&hub, &g, 0);
-        assert!(line.contains(code) && line.contains(want), "{want}: {line}");
+        assert_line_names(&hub, &g, 0, code, want);
     }
     let clash = guid("FHCLASH");
     assert_eq!(hub.send(&transfer(&clash, 1_000)).await.code, "0000");
     assert_eq!(hub.send(&transfer(&clash, 2_000)).await.code, "E102");
-    let line = log_line(&hub, &clash, 1);
-    assert!(
-        line.contains("E102") && line.contains("header field `guid` at byte 6"),
-        "{line}"
-    );
+    assert_line_names(&hub, &clash, 1, "E102", "header field `guid` at byte 6");
+}
+
+/// The hub's line about `guid` (past the first `skip`) shows `code` and `want`.
+fn assert_line_names(hub: &Proc, guid: &str, skip: usize, code: &str, want: &str) {
+    let line = log_line(hub, guid, skip);
+    assert!(line.contains(code) && line.contains(want), "{want}: {line}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_follows_a_config_s_routes_and_explains_codes_by_operation() {
     let core = start_core().await;
     let dir = TempDir::new("fh-sendcfg");
-    let cfg = write(
-        &dir,
-        "relayhub.toml",
-        &format!(
-            "{}{}{}{}",
-            target(&core.url()),
-            route("TRF001", "transfer", None),
-            route("TRF002", "transfer", Some("TRF001")),
-            route("INQ001", "inquiry", None),
-        ),
-    );
-    let hub = serve(&[
-        "--config",
-        cfg.to_str().unwrap(),
-        "--listen",
-        "127.0.0.1:0",
-        "--journal",
-        "memory",
-    ]);
+    let hub = serve_three_routes(&core.url(), &dir, "");
+    let cfg = dir.join("relayhub.toml");
     let addr = hub.addr.to_string();
     let send = |args: &[&str]| {
         let mut all = vec!["send", "--config", cfg.to_str().unwrap(), "--to", &addr];
