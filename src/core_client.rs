@@ -439,8 +439,8 @@ pub struct Target {
     pub name: String,
     urls: Vec<String>,
     /// Each base URL's `POST /v1/transfers` URL, parsed once (a transfer's
-    /// URL is the same for every telegram); `None` if it does not parse, and
-    /// the call reports that as it always did.
+    /// URL is the same for every telegram), with its `Host` header; `None`
+    /// if it does not parse, and the call reports that as it always did.
     transfer_uris: Vec<Option<(Uri, Option<HeaderValue>)>>,
     /// [`AGENTS`] agents with the same config, parts and resolver; the
     /// thread that runs a call keeps to one (see [`this_threads_agent`]).
@@ -619,11 +619,10 @@ impl Target {
         &self.urls[attempt as usize % self.urls.len()]
     }
 
-    /// The request's URL at `base_url`, parsed: a transfer's from the
-    /// target's own, parsed when it was made (`base_url` may also be one
-    /// the journal recorded, no longer configured).
-    /// The request's URL, parsed, and its `Host` header when made already
-    /// (a transfer's: ureq makes an inquiry's).
+    /// The request's URL at `base_url`, parsed, and its `Host` header: a
+    /// transfer's both from the target's own, made when it was (`base_url`
+    /// may also be one the journal recorded, no longer configured); for
+    /// anything else no `Host`, which ureq then makes.
     fn uri_of(
         &self,
         request: &CoreRequest,

@@ -44,8 +44,9 @@ pub struct Header {
     pub sent_at: String,
 }
 
-/// Why a header was refused (E102). `offset` is the first bad byte within the
-/// telegram, or the field's start when the field as a whole is wrong.
+/// Why a header was refused (E102), or the header field behind an E101 or
+/// E103. `offset` is the first bad byte within the telegram, or the field's
+/// start when the field as a whole is wrong.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[error("header field `{field}` at byte {offset}: {reason}")]
 pub struct HeaderError {
@@ -58,7 +59,7 @@ pub struct HeaderError {
 }
 
 impl HeaderError {
-    fn new(field: &'static str, offset: usize, reason: impl Into<String>) -> Self {
+    pub fn new(field: &'static str, offset: usize, reason: impl Into<String>) -> Self {
         Self {
             field,
             offset,

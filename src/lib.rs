@@ -52,6 +52,7 @@ pub mod console;
 pub mod console_stats;
 pub mod core_client;
 pub mod daemon;
+pub mod decimal;
 pub mod frame;
 pub mod header;
 pub mod hex;

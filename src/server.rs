@@ -264,7 +264,7 @@ pub async fn run(
         in_flight: Arc::new(InFlight::default()),
         adopters: Arc::new(Adopters::new()),
         slots: Arc::new(Semaphore::new(limits.max_connections)),
-        hub: hub.clone(),
+        hub,
         limits,
     };
     let mut connections = JoinSet::new();
@@ -298,7 +298,7 @@ pub async fn run(
         };
         serving.spawn(&mut connections, stream, peer, acceptor, false);
     }
-    hub.start_draining();
+    serving.hub.start_draining();
     // Connections the kernel completed and the loop had not taken yet are
     // open to their channels, some with a telegram sent: taken in now (as
     // many as there are free connection slots), they get E903 like any open
@@ -686,19 +686,18 @@ enum Served {
 /// (`adoption.rs`); this task owns it throughout and resumes it when it comes
 /// back.
 async fn serve_plain<H: Answerer>(
-    stream: TcpStream,
+    mut stream: TcpStream,
     peer: SocketAddr,
     hub: Arc<H>,
     limits: Limits,
     in_flight: Arc<InFlight>,
     adopters: Option<Arc<Adopters>>,
-    carry: Carry,
+    mut carry: Carry,
 ) {
     let start: adoption::Start = {
         let hub = hub.clone();
         Arc::new(move |telegram, read_at| handling(hub.clone(), telegram, peer.ip(), None, read_at))
     };
-    let (mut stream, mut carry) = (stream, carry);
     loop {
         let served = serve_connection(
             stream,

@@ -34,13 +34,13 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use ureq::Timeout;
-
-use super::closes::CloseWatch;
 use ureq::unversioned::transport::time::Duration as UreqDuration;
 use ureq::unversioned::transport::{
     Buffers, ConnectionDetails, Connector, Either, LazyBuffers, NextTimeout, ShutdownHandle,
     Transport,
 };
+
+use super::closes::CloseWatch;
 
 /// The step a socket timeout is rounded down to.
 pub(super) const TIMEOUT_STEP: Duration = Duration::from_millis(10);
@@ -274,9 +274,8 @@ impl Transport for CoreSocket {
                     self.read_timeout = Some(left);
                 }
                 result => {
-                    if matches!(&result, Ok(0))
-                        || matches!(&result, Err(e) if e.kind() == io::ErrorKind::ConnectionReset)
-                    {
+                    let kind = result.as_ref().map_err(io::Error::kind);
+                    if matches!(kind, Ok(0) | Err(io::ErrorKind::ConnectionReset)) {
                         self.note_core_close();
                     }
                     break result.map_err(|e| io_error(e, timeout.reason))?;

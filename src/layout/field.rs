@@ -385,18 +385,8 @@ fn encode_h(s: &str, out: &mut Vec<u8>) -> Result<(), String> {
 
 /// Writes `n` right-aligned and zero-padded in `width` digits, or says it does not fit.
 fn put_zero_padded(n: u64, width: usize, out: &mut Vec<u8>) -> Result<(), String> {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut rest = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    let digits = &digits[i..];
+    let mut buf = [0u8; 20];
+    let digits = crate::decimal::digits(n, &mut buf).as_bytes();
     if digits.len() > width {
         return Err(format!("{n} does not fit in {width} digits"));
     }

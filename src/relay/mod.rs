@@ -44,7 +44,7 @@ pub use transfer::{fingerprint, transfer_body};
 
 use crate::config::{JournalConfig, Operation};
 use crate::core_client::Target;
-use crate::header::{Echo, HEADER_LEN, parse_header};
+use crate::header::{Echo, HEADER_LEN, HeaderError, parse_header};
 use crate::journal::Journal;
 use crate::outcome::Code;
 use crate::rules::{ClientCert, Route, Rules};
@@ -210,17 +210,18 @@ impl Hub {
         let Some(route) = rules.route(&header.tx_code) else {
             return (
                 Reply::code(Code::NOT_ROUTED),
-                format!(
-                    "header field `tx_code` at byte {}: {} has no route",
+                HeaderError::new(
+                    "tx_code",
                     crate::header::TX_CODE.start,
-                    header.tx_code
-                ),
+                    format!("{} has no route", header.tx_code),
+                )
+                .to_string(),
             );
         };
         if let Err(refusal) = rules.check_channel(&header.channel_id, peer, cert, &header.tx_code) {
             let at = crate::header::CHANNEL_ID.start;
-            let note = format!("header field `channel_id` at byte {at}: {refusal}");
-            return (Reply::code(Code::CHANNEL), note);
+            let note = HeaderError::new("channel_id", at, refusal.to_string());
+            return (Reply::code(Code::CHANNEL), note.to_string());
         }
         let body = &telegram[HEADER_LEN..];
         let fields = match route.layout.decode_request(body, HEADER_LEN) {

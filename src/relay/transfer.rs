@@ -600,8 +600,7 @@ enum Resend {
 
 /// The E102 note of a GUID clash: it names the GUID's field.
 fn guid_clash(what: &str) -> String {
-    let at = crate::header::GUID.start;
-    format!("header field `guid` at byte {at}: {what}")
+    crate::header::HeaderError::new("guid", crate::header::GUID.start, what).to_string()
 }
 
 #[cfg(test)]

@@ -8,26 +8,17 @@ use common::*;
 use corebank::{FaultRule, Phase};
 use relayhub::frame::PrefixMode;
 
-/// A core whose transfer of the returned GUID answers after `delay_ms`, a
-/// hub before it (3 s budget), and `idle` connections to the hub, each
-/// proven open by a first exchange.
-async fn hub_with_a_slow_guid(
-    delay_ms: u64,
+/// A core, a hub before it (3 s budget), and `idle` connections to the
+/// hub, each proven open by a first exchange.
+async fn hub_with_open_channels(
     idle: usize,
 ) -> (
     corebank::CoreBank,
     relayhub::daemon::Daemon,
-    String,
     Vec<relayhub::client::Channel>,
 ) {
     let core = start_core().await;
     let (hub, _cfg) = start_hub(&core.url(), &HubOpts::budget(3_000)).await;
-    let slow = guid("SLOW");
-    core.add_fault(
-        FaultRule::guid(&slow)
-            .delay_ms(delay_ms)
-            .phase(Phase::BeforeApply),
-    );
     let mut channels = Vec::new();
     for _ in 0..idle {
         let mut ch = connect(hub.addr, PrefixMode::Ascii).await;
@@ -37,7 +28,45 @@ async fn hub_with_a_slow_guid(
         );
         channels.push(ch);
     }
+    (core, hub, channels)
+}
+
+/// [`hub_with_open_channels`], with a core whose transfer of the returned
+/// GUID answers after `delay_ms`.
+async fn hub_with_a_slow_guid(
+    delay_ms: u64,
+    idle: usize,
+) -> (
+    corebank::CoreBank,
+    relayhub::daemon::Daemon,
+    String,
+    Vec<relayhub::client::Channel>,
+) {
+    let (core, hub, channels) = hub_with_open_channels(idle).await;
+    let slow = guid("SLOW");
+    core.add_fault(
+        FaultRule::guid(&slow)
+            .delay_ms(delay_ms)
+            .phase(Phase::BeforeApply),
+    );
     (core, hub, slow, channels)
+}
+
+/// A connection the kernel completed, with `sent` written into it, made
+/// without an await: on a runtime of one thread the hub cannot run
+/// meanwhile, so the connection is still in the listener's backlog.
+fn in_the_backlog(addr: impl std::net::ToSocketAddrs, sent: &[u8]) -> tokio::net::TcpStream {
+    use std::io::Write;
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.write_all(sent).unwrap();
+    conn.set_nonblocking(true).unwrap();
+    tokio::net::TcpStream::from_std(conn).unwrap()
+}
+
+/// Asserts that the answer telegram `raw` is `guid`'s, with `code`.
+fn assert_answer(raw: &[u8], guid: &str, code: &str) {
+    let answer = relayhub::client::Answer::parse(raw).unwrap();
+    assert_eq!((answer.guid.as_str(), answer.code.as_str()), (guid, code));
 }
 
 /// Sends the slow transfer on a connection of its own; returns once the
@@ -124,8 +153,8 @@ async fn a_telegram_completed_after_the_in_flight_wait_still_gets_e903() {
     let [mut watch]: [_; 1] = channels.try_into().ok().unwrap();
     let in_flight = in_flight(&core, addr, &slow).await;
     // Half a telegram on a connection of its own, proven open by a first
-    // exchange: a connection still in the listener's backlog when the
-    // drain closes the listener is reset by the kernel, answered by nobody.
+    // exchange: served as an open connection, not one the drain takes from
+    // the listener's backlog.
     let late = guid("LATE");
     let whole = framed(&transfer(&late, 10));
     let (first, rest) = whole.split_at(whole.len() / 2);
@@ -148,11 +177,7 @@ async fn a_telegram_completed_after_the_in_flight_wait_still_gets_e903() {
 
     half.write_all(rest).await.unwrap();
     let (_, answer) = read_raw_answer(&mut half).await;
-    let answer = relayhub::client::Answer::parse(&answer).unwrap();
-    assert_eq!(
-        (answer.guid.as_str(), answer.code.as_str()),
-        (late.as_str(), "E903")
-    );
+    assert_answer(&answer, &late, "E903");
     assert_closed(&mut half).await;
     within(stopping).await.unwrap();
     assert!(!core.stats().by_guid.contains_key(&late));
@@ -167,35 +192,20 @@ async fn a_telegram_completed_after_the_in_flight_wait_still_gets_e903() {
 /// loop sees any of them.)
 #[tokio::test]
 async fn connections_still_in_the_backlog_when_the_drain_begins_get_e903() {
-    use std::io::Write;
     const WAITING: usize = 16;
-    let core = start_core().await;
-    let (hub, _cfg) = start_hub(&core.url(), &HubOpts::budget(3_000)).await;
-    let addr = hub.addr;
-    let mut ch = connect(addr, PrefixMode::Ascii).await;
-    assert_eq!(
-        exchange(&mut ch, &transfer(&guid("UP"), 10)).await.code,
-        "0000"
-    );
-
-    let mut waiting = Vec::new();
-    for _ in 0..WAITING {
-        // Blocking: completed by the kernel, with no await for the hub to run.
-        let mut conn = std::net::TcpStream::connect(addr).unwrap();
-        let g = guid("BACKLOG");
-        conn.write_all(&framed(&transfer(&g, 10))).unwrap();
-        conn.set_nonblocking(true).unwrap();
-        waiting.push((g, tokio::net::TcpStream::from_std(conn).unwrap()));
-    }
+    let (core, hub, _up) = hub_with_open_channels(1).await;
+    let waiting: Vec<_> = (0..WAITING)
+        .map(|_| {
+            let g = guid("BACKLOG");
+            let conn = in_the_backlog(hub.addr, &framed(&transfer(&g, 10)));
+            (g, conn)
+        })
+        .collect();
     let stopping = tokio::spawn(hub.shutdown());
 
     for (g, mut conn) in waiting {
         let (_, raw) = read_raw_answer(&mut conn).await;
-        let answer = relayhub::client::Answer::parse(&raw).unwrap();
-        assert_eq!(
-            (answer.guid.as_str(), answer.code.as_str()),
-            (g.as_str(), "E903")
-        );
+        assert_answer(&raw, &g, "E903");
         assert_closed(&mut conn).await;
         assert!(!core.stats().by_guid.contains_key(&g));
     }
@@ -238,13 +248,9 @@ async fn tls_connections_still_in_the_backlog_when_the_drain_begins_get_e903() {
         "0000"
     );
 
-    let mut waiting = Vec::new();
-    for _ in 0..WAITING {
-        // Blocking: completed by the kernel, with no await for the hub to run.
-        let conn = std::net::TcpStream::connect(&tls_addr).unwrap();
-        conn.set_nonblocking(true).unwrap();
-        waiting.push(tokio::net::TcpStream::from_std(conn).unwrap());
-    }
+    let waiting: Vec<_> = (0..WAITING)
+        .map(|_| in_the_backlog(&*tls_addr, &[]))
+        .collect();
     let stopping = tokio::spawn(hub.shutdown());
 
     // Side by side: the drain lets its connections finish within its grace.
@@ -260,16 +266,13 @@ async fn tls_connections_still_in_the_backlog_when_the_drain_begins_get_e903() {
                 let g = guid("BACKLOG");
                 s.write_all(&framed(&transfer(&g, 10))).await.unwrap();
                 let (_, raw) = read_raw_answer(&mut s).await;
-                (g, relayhub::client::Answer::parse(&raw).unwrap())
+                (g, raw)
             })
         })
         .collect();
     for exchange in exchanges {
-        let (g, answer) = within(exchange).await.unwrap();
-        assert_eq!(
-            (answer.guid.as_str(), answer.code.as_str()),
-            (g.as_str(), "E903")
-        );
+        let (g, raw) = within(exchange).await.unwrap();
+        assert_answer(&raw, &g, "E903");
         assert!(!core.stats().by_guid.contains_key(&g));
     }
     within(stopping).await.unwrap();
@@ -283,32 +286,18 @@ async fn tls_connections_still_in_the_backlog_when_the_drain_begins_get_e903() {
 #[tokio::test]
 async fn a_backlog_connection_whose_telegram_comes_after_the_idle_close_gets_e903() {
     use tokio::io::AsyncWriteExt;
-    let core = start_core().await;
-    let (hub, _cfg) = start_hub(&core.url(), &HubOpts::budget(3_000)).await;
-    let addr = hub.addr;
     // An idle connection, whose close shows that the drain has closed the
     // connections that hold nothing.
-    let mut watch = connect(addr, PrefixMode::Ascii).await;
-    assert_eq!(
-        exchange(&mut watch, &transfer(&guid("UP"), 10)).await.code,
-        "0000"
-    );
-
-    // Blocking: completed by the kernel, with no await for the hub to run.
-    let conn = std::net::TcpStream::connect(addr).unwrap();
-    conn.set_nonblocking(true).unwrap();
-    let mut conn = tokio::net::TcpStream::from_std(conn).unwrap();
+    let (core, hub, channels) = hub_with_open_channels(1).await;
+    let [mut watch]: [_; 1] = channels.try_into().ok().unwrap();
+    let mut conn = in_the_backlog(hub.addr, &[]);
     let stopping = tokio::spawn(hub.shutdown());
     assert!(within(watch.recv()).await.expect("read").is_none());
 
     let late = guid("LATE");
     conn.write_all(&framed(&transfer(&late, 10))).await.unwrap();
     let (_, raw) = read_raw_answer(&mut conn).await;
-    let answer = relayhub::client::Answer::parse(&raw).unwrap();
-    assert_eq!(
-        (answer.guid.as_str(), answer.code.as_str()),
-        (late.as_str(), "E903")
-    );
+    assert_answer(&raw, &late, "E903");
     assert_closed(&mut conn).await;
     within(stopping).await.unwrap();
     assert!(!core.stats().by_guid.contains_key(&late));

@@ -601,7 +601,9 @@ impl LineVisitor<'_, '_> {
     fn u64_value(&mut self, name: &str, value: u64) {
         if self.name(name) {
             // Digits: nothing for `OneLine` to look for.
-            self.result = self.writer.write_str(decimal(value, &mut [0; 20]));
+            self.result = self
+                .writer
+                .write_str(relayhub::decimal::digits(value, &mut [0; 20]));
         }
     }
 }
@@ -652,23 +654,6 @@ impl<'w> FormatFields<'w> for OneLineFields {
         fields.record(&mut v);
         v.result
     }
-}
-
-/// `value` in decimal in `buf`, as `{value}` writes it, without the
-/// formatting machinery (a few hundred instructions per number, on every
-/// line).
-fn decimal(mut value: u64, buf: &mut [u8; 20]) -> &str {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
-    }
-    // ASCII digits only.
-    std::str::from_utf8(&buf[at..]).unwrap_or_default()
 }
 
 /// Writes through, with line breaks and other control characters escaped
@@ -784,13 +769,6 @@ mod tests {
             };
             v.str_value("guid", &value);
             proptest::prop_assert_eq!(out, one_line(&format!("guid={value:?}")));
-        }
-
-        /// A number is written as `{}` writes it.
-        #[test]
-        fn a_number_is_written_as_display_writes_it(value: u64) {
-            let mut buf = [0; 20];
-            proptest::prop_assert_eq!(super::decimal(value, &mut buf), value.to_string());
         }
     }
 
