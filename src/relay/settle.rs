@@ -177,48 +177,86 @@ pub(super) async fn after_unknown(
     };
     let (reply, outcome) = reply_for(outcome, &route.layout, &rules.codes);
     let note = format!("inquiry after unknown: {}", describe(&outcome, 0));
-    if reply.code != Code::UNKNOWN {
-        let mut finish = finish_of(&reply, &outcome, note.clone());
-        // Judged from `row`: it applies only if the row is still at that
-        // attempt (a reconcile may work from a list read minutes ago).
-        finish.attempt = Some(row.attempts);
-        settle_write(&hub.journal, guid, from, finish, deadline).await;
+    if reply.code == Code::UNKNOWN {
+        return (reply, note);
+    }
+    let mut finish = finish_of(&reply, &outcome, note.clone());
+    // Judged from `row`: it applies only if the row is still at that
+    // attempt (a reconcile may work from a list read minutes ago).
+    finish.attempt = Some(row.attempts);
+    let settled = settle_write(&hub.journal, guid, from, finish, deadline).await;
+    if reply.code == Code::NEVER_RECEIVED && settled != Settled::Written {
+        // "Never received" is proof about the row as it was read, and E904
+        // tells the channel the next resend posts: only once the row says
+        // `not_sent`. Since the read, another hub may have posted the
+        // transfer, or own it within its lease.
+        let why = match settled {
+            Settled::Changed => {
+                "the journal's row changed while the core was asked, or another hub's lease holds it"
+            }
+            _ => "it could not be journaled as not sent",
+        };
+        let (reply, outcome) = reply_for(
+            Outcome::Unknown(format!("inquiry says never received, but {why}")),
+            &route.layout,
+            &rules.codes,
+        );
+        return (
+            reply,
+            format!("inquiry after unknown: {}", describe(&outcome, 0)),
+        );
     }
     (reply, note)
 }
 
-/// Journals what an inquiry settled, within the telegram's deadline; the
-/// answer is the truth either way, so a failure is counted and logged only.
+/// What became of an inquiry's answer in the journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Settled {
+    Written,
+    /// Not written: the row was no longer as it was read (settled, claimed
+    /// again, or another hub's within its lease).
+    Changed,
+    /// Not written, or not known to be, within the budget.
+    Failed,
+}
+
+/// Journals what an inquiry settled, within the telegram's deadline. A final
+/// answer is the truth whatever the journal does, so a failure is counted and
+/// logged only; a "never received" is acted on by the caller.
 pub(super) async fn settle_write(
     journal: &Journal,
     guid: &str,
     from: &'static [State],
     finish: Finish,
     deadline: Deadline,
-) {
+) -> Settled {
     let (j, g) = (journal.clone(), guid.to_string());
     match bounded::within(deadline.reply, async move {
         j.finish_if(&g, from, finish, now_ms()).await
     })
     .await
     {
-        Bounded::Done(Ok(true)) => {}
+        Bounded::Done(Ok(true)) => Settled::Written,
         Bounded::Done(Ok(false)) => {
-            info!("the inquiry's answer was not journaled: the row had been settled meanwhile")
+            info!("the inquiry's answer was not journaled: the row had changed meanwhile");
+            Settled::Changed
         }
         Bounded::Done(Err(e)) => {
             bounded::count_failure("settle");
             warn!(%e, "could not journal the inquiry's answer");
+            Settled::Failed
         }
         Bounded::Failed(e) => {
             bounded::count_failure("settle");
             warn!(%e, "could not journal the inquiry's answer");
+            Settled::Failed
         }
         Bounded::Late(_) => {
             bounded::count_failure("settle");
             warn!(
                 "journaling the inquiry's answer outlived the budget; it completes in the background"
             );
+            Settled::Failed
         }
     }
 }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use corebank::{FaultMethod, FaultRule, Phase};
+use corebank::{CoreBank, FaultMethod, FaultRule, Phase};
 use pg_common::*;
 
 fn journal_url(url: &str, hub: &str) -> String {
@@ -305,6 +305,146 @@ async fn a_transfer_that_never_left_a_dead_hub_is_posted_once_after_the_grace() 
 struct Sends {
     /// (hub index, the hub's database was cut for the whole exchange, code).
     answers: Vec<(usize, bool, String)>,
+}
+
+/// The configuration of the "never received" tests: wire grace 4 s, resends
+/// without a cooldown.
+const GRACE_TOML: &str = "[journal]\nresend_cooldown_ms = 0\n\n[[target]]\nname = \"core\"\nlate_answer_window_ms = 1000\nwire_grace_ms = 4000\n";
+
+/// Sends `t` to `hub` with its POST lost in front of the core (E901), then
+/// waits, on the database's clock, until the attempt is older than the wire
+/// grace (4 s) and, with `lease_too`, its owner's lease has ended.
+async fn lose_the_first_post(
+    url: &str,
+    core: &CoreBank,
+    hub: &Hub,
+    g: &str,
+    t: &[u8],
+    lease_too: bool,
+) {
+    core.add_fault(
+        FaultRule::guid(g)
+            .method(FaultMethod::Post)
+            .close()
+            .times(1),
+    );
+    let first = send(hub, t).await;
+    assert_eq!(first.code, "E901", "{first:?}");
+    assert!(!core.applied(g));
+    let c = raw_client(url).await;
+    let started = Instant::now();
+    loop {
+        let r = c
+            .query_one(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint - last_attempt_ms, \
+                        (extract(epoch FROM clock_timestamp()) * 1000)::bigint > coalesce(lease_until_ms, 0) \
+                 FROM relayhub_journal WHERE guid = $1 AND state = 'unknown'",
+                &[&g],
+            )
+            .await
+            .expect("the row is unknown");
+        let (age, lease_over): (i64, bool) = (r.get(0), r.get(1));
+        if age > 4_000 && (lease_over || !lease_too) {
+            return;
+        }
+        assert!(started.elapsed() < PATIENCE, "the attempt never aged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A "never received" is proof about the journal's row as the hub read it.
+/// Hub a asks the core about an unknown transfer; the core looks the GUID up
+/// at once and answers late. Meanwhile hub b gets its own "never received"
+/// (E904, the row made `not_sent`: hub a's lease is over) and posts the
+/// resend: the transfer is done. Hub a's "never received" is stale by then,
+/// and its write finds the row changed: E901, not E904, which would tell the
+/// channel that money which moved did not (found by a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_never_received_gone_stale_while_another_hub_posted_answers_e901() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "stale").await;
+    let core = start_core().await;
+    let journal = |hub: &str| with_params(&url, &format!("hub_id={hub}&lease_ms=5000"));
+    let a = spawn_hub(&core.url(), &journal("hub-a"), 3_000, Some(GRACE_TOML));
+    let b = spawn_hub(&core.url(), &journal("hub-b"), 3_000, Some(GRACE_TOML));
+    let g = guid("STALE");
+    let t = transfer(&g, 900);
+    lose_the_first_post(&url, &core, &a, &g, &t, true).await;
+
+    // Hub a's inquiry: looked up at once (not received), answered 2 s later.
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Get)
+            .phase(Phase::AfterApply)
+            .delay_ms(2_000)
+            .times(1),
+    );
+    let asked = calls(&core, &g).1;
+    let slow = send_in_background(&a, &t);
+    within(core.wait_stats(|s| s.by_guid.get(&g).is_some_and(|c| c.get > asked))).await;
+
+    // Hub b, meanwhile: its own inquiry says never received (E904), and the
+    // next resend posts.
+    let on_b = send(&b, &t).await;
+    assert_eq!(on_b.code, "E904", "{on_b:?}");
+    let posted = send(&b, &t).await;
+    assert_eq!(posted.code, "0000", "{posted:?}");
+    assert!(core.applied(&g));
+
+    let stale = within(slow).await.unwrap().expect("hub a answers");
+    assert_eq!(
+        stale.code, "E901",
+        "the transfer is done; hub a's never received is stale: {stale:?}"
+    );
+    // A resend to hub a now replays the outcome; one POST reached the ledger.
+    let again = send(&a, &t).await;
+    assert_eq!((again.code.as_str(), &again.body), ("0000", &posted.body));
+    assert_eq!(calls(&core, &g).0, 2, "the lost POST and the resend's");
+    assert_eq!(core.balance(ACC1), Some(1_000_000 - 900));
+}
+
+/// E904 tells the channel that its next resend posts, so a hub answers it
+/// only once the journal's row says `not_sent`. Within the owner's lease
+/// another hub may not write that (the owner's call may still be going on):
+/// its "never received" answers E901, and the owner's own answers E904.
+/// (Before, the other hub answered E904 with the row still unknown, again on
+/// every resend, and none posted until the lease ended.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_never_received_within_another_hub_s_lease_answers_e901() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "leased").await;
+    let core = start_core().await;
+    let a = spawn_hub(
+        &core.url(),
+        &journal_url(&url, "hub-a"),
+        3_000,
+        Some(GRACE_TOML),
+    );
+    let b = spawn_hub(
+        &core.url(),
+        &journal_url(&url, "hub-b"),
+        3_000,
+        Some(GRACE_TOML),
+    );
+    let g = guid("LEASED");
+    let t = transfer(&g, 800);
+    lose_the_first_post(&url, &core, &a, &g, &t, false).await;
+
+    let on_b = send(&b, &t).await;
+    assert_eq!(on_b.code, "E901", "hub a's lease holds the row: {on_b:?}");
+    let on_a = send(&a, &t).await;
+    assert_eq!(on_a.code, "E904", "the owner journals not_sent: {on_a:?}");
+    let posted = send(&b, &t).await;
+    assert_eq!(posted.code, "0000", "{posted:?}");
+    assert_eq!(calls(&core, &g).0, 2, "the lost POST and the resend's");
+    assert_eq!(core.balance(ACC1), Some(1_000_000 - 800));
+    let history = notes(&url, &g).await;
+    assert!(
+        history
+            .iter()
+            .any(|(_, n)| n.contains("the core never received it")),
+        "{history:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
