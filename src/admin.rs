@@ -198,6 +198,11 @@ pub async fn serve(
         .route("/readyz", get(readyz))
         .with_state(state)
         .merge(guarded);
+    let listener = crate::admin_listener::AdminListener::new(
+        listener,
+        crate::admin_listener::MAX_ADMIN_CONNECTIONS,
+        crate::admin_listener::ADMIN_IDLE,
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
@@ -216,8 +221,10 @@ async fn require_token(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::to_string);
+        .and_then(|v| v.split_once(' '))
+        // The scheme is case-insensitive (RFC 9110).
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim().to_string());
     let given = bearer.or_else(|| crate::console::query_param(request.uri(), "token"));
     match given {
         Some(g) if same(g.as_bytes(), token.as_bytes()) => next.run(request).await,

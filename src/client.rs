@@ -379,8 +379,10 @@ pub fn check_channel_id(id: &str) -> Result<(), String> {
 /// Builds a request telegram and checks it as the hub would (header, then body
 /// by the layout), so a telegram the hub would answer E102 is refused here
 /// with the field and its byte offset. Keys the layout does not name are
-/// refused too: a misspelt key would otherwise be sent blank.
+/// refused too: a misspelt key would otherwise be sent blank. `tx_code` is
+/// the header's: a route's own code, which may use another code's layout.
 pub fn check_request(
+    tx_code: &str,
     layout: &Layout,
     operation: Option<Operation>,
     guid: &str,
@@ -401,8 +403,12 @@ pub fn check_request(
             names.join(", ")
         ));
     }
-    let telegram =
+    let mut telegram =
         build_telegram(layout, guid, channel_id, sent_at, fields).map_err(|e| e.to_string())?;
+    if tx_code.len() != layout.tx_code.len() {
+        return Err(format!("tx code {tx_code:?} is not 6 characters"));
+    }
+    telegram[..tx_code.len()].copy_from_slice(tx_code.as_bytes());
     parse_header(&telegram).map_err(|e| e.to_string())?;
     let body = layout
         .decode_request(&telegram[HEADER_LEN..], HEADER_LEN)
@@ -490,6 +496,7 @@ mod tests {
         .unwrap();
         let g = "20261129IBANK000000000000000001A";
         let t = check_request(
+            "TRF001",
             trf,
             Some(Operation::Transfer),
             g,
@@ -498,8 +505,29 @@ mod tests {
             &ok,
         );
         assert_eq!(t.unwrap().len(), 64 + 68);
+        // A route that uses another code's layout sends its own code.
+        let alias = check_request(
+            "TRF002",
+            trf,
+            Some(Operation::Transfer),
+            g,
+            "IBANK",
+            "20261129132000",
+            &ok,
+        )
+        .unwrap();
+        assert_eq!(&alias[..6], b"TRF002");
         let e = |guid: &str, ch: &str, sent_at: &str, f: &Map<String, Value>| {
-            check_request(trf, Some(Operation::Transfer), guid, ch, sent_at, f).unwrap_err()
+            check_request(
+                "TRF001",
+                trf,
+                Some(Operation::Transfer),
+                guid,
+                ch,
+                sent_at,
+                f,
+            )
+            .unwrap_err()
         };
         assert!(e("SHORT", "IBANK", "20261129132000", &ok).contains("5 characters"));
         assert!(e(&format!("{}!", &g[..31]), "IBANK", "20261129132000", &ok).contains("byte 31"));
@@ -518,6 +546,7 @@ mod tests {
         let inq: Map<String, Value> =
             serde_json::from_str(r#"{"orig_guid":"not a guid"}"#).unwrap();
         let err = check_request(
+            "INQ001",
             &l["INQ001"],
             Some(Operation::Inquiry),
             g,

@@ -679,6 +679,12 @@ impl Config {
         if s.write_timeout_ms == 0 {
             return Err(bad("server.write_timeout_ms", "must be above 0".into()));
         }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.logging.filter) {
+            return Err(bad(
+                "logging.filter",
+                format!("{:?} is not a log filter: {e}", self.logging.filter),
+            ));
+        }
         if s.max_connections == 0 || s.max_in_flight_per_connection == 0 {
             return Err(bad(
                 "server.max_connections",

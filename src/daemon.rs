@@ -77,6 +77,18 @@ impl Source {
         };
         config.apply(&self.overrides);
         config.validate(&self.name())?;
+        // Read as `serve` reads it, so `check` and a reload refuse what a
+        // start would.
+        if config.server.admin_listen.is_some() {
+            config
+                .server
+                .admin_token()
+                .map_err(|(key, reason)| ConfigError::Invalid {
+                    file: self.name(),
+                    key: key.into(),
+                    reason,
+                })?;
+        }
         Ok(config)
     }
 
@@ -147,7 +159,13 @@ impl Daemon {
                             reason,
                         }
                     })?;
-                    let listener = bind(addr)?;
+                    let listener = bind(addr).map_err(|e| match e {
+                        StartError::Bind { addr, source } => StartError::Bind {
+                            addr: format!("{addr} (admin_listen)"),
+                            source,
+                        },
+                        other => other,
+                    })?;
                     let bound = listener.local_addr().ok();
                     if let Some(admin) = bound {
                         info!(%admin, "admin endpoints listening (not ready yet)");
@@ -294,6 +312,12 @@ impl Daemon {
                 // added or removed waits for a restart (`tls_listen`).
                 let tls = match (&self.tls, &config.server.tls_listen) {
                     (Some(_), Some(_)) => Some(channel_tls::server_config(&config.server)?),
+                    // A listener added waits for a restart, which must find
+                    // its files.
+                    (None, Some(_)) => {
+                        channel_tls::server_config(&config.server)?;
+                        None
+                    }
                     _ => None,
                 };
                 let target_tls = read_tls(&config, self.hub.targets())?;

@@ -43,6 +43,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod admin;
+pub mod admin_listener;
 pub mod bench;
 pub mod catch_unwind;
 pub mod channel_tls;

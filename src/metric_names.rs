@@ -55,7 +55,8 @@ pub const JOURNAL_FENCED: &str = "relayhub_journal_fenced";
 pub const JOURNAL_LIVENESS_FAILURES: &str = "relayhub_journal_liveness_failures_total";
 /// Answers not written within `write_timeout_ms` (the connection was closed).
 pub const ANSWER_WRITE_TIMEOUTS: &str = "relayhub_answer_write_timeouts_total";
-/// Log lines dropped because stderr was not read fast enough.
+/// Log lines dropped because stderr was not read fast enough, or could not
+/// be written (closed, full).
 pub const LOG_LINES_DROPPED: &str = "relayhub_log_lines_dropped_total";
 /// Channel TLS handshakes that did not finish, by `reason`: `timeout`,
 /// `no_client_certificate`, `bad_client_certificate`, `protocol` or `closed`.
@@ -171,7 +172,7 @@ pub fn describe_all() {
     describe_counter!(
         LOG_LINES_DROPPED,
         Unit::Count,
-        "Log lines dropped because stderr was not read fast enough (logging never holds up a telegram)."
+        "Log lines dropped because stderr was not read fast enough or could not be written (logging never holds up a telegram)."
     );
     describe_counter!(
         TLS_HANDSHAKE_FAILURES,

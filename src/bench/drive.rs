@@ -457,7 +457,15 @@ fn hub_exchange(
         Err(e) => {
             // The stream may be out of step now (an answer may still come): start over.
             *conn = None;
-            return rec.error(tx, e.to_string());
+            // A read timeout comes back as EAGAIN (WouldBlock) or TimedOut.
+            let why = match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
+                    "no answer within {:?} (--timeout)",
+                    shared.spec.answer_timeout
+                ),
+                _ => e.to_string(),
+            };
+            return rec.error(tx, why);
         }
     };
     let latency = from.elapsed();

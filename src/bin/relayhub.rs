@@ -196,6 +196,11 @@ struct SendArgs {
     /// Send the same telegram (same GUID) this many times: shows the replay.
     #[arg(long, default_value_t = 1)]
     repeat: u32,
+    /// How long to wait to connect, and for each answer (a hub answers
+    /// within its budget: this only ends a wait on something that is not a
+    /// hub, or a hub that hangs).
+    #[arg(long, default_value = "60s", value_parser = relayhub::bench::spec::parse_duration)]
+    timeout: std::time::Duration,
     /// Length prefix: `ascii` (4 digits) or `binary` (u32 big-endian)
     /// [default: the config's prefix, else ascii].
     #[arg(long, value_enum)]
@@ -276,6 +281,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// Writes a start-up line to stdout. A reader gone (a script's `grep -m1`
+/// has its line, stdout closed or full) must not stop a serving hub, as
+/// `println!` would by panicking: the error is logged instead.
+fn announce(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(line)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    if let Err(e) = written {
+        tracing::warn!(%e, "cannot write the start-up line to stdout; serving on");
+    }
+}
+
 fn init_logging(config: &Config, format: Option<LogFormat>) -> Result<logging::Logging, String> {
     let format = format.unwrap_or(config.logging.format);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -299,17 +319,15 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     match daemon.tls_addr {
         // One line names both; `listening on` and `tls on` each take the
         // next word.
-        Some(tls) => println!(
+        Some(tls) => announce(format_args!(
             "relayhub listening on {} and with tls on {tls}",
             daemon.addr
-        ),
-        None => println!("relayhub listening on {}", daemon.addr),
+        )),
+        None => announce(format_args!("relayhub listening on {}", daemon.addr)),
     }
     if let Some(admin) = daemon.admin_addr {
-        println!("admin endpoints on {admin}");
+        announce(format_args!("admin endpoints on {admin}"));
     }
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
     signals.wait(&daemon).await;
     tracing::info!("stopping: draining telegrams in flight");
     daemon.shutdown().await;
@@ -421,11 +439,23 @@ async fn send(args: SendArgs) -> Result<ExitCode, String> {
         (None, Some(tls_listen), Some(_)) => tls_listen.clone(),
         (None, _, _) => setup.listen.clone(),
     };
+    let wait = args.timeout;
+    let timed_out = || {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {wait:?} (--timeout)"),
+        )
+    };
     let connect = || async {
-        match &tls {
-            Some(tls) => Channel::connect_tls(&to, prefix, tls).await,
-            None => Channel::connect(&to, prefix).await,
-        }
+        let connecting = async {
+            match &tls {
+                Some(tls) => Channel::connect_tls(&to, prefix, tls).await,
+                None => Channel::connect(&to, prefix).await,
+            }
+        };
+        tokio::time::timeout(wait, connecting)
+            .await
+            .unwrap_or_else(|_| Err(timed_out()))
     };
     let rules = &setup.rules;
     let mut items: Vec<Item> = Vec::new();
@@ -502,8 +532,16 @@ async fn send(args: SendArgs) -> Result<ExitCode, String> {
             check_guid(&guid).map_err(|e| format!("--guid {e}; nothing sent"))?;
             check_channel_id(&ch).map_err(|e| format!("--channel {e}; nothing sent"))?;
         }
-        let telegram = check_request(&layout, operation, &guid, &ch, &local_timestamp(), &fields)
-            .map_err(refused)?;
+        let telegram = check_request(
+            &tx,
+            &layout,
+            operation,
+            &guid,
+            &ch,
+            &local_timestamp(),
+            &fields,
+        )
+        .map_err(refused)?;
         telegrams.push((telegram, layout, operation));
     }
     let mut channel = connect()
@@ -513,7 +551,8 @@ async fn send(args: SendArgs) -> Result<ExitCode, String> {
     for (telegram, layout, operation) in &telegrams {
         for _ in 0..args.repeat.max(1) {
             println!(">> {}", escape_wire(telegram));
-            let answer = match channel.exchange(telegram).await {
+            let exchanged = tokio::time::timeout(wait, channel.exchange(telegram)).await;
+            let answer = match exchanged.unwrap_or_else(|_| Err(timed_out())) {
                 Ok(a) => a,
                 Err(e) => {
                     // The hub closed the connection (e.g. after E102 on framing):

@@ -14,7 +14,7 @@
 
 mod page;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -38,39 +38,11 @@ pub const UNKNOWN_LIMIT: usize = 200;
 #[derive(Clone, Default)]
 pub struct Console {
     pub hub: HubCell,
-    rules_seen: Arc<Mutex<RulesSeen>>,
-}
-
-/// The rules version as the console saw it: a reload replaces the rules as
-/// one unit, so a new `Arc` is a new version.
-#[derive(Default)]
-struct RulesSeen {
-    ptr: usize,
-    version: u64,
-    since_ms: i64,
 }
 
 impl Console {
     pub fn new(hub: HubCell) -> Console {
-        Console {
-            hub,
-            rules_seen: Arc::default(),
-        }
-    }
-
-    fn rules_version(&self, hub: &Hub) -> (u64, i64) {
-        let ptr = Arc::as_ptr(&hub.rules()) as usize;
-        let mut seen = self.rules_seen.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.ptr != ptr {
-            seen.ptr = ptr;
-            seen.version += 1;
-            seen.since_ms = if seen.version == 1 {
-                stats().started_ms()
-            } else {
-                now_ms()
-            };
-        }
-        (seen.version, seen.since_ms)
+        Console { hub }
     }
 }
 
@@ -151,16 +123,16 @@ pub async fn overview(State(c): State<Console>) -> Response {
     let Some(hub) = c.hub.get() else {
         return unavailable();
     };
-    match overview_value(&c, hub).await {
+    match overview_value(hub).await {
         Ok(v) => Json(v).into_response(),
         Err(r) => r,
     }
 }
 
-async fn overview_value(c: &Console, hub: &Hub) -> Result<Value, Response> {
+async fn overview_value(hub: &Hub) -> Result<Value, Response> {
     let (minute, all) = stats().snapshot();
     let rules = hub.rules();
-    let (version, since_ms) = c.rules_version(hub);
+    let (version, since_ms) = hub.rules_version();
     let budget_ms = hub.budget().as_millis() as u64;
     let targets: Vec<Value> = hub
         .targets()
@@ -321,7 +293,7 @@ pub async fn index(State(c): State<Console>, uri: Uri) -> Response {
     let guid = query_param(&uri, "guid").filter(|g| !g.is_empty());
     let page = match c.hub.get() {
         Some(hub) => {
-            let overview = overview_value(&c, hub).await.ok();
+            let overview = overview_value(hub).await.ok();
             let unknown = unknown_rows(hub).await.ok();
             let transfer = match &guid {
                 Some(g) => Some(match transfer_value(hub, g).await {

@@ -88,9 +88,17 @@ impl Deadline {
     }
 }
 
+/// The rules in force, with their version: 1 at start, one more for each
+/// reload that replaced them, and since when (ms since the epoch).
+struct InForce {
+    rules: Arc<Rules>,
+    version: u64,
+    since_ms: i64,
+}
+
 /// The hub: targets, journal, the current rules, and what is in flight.
 pub struct Hub {
-    rules: RwLock<Arc<Rules>>,
+    rules: RwLock<InForce>,
     targets: Vec<Arc<Target>>,
     journal: Journal,
     budget: Duration,
@@ -109,7 +117,11 @@ impl Hub {
         policy: ResendPolicy,
     ) -> Hub {
         Hub {
-            rules: RwLock::new(Arc::new(rules)),
+            rules: RwLock::new(InForce {
+                rules: Arc::new(rules),
+                version: 1,
+                since_ms: crate::journal::now_ms(),
+            }),
             targets,
             journal,
             budget,
@@ -138,12 +150,26 @@ impl Hub {
 
     /// The rules in force now.
     pub fn rules(&self) -> Arc<Rules> {
-        self.rules.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.rules
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .rules
+            .clone()
+    }
+
+    /// The version of the rules in force (1 at start, one more per reload)
+    /// and since when they are (ms since the epoch).
+    pub fn rules_version(&self) -> (u64, i64) {
+        let in_force = self.rules.read().unwrap_or_else(|p| p.into_inner());
+        (in_force.version, in_force.since_ms)
     }
 
     /// Replaces the rules as one unit (SIGHUP reload).
     pub fn set_rules(&self, rules: Rules) {
-        *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
+        let mut in_force = self.rules.write().unwrap_or_else(|p| p.into_inner());
+        in_force.rules = Arc::new(rules);
+        in_force.version += 1;
+        in_force.since_ms = crate::journal::now_ms();
     }
 
     /// From now on, valid telegrams get E903 and their connection is closed.

@@ -238,7 +238,9 @@ pub(super) async fn settle_write(
     {
         Bounded::Done(Ok(true)) => Settled::Written,
         Bounded::Done(Ok(false)) => {
-            info!("the inquiry's answer was not journaled: the row had changed meanwhile");
+            info!(
+                "the inquiry's answer was not journaled: the row had changed meanwhile, or another hub's lease holds it"
+            );
             Settled::Changed
         }
         Bounded::Done(Err(e)) => {

@@ -315,6 +315,25 @@ async fn tools_beside_a_live_hub_leave_its_rows_in_flight_alone() {
         list.stdout.contains(&g) && list.stderr.contains("1 row(s) in state sending"),
         "{list:?}"
     );
+    // A limit below the total says so: the count is the state's, not the page's.
+    let page = relayhub(&[
+        "journal",
+        "--journal",
+        journal,
+        "list",
+        "--state",
+        "sending",
+        "--limit",
+        "0",
+    ]);
+    assert!(
+        !page.stdout.contains(&g)
+            && page.stderr.contains("1 row(s) in state sending")
+            && page
+                .stderr
+                .contains("the first 0 shown; --limit shows more"),
+        "{page:?}"
+    );
     let refused = relayhub(&[
         "journal",
         "--journal",
@@ -520,6 +539,7 @@ fn journal_help_lists_only_the_flags_each_command_uses() {
         reconcile,
         [
             "--admin",
+            "--admin-token-file",
             "--budget-ms",
             "--config",
             "--connect-timeout-ms",

@@ -15,7 +15,9 @@ use std::time::Duration;
 use crate::common;
 use crate::ops_support;
 
-use common::{ACC2, ACC3, BANK, TempDir, exchange, guid, start_core, transfer, trf, trf_fields};
+use common::{
+    ACC2, ACC3, BANK, TempDir, exchange, guid, relayhub_bin, start_core, transfer, trf, trf_fields,
+};
 use corebank::{FaultMethod, FaultRule};
 use ops_support::{Hub, PATIENCE};
 use relayhub::client::Channel;
@@ -164,6 +166,59 @@ async fn console_shows_codes_unknown_transfers_and_a_guid_behind_a_token() {
     }
     assert_eq!(get(&format!("{base}/metrics"), Some(TOKEN)).0, 200);
     assert_eq!(get(&format!("{base}/?token={TOKEN}"), None).0, 200);
+    // The scheme is case-insensitive.
+    let lower = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(PATIENCE))
+        .build()
+        .new_agent()
+        .get(format!("{base}/metrics"))
+        .header("Authorization", format!("bearer {TOKEN}"))
+        .call()
+        .unwrap();
+    assert_eq!(lower.status().as_u16(), 200, "bearer in lower case");
+
+    // `journal reconcile` through the hub shows the token it is given, or
+    // the one the hub's config names; without one it says how to give it.
+    let reconcile = |extra: &[&str]| {
+        let mut args = vec!["journal", "reconcile", "--admin", hub.admin.as_str()];
+        args.extend_from_slice(extra);
+        Command::new(relayhub_bin())
+            .args(&args)
+            .output()
+            .expect("run relayhub journal reconcile")
+    };
+    let refused = reconcile(&[]);
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(
+        !refused.status.success() && said.contains("401") && said.contains("--admin-token-file"),
+        "{said}"
+    );
+    // Two reloads with the console not asked in between: version 3 (it
+    // counted only the reloads it happened to see before).
+    for n in 1..=2 {
+        hub.signal("HUP");
+        let until = std::time::Instant::now() + PATIENCE;
+        while hub.stderr().matches("reload: new routes").count() < n {
+            assert!(std::time::Instant::now() < until, "no reload line");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let overview = get_json(&hub, "/api/overview");
+    assert_eq!(overview["rules"]["version"], 3, "{overview}");
+
+    let token_arg = token_file.display().to_string();
+    for extra in [
+        ["--admin-token-file", &token_arg],
+        ["--config", &config_arg],
+    ] {
+        let out = reconcile(&extra);
+        let said = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            out.status.success() && said.contains("reconciled by the hub"),
+            "{extra:?}: {said}"
+        );
+    }
 
     // The mix; every answer is tallied as the channel saw it.
     let mut sent: BTreeMap<String, u64> = BTreeMap::new();

@@ -730,6 +730,15 @@ async fn send_follows_a_config_s_routes_and_explains_codes_by_operation() {
         transfer_line.contains("0000") && transfer_line.contains("money moved"),
         "{transfer_line}"
     );
+    // On the wire and at the hub it is TRF002, not the layout's TRF001.
+    assert!(
+        out.stdout.contains(&format!(">> TRF002{g}"))
+            && transfer_line.starts_with(&format!("<< TRF002 {g}")),
+        "{}",
+        out.all()
+    );
+    let hub_line = log_line(&hub, &g, 0);
+    assert!(hub_line.contains("tx=\"TRF002\""), "{hub_line}");
 
     // An inquiry's 0000 speaks of the transfer asked about.
     let orig = json!({ "orig_guid": g }).to_string();
@@ -768,6 +777,124 @@ async fn send_follows_a_config_s_routes_and_explains_codes_by_operation() {
         b202.contains("B202") && b202.contains("ACCOUNT_NOT_FOUND"),
         "{b202}"
     );
+}
+
+/// `check` and a reload refuse what a start would: an admin token that
+/// cannot be read, a log filter that does not parse, and (reload) a TLS
+/// listener added whose files are missing. Before, `check` said "config OK"
+/// and the reload counted "ok" for a set the next start refused.
+#[tokio::test]
+async fn check_and_reload_refuse_what_a_start_would() {
+    let dir = TempDir::new("fh-startchecks");
+    let base = target("http://127.0.0.1:1");
+    let cases = [
+        (
+            "[server]\nadmin_listen = \"127.0.0.1:0\"\nadmin_token_env = \"RELAYHUB_TEST_UNSET_TOKEN\"\n\n",
+            "server.admin_token_env",
+        ),
+        (
+            "[server]\nadmin_listen = \"127.0.0.1:0\"\nadmin_token_file = \"/nonexistent/token\"\n\n",
+            "server.admin_token_file",
+        ),
+        ("[logging]\nfilter = \"relayhub=[\"\n\n", "logging.filter"),
+    ];
+    for (extra, key) in cases {
+        let cfg = write(&dir, "relayhub.toml", &format!("{extra}{base}"));
+        let out = relayhub(&["check", "--config", cfg.to_str().unwrap()]);
+        assert!(!out.status.success(), "check passed:\n{}", out.all());
+        assert!(out.stderr.contains(key), "{key}:\n{}", out.all());
+    }
+
+    let cfg = write(&dir, "relayhub.toml", &base);
+    let hub = serve_config(&cfg);
+    let missing = dir.join("missing.pem");
+    for (extra, key) in cases {
+        write(&dir, "relayhub.toml", &format!("{extra}{base}"));
+        let line = reload(&hub);
+        assert!(
+            line.contains("refused") && line.contains(key),
+            "{key}: {line}"
+        );
+    }
+    write(
+        &dir,
+        "relayhub.toml",
+        &format!(
+            "[server]\ntls_listen = \"127.0.0.1:0\"\ntls_cert_file = {m:?}\ntls_key_file = {m:?}\n\n{base}",
+            m = missing.display().to_string()
+        ),
+    );
+    let line = reload(&hub);
+    assert!(
+        line.contains("refused") && line.contains("missing.pem"),
+        "{line}"
+    );
+}
+
+/// An admin port in use is named as the admin listener's, not taken for
+/// the telegram port.
+#[test]
+fn an_admin_port_in_use_is_named_as_the_admin_listener_s() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = relayhub(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        "memory",
+        "--core-url",
+        "http://127.0.0.1:1",
+        "--admin-listen",
+        &addr,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    assert!(
+        out.stderr
+            .contains(&format!("cannot listen on {addr} (admin_listen)")),
+        "{}",
+        out.all()
+    );
+}
+
+/// A script that waits for the ready line with `grep -m1` closes the pipe
+/// once it has it; stdout may as well be full. The hub serves on: it logs
+/// that the line could not be written (before, it panicked and exited 101).
+#[tokio::test]
+async fn a_hub_whose_stdout_cannot_be_written_serves_on() {
+    let core = start_core().await;
+    let stderr = TempFile::new("log", "");
+    let mut child = Command::new(relayhub_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--journal", "memory"])
+        .args(["--admin-listen", "127.0.0.1:0", "--core-url", &core.url()])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create("/dev/full").expect("open /dev/full"))
+        .stderr(std::fs::File::create(&stderr.0).unwrap())
+        .spawn()
+        .expect("spawn relayhub");
+    let until = Instant::now() + PATIENCE;
+    let log = || std::fs::read_to_string(&stderr.0).unwrap_or_default();
+    while !log().contains("cannot write the start-up line") {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the hub exited ({status}); stderr:\n{}", log());
+        }
+        assert!(Instant::now() < until, "no line about stdout:\n{}", log());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let addr = log()
+        .lines()
+        .find_map(|l| after(l, "relayhub ready addr="))
+        .unwrap_or_else(|| panic!("no ready line:\n{}", log()));
+    let mut ch = relayhub::client::Channel::connect(&addr, relayhub::frame::PrefixMode::Ascii)
+        .await
+        .unwrap();
+    let g = guid("FHSTDOUT");
+    let answer = within(ch.exchange(&transfer(&g, 1_000))).await.unwrap();
+    assert_eq!(answer.code, "0000", "{answer:?}");
+    send_signal(child.id(), "TERM");
+    let status = wait_exit_within(child, PATIENCE).unwrap();
+    assert!(status.success(), "{status}; stderr:\n{}", log());
 }
 
 // ---- layouts_dir, check's report, the docs' paths ------------------------------------

@@ -396,6 +396,13 @@ async fn a_never_received_gone_stale_while_another_hub_posted_answers_e901() {
         stale.code, "E901",
         "the transfer is done; hub a's never received is stale: {stale:?}"
     );
+    // Its line says why (logs are written within 10 ms of the answer).
+    let why = "never received, but the journal's row changed while the core was asked";
+    let started = Instant::now();
+    while !a.stderr().contains(why) {
+        assert!(started.elapsed() < PATIENCE, "{}", a.stderr());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // A resend to hub a now replays the outcome; one POST reached the ledger.
     let again = send(&a, &t).await;
     assert_eq!((again.code.as_str(), &again.body), ("0000", &posted.body));
@@ -432,6 +439,13 @@ async fn a_never_received_within_another_hub_s_lease_answers_e901() {
 
     let on_b = send(&b, &t).await;
     assert_eq!(on_b.code, "E901", "hub a's lease holds the row: {on_b:?}");
+    assert!(
+        !notes(&url, &g)
+            .await
+            .iter()
+            .any(|(_, n)| n.contains("never received")),
+        "hub b journaled nothing"
+    );
     let on_a = send(&a, &t).await;
     assert_eq!(on_a.code, "E904", "the owner journals not_sent: {on_a:?}");
     let posted = send(&b, &t).await;

@@ -115,6 +115,11 @@ struct ReconcileArgs {
     /// and core flags are then not used.
     #[arg(long, value_name = "HOST:PORT")]
     admin: Option<String>,
+    /// The hub's admin token, for --admin (or admin_listen in --config) when
+    /// the hub asks for one [default: the token --config names, through its
+    /// admin_token_file or admin_token_env].
+    #[arg(long, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
     /// Base URL (http://HOST:PORT) of the target `core`, which the default
     /// routes (TRF001, INQ001) use.
     #[arg(long, value_name = "URL")]
@@ -152,9 +157,16 @@ pub async fn run(args: JournalArgs) -> Result<ExitCode, String> {
                     r.last_error.as_deref().unwrap_or("")
                 );
             }
+            // The total, not the rows shown: operators read it as the size
+            // of the backlog.
+            let total = j.count(state).await.map_err(|e| e.to_string())?;
+            let shown = if (rows.len() as u64) < total {
+                format!(" (the first {} shown; --limit shows more)", rows.len())
+            } else {
+                String::new()
+            };
             eprintln!(
-                "{} row(s) in state {} in {}",
-                rows.len(),
+                "{total} row(s) in state {} in {}{shown}",
                 state.as_str(),
                 describe(spec)
             );
@@ -329,7 +341,7 @@ async fn reconcile(
     args: ReconcileArgs,
 ) -> Result<ExitCode, String> {
     if let Some(admin) = &args.admin {
-        return through_hub(admin).await;
+        return through_hub(admin, admin_token(&args)?.as_deref()).await;
     }
     let source = Source {
         file: args.config.clone(),
@@ -359,7 +371,7 @@ async fn reconcile(
                         "journal {path} is held by a running hub ({holder}); asking it to \
                          reconcile through its admin listener {addr}"
                     );
-                    through_hub(addr).await
+                    through_hub(addr, admin_token(&args)?.as_deref()).await
                 }
                 None => Err(format!(
                     "journal {path} is held by a running hub ({holder}). While a hub runs, it \
@@ -414,18 +426,44 @@ fn print_report(report: &[(String, String)]) -> ExitCode {
 }
 
 /// `POST http://ADMIN/journal/reconcile` on the running hub.
-async fn through_hub(admin: &str) -> Result<ExitCode, String> {
+/// The token to show the hub's admin listener: from --admin-token-file, else
+/// the one --config names (as the hub reads it), else none.
+fn admin_token(args: &ReconcileArgs) -> Result<Option<String>, String> {
+    if let Some(path) = &args.admin_token_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--admin-token-file {}: {e}", path.display()))?;
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(format!("--admin-token-file {}: empty", path.display()));
+        }
+        return Ok(Some(token.to_string()));
+    }
+    let Some(file) = &args.config else {
+        return Ok(None);
+    };
+    let config = relayhub::config::Config::from_file(file).map_err(|e| e.to_string())?;
+    config
+        .server
+        .admin_token()
+        .map_err(|(key, reason)| format!("{}: {key}: {reason}", file.display()))
+}
+
+async fn through_hub(admin: &str, token: Option<&str>) -> Result<ExitCode, String> {
     let host = reachable(admin);
     let url = format!("http://{host}/journal/reconcile");
     let asked = url.clone();
+    let bearer = token.map(|t| format!("Bearer {t}"));
     let answer = tokio::task::spawn_blocking(move || -> Result<(u16, String), String> {
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(5)))
             .build()
             .new_agent();
-        let mut resp = agent
-            .post(&url)
+        let mut request = agent.post(&url);
+        if let Some(t) = &bearer {
+            request = request.header("Authorization", t.as_str());
+        }
+        let mut resp = request
             .send_empty()
             .map_err(|e| format!("cannot reach the hub's admin listener at {url}: {e}"))?;
         let status = resp.status().as_u16();
@@ -450,6 +488,15 @@ async fn through_hub(admin: &str) -> Result<ExitCode, String> {
                 .collect();
             Ok(print_report(&report))
         }
+        (401, _) => Err(format!(
+            "{asked}: 401, the hub asks for its admin token{}: give --admin-token-file FILE, \
+             or --config with the hub's admin_token_file or admin_token_env",
+            if token.is_some() {
+                ", and not this one"
+            } else {
+                ""
+            }
+        )),
         (404, _) => Err(format!(
             "{asked}: 404; is {host} the hub's admin_listen, and the hub a build with \
              POST /journal/reconcile?"

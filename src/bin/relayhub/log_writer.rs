@@ -106,15 +106,17 @@ fn write_batches<W: Write>(shared: &Shared, mut out: W, done: &Sender<()>) {
     let mut spare = Vec::new();
     loop {
         let stopping = shared.stop.load(Ordering::Acquire);
-        {
+        let lines = {
             let mut batch = lock(&shared.batch);
             std::mem::swap(&mut batch.bytes, &mut spare);
-            batch.lines = 0;
-        }
+            std::mem::take(&mut batch.lines)
+        };
         if !spare.is_empty() {
-            // Nowhere to report a failed write to stderr; the lines are lost.
-            let _ = out.write_all(&spare);
-            let _ = out.flush();
+            // Nowhere to report a failed write (stderr closed or full): the
+            // batch's lines are counted as dropped (some may have been written).
+            if out.write_all(&spare).and_then(|()| out.flush()).is_err() {
+                shared.dropped.fetch_add(lines as u64, Ordering::Relaxed);
+            }
             spare.clear();
         }
         if stopping {
@@ -235,5 +237,27 @@ mod tests {
             .filter(|b| **b == b'\n')
             .count() as u64;
         assert_eq!(kept + dropped.lines(), total);
+    }
+
+    /// An output that refuses every write (stderr closed, or full).
+    struct Refusing;
+
+    impl Write for Refusing {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::from_raw_os_error(28)) // ENOSPC
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn lines_a_failed_write_loses_are_counted() {
+        let (mut w, guard, dropped) = batched(Refusing).unwrap();
+        for i in 0..10 {
+            w.write_all(format!("line {i}\n").as_bytes()).unwrap();
+        }
+        drop(guard);
+        assert_eq!(dropped.lines(), 10);
     }
 }

@@ -1,0 +1,235 @@
+//! The admin listener's bounds: how many connections it holds at once, and
+//! how long one may sit without a byte either way.
+//!
+//! The admin port shares the process's file descriptors with the telegram
+//! listener. Unbounded, idle or half-sent admin connections (a scraper that
+//! never closes, a port scanner) could use them all up, and channels' new
+//! connections would then wait on `EMFILE`. So a connection past
+//! [`MAX_ADMIN_CONNECTIONS`] waits in the kernel's backlog until one closes,
+//! and one with no progress for [`ADMIN_IDLE`] is closed.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+/// Admin connections open at once, at most: scrapers, probes and a few
+/// consoles need a handful.
+pub const MAX_ADMIN_CONNECTIONS: usize = 64;
+
+/// An admin connection with neither a byte read nor a byte written for this
+/// long is closed (an idle keep-alive, a request that stopped half-way, a
+/// reader that stopped reading).
+pub const ADMIN_IDLE: Duration = Duration::from_secs(30);
+
+/// A TCP listener that hands out at most `limit` connections at once, each
+/// closed after `idle` without progress.
+pub struct AdminListener {
+    inner: TcpListener,
+    slots: Arc<Semaphore>,
+    idle: Duration,
+}
+
+impl AdminListener {
+    pub fn new(inner: TcpListener, limit: usize, idle: Duration) -> AdminListener {
+        AdminListener {
+            inner,
+            slots: Arc::new(Semaphore::new(limit.max(1))),
+            idle,
+        }
+    }
+}
+
+impl axum::serve::Listener for AdminListener {
+    type Io = AdminStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (AdminStream, SocketAddr) {
+        // A slot first: past the limit, connections stay in the backlog and
+        // take no descriptor of the process.
+        let slot = match self.slots.clone().acquire_owned().await {
+            Ok(slot) => slot,
+            // Never closed; should it be, no limit is better than no admin.
+            Err(_) => Arc::new(Semaphore::new(1))
+                .acquire_owned()
+                .await
+                .expect("a new semaphore is open"),
+        };
+        // Accept errors are logged and retried as axum does for a listener.
+        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+        let _ = stream.set_nodelay(true);
+        (AdminStream::new(stream, slot, self.idle), addr)
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// An accepted admin connection: holds its slot, and fails its reads and
+/// writes once it has made no progress for the idle time (hyper then closes
+/// it).
+pub struct AdminStream {
+    stream: TcpStream,
+    _slot: OwnedSemaphorePermit,
+    idle: Duration,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl AdminStream {
+    fn new(stream: TcpStream, slot: OwnedSemaphorePermit, idle: Duration) -> AdminStream {
+        AdminStream {
+            stream,
+            _slot: slot,
+            idle,
+            deadline: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+
+    /// What a pending read or write returns: an error once idle too long.
+    fn waiting<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("admin connection idle for {:?}", self.idle),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn progressed(&mut self) {
+        let next = Instant::now() + self.idle;
+        self.deadline.as_mut().reset(next);
+    }
+}
+
+impl AsyncRead for AdminStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                this.progressed();
+                Poll::Ready(r)
+            }
+            Poll::Pending => this.waiting(cx),
+        }
+    }
+}
+
+impl AsyncWrite for AdminStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_write(cx, buf) {
+            Poll::Ready(r) => {
+                this.progressed();
+                Poll::Ready(r)
+            }
+            Poll::Pending => this.waiting(cx),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_flush(cx) {
+            Poll::Pending => this.waiting(cx),
+            ready => ready,
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_write_vectored(cx, bufs) {
+            Poll::Ready(r) => {
+                this.progressed();
+                Poll::Ready(r)
+            }
+            Poll::Pending => this.waiting(cx),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn served(limit: usize, idle: Duration) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" }));
+        tokio::spawn(async move {
+            axum::serve(AdminListener::new(listener, limit, idle), app)
+                .await
+                .unwrap();
+        });
+        addr
+    }
+
+    async fn health(addr: SocketAddr) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_is_closed_and_frees_its_slot() {
+        let addr = served(1, Duration::from_millis(300)).await;
+        // Holds the only slot: half a request, then nothing.
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(b"GET /heal").await.unwrap();
+        // The next connection waits in the backlog for the slot, which the
+        // idle one gives up when it is closed, then is served.
+        let answer = tokio::time::timeout(Duration::from_secs(10), health(addr))
+            .await
+            .expect("served once the idle connection is closed");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let mut rest = Vec::new();
+        let n = idle.read_to_end(&mut rest).await.unwrap_or(0);
+        assert_eq!(n, 0, "closed without an answer: {rest:?}");
+    }
+
+    #[tokio::test]
+    async fn connections_under_the_limit_are_served_at_once() {
+        let addr = served(4, Duration::from_secs(30)).await;
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let answer = tokio::time::timeout(Duration::from_secs(10), health(addr))
+            .await
+            .expect("a fourth connection is served while three are open");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+}
