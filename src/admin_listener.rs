@@ -105,9 +105,20 @@ impl AdminStream {
         }
     }
 
-    fn progressed(&mut self) {
-        let next = Instant::now() + self.idle;
-        self.deadline.as_mut().reset(next);
+    /// A read's or write's result: progress restarts the idle time.
+    fn after<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match polled {
+            Poll::Ready(r) => {
+                let next = Instant::now() + self.idle;
+                self.deadline.as_mut().reset(next);
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.waiting(cx),
+        }
     }
 }
 
@@ -118,13 +129,8 @@ impl AsyncRead for AdminStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.stream).poll_read(cx, buf) {
-            Poll::Ready(r) => {
-                this.progressed();
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.waiting(cx),
-        }
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        this.after(cx, polled)
     }
 }
 
@@ -135,13 +141,8 @@ impl AsyncWrite for AdminStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.stream).poll_write(cx, buf) {
-            Poll::Ready(r) => {
-                this.progressed();
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.waiting(cx),
-        }
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.after(cx, polled)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -162,13 +163,8 @@ impl AsyncWrite for AdminStream {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.stream).poll_write_vectored(cx, bufs) {
-            Poll::Ready(r) => {
-                this.progressed();
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.waiting(cx),
-        }
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.after(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -302,30 +302,26 @@ async fn tools_beside_a_live_hub_leave_its_rows_in_flight_alone() {
     wait_posts(&core, &g, 1).await;
     let journal = path_str(&file);
 
-    let list = relayhub(&[
-        "journal",
-        "--journal",
-        journal,
-        "list",
-        "--state",
-        "sending",
-    ]);
+    let sending = |extra: &[&str]| {
+        let mut args = vec![
+            "journal",
+            "--journal",
+            journal,
+            "list",
+            "--state",
+            "sending",
+        ];
+        args.extend_from_slice(extra);
+        relayhub(&args)
+    };
+    let list = sending(&[]);
     assert_eq!(list.code, Some(0), "{list:?}");
     assert!(
         list.stdout.contains(&g) && list.stderr.contains("1 row(s) in state sending"),
         "{list:?}"
     );
     // A limit below the total says so: the count is the state's, not the page's.
-    let page = relayhub(&[
-        "journal",
-        "--journal",
-        journal,
-        "list",
-        "--state",
-        "sending",
-        "--limit",
-        "0",
-    ]);
+    let page = sending(&["--limit", "0"]);
     assert!(
         !page.stdout.contains(&g)
             && page.stderr.contains("1 row(s) in state sending")
