@@ -197,15 +197,19 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .with_state(state)
-        .merge(guarded);
+        .merge(guarded)
+        .layer(middleware::from_fn(crate::admin_listener::answering));
     let listener = crate::admin_listener::AdminListener::new(
         listener,
         crate::admin_listener::MAX_ADMIN_CONNECTIONS,
         crate::admin_listener::ADMIN_IDLE,
     );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<crate::admin_listener::Busy>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }
 
 /// Lets a request through when no token is configured or when it carries it.

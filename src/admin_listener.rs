@@ -6,13 +6,16 @@
 //! never closes, a port scanner) could use them all up, and channels' new
 //! connections would then wait on `EMFILE`. So a connection past
 //! [`MAX_ADMIN_CONNECTIONS`] waits in the kernel's backlog until one closes,
-//! and one with no progress for [`ADMIN_IDLE`] is closed.
+//! and one with no progress for [`ADMIN_IDLE`] is closed, unless a request of
+//! it is being answered ([`Busy`]: a reconcile of many rows may take longer,
+//! and closing the connection would cut it short).
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -82,6 +85,39 @@ pub struct AdminStream {
     _slot: OwnedSemaphorePermit,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
+    busy: Busy,
+}
+
+/// Requests of one admin connection being answered now: a connection that
+/// has one is not idle, however long its handler takes. Each request's
+/// `ConnectInfo` (see `admin::serve`).
+#[derive(Clone, Default)]
+pub struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    /// Marks a request as being answered until the guard is dropped.
+    pub fn enter(&self) -> impl Drop + use<> {
+        struct Leave(Arc<AtomicUsize>);
+        impl Drop for Leave {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.0.fetch_add(1, Ordering::AcqRel);
+        Leave(self.0.clone())
+    }
+
+    fn any(&self) -> bool {
+        self.0.load(Ordering::Acquire) > 0
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, AdminListener>>
+    for Busy
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, AdminListener>) -> Busy {
+        stream.io().busy.clone()
+    }
 }
 
 impl AdminStream {
@@ -91,11 +127,18 @@ impl AdminStream {
             _slot: slot,
             idle,
             deadline: Box::pin(tokio::time::sleep(idle)),
+            busy: Busy::default(),
         }
     }
 
     /// What a pending read or write returns: an error once idle too long.
     fn waiting<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        if self.busy.any() {
+            // Answering: the idle time starts again once the answer is out.
+            let next = Instant::now() + self.idle;
+            self.deadline.as_mut().reset(next);
+            return Poll::Pending;
+        }
         match self.deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -172,6 +215,17 @@ impl AsyncWrite for AdminStream {
     }
 }
 
+/// Middleware for the admin router: marks the connection busy while a
+/// request of it is answered.
+pub async fn answering(
+    axum::extract::ConnectInfo(busy): axum::extract::ConnectInfo<Busy>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let _answering = busy.enter();
+    next.run(request).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,20 +234,35 @@ mod tests {
     async fn served(limit: usize, idle: Duration) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" }));
+        let app = axum::Router::new()
+            .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    "done\n"
+                }),
+            )
+            .layer(axum::middleware::from_fn(answering));
         tokio::spawn(async move {
-            axum::serve(AdminListener::new(listener, limit, idle), app)
-                .await
-                .unwrap();
+            axum::serve(
+                AdminListener::new(listener, limit, idle),
+                app.into_make_service_with_connect_info::<Busy>(),
+            )
+            .await
+            .unwrap();
         });
         addr
     }
 
     async fn health(addr: SocketAddr) -> String {
+        get(addr, "/healthz").await
+    }
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
+        let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(head.as_bytes()).await.unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
@@ -214,6 +283,20 @@ mod tests {
         let mut rest = Vec::new();
         let n = idle.read_to_end(&mut rest).await.unwrap_or(0);
         assert_eq!(n, 0, "closed without an answer: {rest:?}");
+    }
+
+    /// A handler that takes longer than the idle time is answered: the
+    /// connection is busy, not idle.
+    #[tokio::test]
+    async fn a_request_answered_slower_than_the_idle_time_is_answered() {
+        let addr = served(4, Duration::from_millis(200)).await;
+        let answer = tokio::time::timeout(Duration::from_secs(10), get(addr, "/slow"))
+            .await
+            .expect("answered");
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("done\n"),
+            "{answer}"
+        );
     }
 
     #[tokio::test]
