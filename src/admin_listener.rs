@@ -134,9 +134,12 @@ impl AdminStream {
     /// What a pending read or write returns: an error once idle too long.
     fn waiting<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
         if self.busy.any() {
-            // Answering: the idle time starts again once the answer is out.
+            // Answering: the idle time starts again. The timer is polled, so
+            // it holds this waker: once the answer is out it wakes the task
+            // again (hyper's read is already pending by then).
             let next = Instant::now() + self.idle;
             self.deadline.as_mut().reset(next);
+            let _ = self.deadline.as_mut().poll(cx);
             return Poll::Pending;
         }
         match self.deadline.as_mut().poll(cx) {
@@ -297,6 +300,31 @@ mod tests {
             answer.starts_with("HTTP/1.1 200") && answer.ends_with("done\n"),
             "{answer}"
         );
+    }
+
+    /// A keep-alive connection that goes quiet after a slow answer is still
+    /// closed once idle (the timer's waker was spent during the answer).
+    #[tokio::test]
+    async fn a_keep_alive_connection_quiet_after_a_slow_answer_is_closed() {
+        let addr = served(4, Duration::from_millis(300)).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            let mut buf = [0u8; 512];
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        let text = String::from_utf8_lossy(&seen).to_string();
+        assert!(text.ends_with("done\n"), "answered first: {text}");
+        assert!(closed.is_ok(), "still open 10 s after the answer");
     }
 
     #[tokio::test]

@@ -77,8 +77,15 @@ impl Source {
         };
         config.apply(&self.overrides);
         config.validate(&self.name())?;
-        // Read as `serve` reads it, so `check` and a reload refuse what a
-        // start would.
+        Ok(config)
+    }
+
+    /// [`Source::load`], and the admin token read as `serve` reads it: for
+    /// `check` and a reload, which refuse what a start would refuse. (Other
+    /// commands that read the config, e.g. an offline reconcile, need no
+    /// token.)
+    pub fn load_to_serve(&self) -> Result<Config, ConfigError> {
+        let config = self.load()?;
         if config.server.admin_listen.is_some() {
             config
                 .server
@@ -304,7 +311,7 @@ impl Daemon {
     pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let result = self
             .source
-            .load()
+            .load_to_serve()
             .map_err(ReloadError::from)
             .and_then(|config| {
                 let rules = Rules::build(&config, &self.target_names)?;

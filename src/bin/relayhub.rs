@@ -615,7 +615,7 @@ fn print_answer(
 
 fn check(args: ConfigArgs) -> Result<ExitCode, String> {
     let source = args.source();
-    let config = source.load().map_err(|e| e.to_string())?;
+    let config = source.load_to_serve().map_err(|e| e.to_string())?;
     let names: Vec<String> = config.targets.iter().map(|t| t.name.clone()).collect();
     let rules = Rules::build(&config, &names).map_err(|e| e.to_string())?;
     build_targets(&config).map_err(|e| e.to_string())?;

@@ -387,11 +387,19 @@ async fn reconcile_without_a_hub_recovers_and_settles() {
         "{first:?}"
     );
     assert!(within(core.wait_applied(&g)).await);
+    // With the service's config, whose admin token this shell does not have:
+    // a reconcile with the hub stopped talks to the core, and needs none.
+    let config = TempFile::new(
+        "toml",
+        "[server]\nadmin_listen = \"127.0.0.1:9\"\nadmin_token_env = \"RELAYHUB_TEST_NO_SUCH_TOKEN\"\n",
+    );
     let second = relayhub(&[
         "journal",
         "--journal",
         journal,
         "reconcile",
+        "--config",
+        path_str(&config.0),
         "--core-url",
         &url,
     ]);
