@@ -248,6 +248,20 @@ impl Journal {
         max_batch: usize,
         fsync_outcomes: bool,
     ) -> Result<(Journal, Ownership), JournalError> {
+        if let Some(path) = file_of(spec)
+            && let Some(lock) = sqlite::lock::left_without_its_journal(path)
+        {
+            return Err(JournalError::Open {
+                path: path.display().to_string(),
+                reason: format!(
+                    "the file is gone, but its lock file {lock} is there: a hub had it open, so \
+                     it was deleted or moved since. Put it back (with its -wal file); to start \
+                     with an empty journal instead, remove {lock} (a resend of any GUID the \
+                     old one held would then be posted again)",
+                    lock = lock.display()
+                ),
+            });
+        }
         let lock = match file_of(spec) {
             Some(path) => Some(sqlite::lock::FileLock::acquire(path).map_err(|e| match e {
                 // Absolute, so the operator can tell which file whatever the

@@ -437,3 +437,62 @@ async fn sigkill_while_the_wal_starts_over_loses_no_answered_transfer() {
     assert_eq!(core.balance(ACC1), Some(1_000_000 - applied));
     assert_eq!(core.total_money(), total, "no money made or lost");
 }
+
+/// A journal file deleted under a running hub (an operator's `rm`, a
+/// cleanup job): what the hub journals from then on would be lost to its
+/// next start, which would post every GUID again. So the next transfer is
+/// refused (E903, nothing sent) with an ERROR that says why, and a start
+/// that finds the lock file without its journal is refused instead of
+/// making an empty one. (Before: 0000 on, silently, and a fresh journal
+/// after the restart: a second POST for each resend.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_deleted_under_a_running_hub_stops_the_posts() {
+    let core = start_core().await;
+    let dir = TempDir::new("journal-deleted");
+    let file = dir.join("journal.db");
+    let mut hub = start_hub_process(&core.url(), &file, 3_000);
+    let mut ch = hub.channel().await;
+    let before = guid("GONE1");
+    let answer = within(ch.exchange(&transfer(&before, 1_000)))
+        .await
+        .unwrap();
+    assert_eq!(answer.code, "0000", "{answer:?}");
+
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = file.clone().into_os_string();
+        name.push(suffix);
+        let _ = std::fs::remove_file(name);
+    }
+    let after = guid("GONE2");
+    let answer = within(ch.exchange(&transfer(&after, 1_000))).await.unwrap();
+    assert_eq!(answer.code, "E903", "{answer:?}");
+    assert_eq!(posts(&core, &after), 0, "nothing sent");
+    let started = std::time::Instant::now();
+    while !hub.stderr().contains("deleted while the hub runs")
+        && !hub.stderr().contains("deleted or moved while the hub runs")
+    {
+        assert!(started.elapsed() < PATIENCE, "{}", hub.stderr());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    hub.sigkill();
+
+    let refused = std::process::Command::new(relayhub_bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--core-url",
+            &core.url(),
+        ])
+        .arg("--journal")
+        .arg(&file)
+        .output()
+        .expect("run relayhub serve");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("the file is gone, but its lock file"),
+        "{said}"
+    );
+    assert!(!file.exists(), "no empty journal made");
+    assert_eq!(posts(&core, &before), 1);
+}

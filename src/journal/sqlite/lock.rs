@@ -45,6 +45,14 @@ pub enum LockError {
 }
 
 /// `<db>.lock`, beside the database file.
+/// The lock file of a journal file that is not there. Every owner leaves its
+/// lock file beside the journal, so the journal was deleted or moved since an
+/// owner opened it: a new, empty one would forget every GUID it held.
+pub fn left_without_its_journal(db: &Path) -> Option<PathBuf> {
+    let lock = lock_path(db);
+    (!db.exists() && lock.exists()).then_some(lock)
+}
+
 pub fn lock_path(db: &Path) -> PathBuf {
     let mut name = db.as_os_str().to_owned();
     name.push(".lock");

@@ -27,6 +27,13 @@
 //! After an fsync fails, every durable write fails until the hub restarts:
 //! Linux may have dropped the pages it could not write, and a later fsync
 //! would succeed without them.
+//!
+//! The same once the journal's files are no longer where the next start will
+//! look for them (deleted, or replaced by another file): what the hub writes
+//! then is lost to its next start, which would post every GUID of it again.
+//! After each fsync the WAL's link count and the identity of the file at the
+//! database's name are read with `statx` asking for no times (so the
+//! fine-grained times above are not set off).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -40,6 +47,8 @@ use super::writer::Reply;
 /// Fsyncs the WAL for the durable writes committed before each call.
 pub(super) struct Syncer {
     wal: PathBuf,
+    /// The database file's name and the file it named at start.
+    db: Option<(PathBuf, FileId)>,
     /// Fsyncs begun so far. A commit is covered by any fsync begun after it.
     begun: AtomicU64,
     /// Fsyncs ended so far, failed ones too: fewer than `begun` while one runs.
@@ -83,7 +92,9 @@ impl Syncer {
     /// SQLite opened + `-wal` (a symbolic link is followed: SQLite keeps the
     /// WAL beside the file the link names), with its own thread.
     pub(super) fn start(conn: &Connection, path: &Path) -> std::io::Result<Arc<Syncer>> {
-        let syncer = Arc::new(Syncer::new(wal_of(conn, path)));
+        let mut syncer = Syncer::new(wal_of(conn, path));
+        syncer.db = db_of(&syncer.wal).and_then(|db| Some((db.clone(), file_id(&db).ok()?)));
+        let syncer = Arc::new(syncer);
         lock(&syncer.file).open = open(&syncer.wal).ok();
         let thread = syncer.clone();
         std::thread::Builder::new()
@@ -107,6 +118,7 @@ impl Syncer {
     fn new(wal: PathBuf) -> Syncer {
         Syncer {
             wal,
+            db: None,
             begun: AtomicU64::new(0),
             ended: AtomicU64::new(0),
             file: Mutex::new(Disk::default()),
@@ -228,6 +240,16 @@ impl Syncer {
             }
             // Nothing was written or lost: the next fsync tries again.
             Err(Failure::Open(why)) => Err(why),
+            Err(Failure::Gone(what)) => {
+                let why = format!(
+                    "{what} while the hub runs: what it journals now would be lost to \
+                     its next start; durable writes are refused (E903, nothing sent) \
+                     until the file is back and the hub restarts"
+                );
+                tracing::error!("{why}");
+                disk.failed = Some(why.clone());
+                Err(why)
+            }
             Err(Failure::Sync(e)) => {
                 let why = format!(
                     "fsync of {} failed: {e}; durable writes are refused until \
@@ -251,7 +273,40 @@ impl Syncer {
             Some(file) => file,
             none => none.insert(open(&self.wal).map_err(Failure::Open)?),
         };
-        file.sync_data().map_err(|e| Failure::Sync(e.to_string()))
+        file.sync_data().map_err(|e| Failure::Sync(e.to_string()))?;
+        self.still_in_place(file)
+    }
+
+    /// Whether the WAL is still linked and the database's name still names
+    /// the file opened at start.
+    fn still_in_place(&self, wal: &File) -> Result<(), Failure> {
+        use std::os::fd::AsRawFd;
+        if let Ok(0) = links(wal.as_raw_fd()) {
+            return Err(Failure::Gone(format!(
+                "the WAL {} was deleted",
+                self.wal.display()
+            )));
+        }
+        if let Some((db, id)) = &self.db {
+            match file_id(db) {
+                Ok(now) if now == *id => {}
+                Ok(_) => {
+                    return Err(Failure::Gone(format!(
+                        "the journal file {} was replaced by another file",
+                        db.display()
+                    )));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(Failure::Gone(format!(
+                        "the journal file {} was deleted or moved",
+                        db.display()
+                    )));
+                }
+                // Not known either way (e.g. a permission): no verdict.
+                Err(_) => {}
+            }
+        }
+        Ok(())
     }
 }
 
@@ -293,6 +348,55 @@ enum Failure {
     Open(String),
     /// The fsync itself failed.
     Sync(String),
+    /// The journal's files are no longer where a start would find them.
+    Gone(String),
+}
+
+/// A file's identity: device and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId(u32, u32, u64);
+
+/// The database file the WAL belongs to: its name without `-wal`.
+fn db_of(wal: &Path) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = wal.as_os_str().as_bytes();
+    let db = name.strip_suffix(b"-wal")?;
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(db)))
+}
+
+/// `statx` asking only for `mask`, never for times; `path` empty with
+/// `fd`: the open file itself.
+#[allow(unsafe_code)]
+fn statx(fd: libc::c_int, path: &Path, mask: u32) -> std::io::Result<libc::statx> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let flags = if path.as_os_str().is_empty() {
+        libc::AT_EMPTY_PATH
+    } else {
+        0
+    };
+    // SAFETY: `c` is a NUL-terminated path that outlives the call, and `buf`
+    // is a zeroed statx the kernel fills.
+    unsafe {
+        let mut buf: libc::statx = std::mem::zeroed();
+        if libc::statx(fd, c.as_ptr(), flags, mask, &mut buf) == 0 {
+            Ok(buf)
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+}
+
+/// The identity of the file at `path` now.
+fn file_id(path: &Path) -> std::io::Result<FileId> {
+    let s = statx(libc::AT_FDCWD, path, libc::STATX_INO)?;
+    Ok(FileId(s.stx_dev_major, s.stx_dev_minor, s.stx_ino))
+}
+
+/// The open file's link count (0: deleted).
+fn links(fd: libc::c_int) -> std::io::Result<u32> {
+    statx(fd, Path::new(""), libc::STATX_NLINK).map(|s| s.stx_nlink)
 }
 
 /// Opens the WAL, which the writer's connection created when it opened the
@@ -422,6 +526,50 @@ mod tests {
         s.queue(replies);
         assert_eq!(rx.try_recv().unwrap(), Ok(()));
         assert_eq!(s.done(), 2);
+    }
+
+    /// A syncer over `j.db` and its WAL in a directory of their own, that
+    /// checks both are still in place after each fsync.
+    fn placed() -> (tempfile::TempDir, Syncer) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("j.db");
+        std::fs::write(&db, b"pages").unwrap();
+        let wal = dir.path().join("j.db-wal");
+        std::fs::write(&wal, b"frames").unwrap();
+        let mut s = Syncer::new(wal);
+        s.db = Some((db.clone(), file_id(&db).unwrap()));
+        (dir, s)
+    }
+
+    fn sync(s: &Syncer) -> Result<(), String> {
+        let (replies, rx) = heard();
+        s.sync_here(replies);
+        rx.try_recv().unwrap()
+    }
+
+    #[test]
+    fn a_journal_file_deleted_or_replaced_refuses_durable_writes_from_then_on() {
+        let (dir, s) = placed();
+        assert_eq!(sync(&s), Ok(()));
+        std::fs::remove_file(dir.path().join("j.db")).unwrap();
+        let why = sync(&s).unwrap_err();
+        assert!(why.contains("j.db was deleted or moved"), "{why}");
+        // Put back or not, refused until a restart checks it again.
+        std::fs::write(dir.path().join("j.db"), b"another").unwrap();
+        assert_eq!(sync(&s), Err(why));
+
+        let (dir, s) = placed();
+        std::fs::write(dir.path().join("other"), b"x").unwrap();
+        std::fs::rename(dir.path().join("other"), dir.path().join("j.db")).unwrap();
+        let why = sync(&s).unwrap_err();
+        assert!(why.contains("j.db was replaced by another file"), "{why}");
+
+        let (dir, s) = placed();
+        assert_eq!(sync(&s), Ok(()));
+        std::fs::remove_file(dir.path().join("j.db-wal")).unwrap();
+        let why = sync(&s).unwrap_err();
+        assert!(why.contains("j.db-wal was deleted"), "{why}");
+        assert_eq!(s.done(), 1);
     }
 
     #[test]
