@@ -326,20 +326,11 @@ pub fn new_guid(prefix: &str) -> String {
 /// other prefix: four ASCII digits read as a binary length (`0064` is
 /// 808465972), or a binary length that is not ASCII digits.
 pub fn prefix_hint(mode: PrefixMode, buffered: &[u8]) -> Option<String> {
-    let prefix: [u8; PREFIX_LEN] = buffered.get(..PREFIX_LEN)?.try_into().ok()?;
-    let as_binary = u32::from_be_bytes(prefix);
-    let digits = prefix.iter().all(u8::is_ascii_digit);
-    match mode {
-        PrefixMode::Binary if digits => Some(format!(
-            "{as_binary} is ASCII '{}': the hub speaks the ascii prefix (use --prefix ascii)",
-            String::from_utf8_lossy(&prefix)
-        )),
-        PrefixMode::Ascii if !digits && (1..=9999).contains(&as_binary) => Some(format!(
-            "bytes {:02x} {:02x} {:02x} {:02x} are not ASCII digits, but read as a binary length they are {as_binary}: the hub speaks the binary prefix (use --prefix binary)",
-            prefix[0], prefix[1], prefix[2], prefix[3]
-        )),
-        _ => None,
-    }
+    let (what, other) = crate::frame::other_prefix(mode, buffered)?;
+    let other = other.name();
+    Some(format!(
+        "{what}: the hub speaks the {other} prefix (use --prefix {other})"
+    ))
 }
 
 /// `[0-9A-Za-z_-]{32}` (header bytes 6-37); the reason names the character

@@ -31,6 +31,16 @@ pub enum PrefixMode {
     Binary,
 }
 
+impl PrefixMode {
+    /// Its name in the config and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefixMode::Ascii => "ascii",
+            PrefixMode::Binary => "binary",
+        }
+    }
+}
+
 /// Frames telegrams with a length prefix; cheap to copy, holds no buffer of its own.
 #[derive(Debug, Clone, Copy)]
 pub struct FrameCodec {
@@ -66,6 +76,33 @@ pub enum FrameError {
         /// The limit it broke.
         max: usize,
     },
+}
+
+/// Whether a prefix that cannot be read in `mode` reads as the other mode's:
+/// four ASCII digits read as a binary length (`0064` is 808465972), or a
+/// binary length of 1 to 9999 that is not ASCII digits. Says what the bytes
+/// are, and which prefix they are.
+pub fn other_prefix(mode: PrefixMode, buffered: &[u8]) -> Option<(String, PrefixMode)> {
+    let prefix: [u8; PREFIX_LEN] = buffered.get(..PREFIX_LEN)?.try_into().ok()?;
+    let as_binary = u32::from_be_bytes(prefix);
+    let digits = prefix.iter().all(u8::is_ascii_digit);
+    match mode {
+        PrefixMode::Binary if digits => Some((
+            format!(
+                "{as_binary} is ASCII '{}'",
+                String::from_utf8_lossy(&prefix)
+            ),
+            PrefixMode::Ascii,
+        )),
+        PrefixMode::Ascii if !digits && (1..=9999).contains(&as_binary) => Some((
+            format!(
+                "bytes {:02x} {:02x} {:02x} {:02x} are not ASCII digits, but read as a binary length they are {as_binary}",
+                prefix[0], prefix[1], prefix[2], prefix[3]
+            ),
+            PrefixMode::Binary,
+        )),
+        _ => None,
+    }
 }
 
 impl Default for FrameCodec {
@@ -199,6 +236,19 @@ impl fmt::Display for ByteDisplay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_other_prefix_is_recognised() {
+        let (what, other) = other_prefix(PrefixMode::Binary, b"0132TRF001").unwrap();
+        assert_eq!(other, PrefixMode::Ascii);
+        assert!(what.contains("808530738 is ASCII '0132'"), "{what}");
+        let (what, other) = other_prefix(PrefixMode::Ascii, &[0, 0, 0, 0x84, b'T']).unwrap();
+        assert_eq!(other, PrefixMode::Binary);
+        assert!(what.contains("they are 132"), "{what}");
+        assert_eq!(other_prefix(PrefixMode::Ascii, b"ABCD"), None);
+        assert_eq!(other_prefix(PrefixMode::Binary, &[0, 0, 0, 0x40]), None);
+        assert_eq!(other_prefix(PrefixMode::Binary, b"01"), None);
+    }
 
     fn ascii() -> FrameCodec {
         FrameCodec::default()

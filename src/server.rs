@@ -829,7 +829,16 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    warn!(error = %e, "unframeable input; answering E102 and closing");
+                    match crate::frame::other_prefix(limits.prefix, &buf) {
+                        Some((what, other)) => warn!(
+                            error = %e,
+                            "unframeable input; answering E102 and closing ({what}: the channel \
+                             seems to send the {} prefix, and this listener takes the {} one)",
+                            other.name(),
+                            limits.prefix.name()
+                        ),
+                        None => warn!(error = %e, "unframeable input; answering E102 and closing"),
+                    }
                     if let Some(tx) =
                         queue_up(&mut direct, &mut queue, &mut inline, capacity, &link).await
                     {

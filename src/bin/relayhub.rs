@@ -627,7 +627,7 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
     println!(
         "config OK: listen {}, prefix {}, budget {} ms, journal {}",
         s.listen,
-        prefix_name(s.prefix),
+        s.prefix.name(),
         s.budget_ms,
         config.journal.path
     );
@@ -736,12 +736,5 @@ fn operation_name(op: Operation) -> &'static str {
     match op {
         Operation::Transfer => "transfer",
         Operation::Inquiry => "inquiry",
-    }
-}
-
-fn prefix_name(p: PrefixMode) -> &'static str {
-    match p {
-        PrefixMode::Ascii => "ascii",
-        PrefixMode::Binary => "binary",
     }
 }

@@ -831,6 +831,43 @@ async fn check_and_reload_refuse_what_a_start_would() {
     );
 }
 
+/// A channel that sends the other length prefix gets E102, and the hub's
+/// line says which prefix the bytes are and which one the listener takes
+/// (before: "telegram length 808530738 exceeds the maximum", "byte 0 is
+/// 0x00").
+#[tokio::test]
+async fn the_hub_s_line_names_a_mismatched_prefix() {
+    use tokio::io::AsyncWriteExt;
+    let core = start_core().await;
+    let telegram = transfer(&guid("FHPREFIX"), 1_000);
+    for (listener, wire_prefix, want) in [
+        (
+            "ascii",
+            (telegram.len() as u32).to_be_bytes().to_vec(),
+            "seems to send the binary prefix, and this listener takes the ascii one",
+        ),
+        (
+            "binary",
+            format!("{:04}", telegram.len()).into_bytes(),
+            "seems to send the ascii prefix, and this listener takes the binary one",
+        ),
+    ] {
+        let dir = TempDir::new("fh-prefix");
+        let cfg = write(
+            &dir,
+            "relayhub.toml",
+            &format!("[server]\nprefix = {listener:?}\n\n{}", target(&core.url())),
+        );
+        let hub = serve_config(&cfg);
+        let mut s = tokio::net::TcpStream::connect(&hub.addr).await.unwrap();
+        let mut wire = wire_prefix;
+        wire.extend_from_slice(&telegram);
+        s.write_all(&wire).await.unwrap();
+        let line = log_line(&hub, "unframeable input", 0);
+        assert!(line.contains(want), "{listener}: {line}");
+    }
+}
+
 /// An admin port in use is named as the admin listener's, not taken for
 /// the telegram port.
 #[test]
