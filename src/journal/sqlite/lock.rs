@@ -44,15 +44,20 @@ pub enum LockError {
     Io { lock: PathBuf, reason: String },
 }
 
-/// `<db>.lock`, beside the database file.
-/// The lock file of a journal file that is not there. Every owner leaves its
+/// The lock file of a journal file that is not there, under the name given
+/// or under the file's one name (a link's target). Every owner leaves its
 /// lock file beside the journal, so the journal was deleted or moved since an
 /// owner opened it: a new, empty one would forget every GUID it held.
 pub fn left_without_its_journal(db: &Path) -> Option<PathBuf> {
-    let lock = lock_path(db);
-    (!db.exists() && lock.exists()).then_some(lock)
+    if db.exists() {
+        return None;
+    }
+    [lock_path(db), lock_path(&one_name(db))]
+        .into_iter()
+        .find(|lock| lock.exists())
 }
 
+/// `<db>.lock`, beside the database file.
 pub fn lock_path(db: &Path) -> PathBuf {
     let mut name = db.as_os_str().to_owned();
     name.push(".lock");
@@ -175,6 +180,27 @@ fn holder_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_file_without_its_journal_is_found_under_either_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.db");
+        assert_eq!(left_without_its_journal(&real), None, "a first start");
+        std::fs::write(&real, b"pages").unwrap();
+        drop(FileLock::acquire(&real).unwrap());
+        assert_eq!(
+            left_without_its_journal(&real),
+            None,
+            "the journal is there"
+        );
+        let link = dir.path().join("link.db");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        std::fs::remove_file(&real).unwrap();
+        let lock = lock_path(&one_name(&real));
+        assert_eq!(left_without_its_journal(&real), Some(lock.clone()));
+        // Given through a link whose target is gone: the target's lock.
+        assert_eq!(left_without_its_journal(&link), Some(lock));
+    }
 
     #[test]
     fn one_holder_at_a_time_and_released_on_drop() {

@@ -31,9 +31,10 @@
 //! The same once the journal's files are no longer where the next start will
 //! look for them (deleted, or replaced by another file): what the hub writes
 //! then is lost to its next start, which would post every GUID of it again.
-//! After each fsync the WAL's link count and the identity of the file at the
-//! database's name are read with `statx` asking for no times (so the
-//! fine-grained times above are not set off).
+//! After each fsync the identities of the files at the WAL's and the
+//! database's names are compared with the ones opened, read with `statx`
+//! asking for the inode only (no times, so the fine-grained times above are
+//! not set off).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -59,6 +60,8 @@ pub(super) struct Syncer {
     ready: Condvar,
     /// Successful fsyncs.
     done: AtomicU64,
+    /// Closed: the journal is closing, and SQLite may delete the WAL.
+    closing: std::sync::atomic::AtomicBool,
     /// In tests, runs before each fsync: can hold it or make it fail.
     #[cfg(test)]
     pub(super) before: Mutex<Option<BeforeFsync>>,
@@ -93,7 +96,13 @@ impl Syncer {
     /// WAL beside the file the link names), with its own thread.
     pub(super) fn start(conn: &Connection, path: &Path) -> std::io::Result<Arc<Syncer>> {
         let mut syncer = Syncer::new(wal_of(conn, path));
-        syncer.db = db_of(&syncer.wal).and_then(|db| Some((db.clone(), file_id(&db).ok()?)));
+        syncer.db = db_of(&syncer.wal).and_then(|db| match file_id(&db) {
+            Ok(id) => Some((db, id)),
+            Err(e) => {
+                tracing::warn!(%e, db = %db.display(), "cannot tell the journal file's identity: a deleted or replaced journal will not be noticed");
+                None
+            }
+        });
         let syncer = Arc::new(syncer);
         lock(&syncer.file).open = open(&syncer.wal).ok();
         let thread = syncer.clone();
@@ -125,6 +134,7 @@ impl Syncer {
             queue: Mutex::new(Queue::default()),
             ready: Condvar::new(),
             done: AtomicU64::new(0),
+            closing: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
             before: Mutex::new(None),
             #[cfg(test)]
@@ -194,6 +204,7 @@ impl Syncer {
 
     /// Lets the syncer's thread end once the queue is empty.
     pub(super) fn close(&self) {
+        self.closing.store(true, Ordering::Relaxed);
         lock(&self.queue).closed = true;
         self.ready.notify_all();
     }
@@ -246,7 +257,10 @@ impl Syncer {
                      its next start; durable writes are refused (E903, nothing sent) \
                      until the file is back and the hub restarts"
                 );
-                tracing::error!("{why}");
+                // Closing, the last connection's close may delete the WAL.
+                if !self.closing.load(Ordering::Relaxed) {
+                    tracing::error!("{why}");
+                }
                 disk.failed = Some(why.clone());
                 Err(why)
             }
@@ -277,15 +291,27 @@ impl Syncer {
         self.still_in_place(file)
     }
 
-    /// Whether the WAL is still linked and the database's name still names
-    /// the file opened at start.
+    /// Whether the WAL's name still names the WAL open here, and the
+    /// database's name the file opened at start.
     fn still_in_place(&self, wal: &File) -> Result<(), Failure> {
-        use std::os::fd::AsRawFd;
-        if let Ok(0) = links(wal.as_raw_fd()) {
-            return Err(Failure::Gone(format!(
-                "the WAL {} was deleted",
-                self.wal.display()
-            )));
+        if let Ok(open) = open_file_id(wal) {
+            match file_id(&self.wal) {
+                Ok(named) if named == open => {}
+                Ok(_) => {
+                    return Err(Failure::Gone(format!(
+                        "the WAL {} was replaced by another file",
+                        self.wal.display()
+                    )));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(Failure::Gone(format!(
+                        "the WAL {} was deleted or moved",
+                        self.wal.display()
+                    )));
+                }
+                // Not known either way: no verdict.
+                Err(_) => {}
+            }
         }
         if let Some((db, id)) = &self.db {
             match file_id(db) {
@@ -364,10 +390,11 @@ fn db_of(wal: &Path) -> Option<PathBuf> {
     Some(PathBuf::from(std::ffi::OsStr::from_bytes(db)))
 }
 
-/// `statx` asking only for `mask`, never for times; `path` empty with
-/// `fd`: the open file itself.
+/// `statx` asking only for the inode (never for times: see the module's
+/// doc), of `path`, or with an empty `path` of the open file `fd`.
+#[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
-fn statx(fd: libc::c_int, path: &Path, mask: u32) -> std::io::Result<libc::statx> {
+fn statx_ino(fd: libc::c_int, path: &Path) -> std::io::Result<FileId> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
@@ -378,25 +405,47 @@ fn statx(fd: libc::c_int, path: &Path, mask: u32) -> std::io::Result<libc::statx
     };
     // SAFETY: `c` is a NUL-terminated path that outlives the call, and `buf`
     // is a zeroed statx the kernel fills.
-    unsafe {
+    let s = unsafe {
         let mut buf: libc::statx = std::mem::zeroed();
-        if libc::statx(fd, c.as_ptr(), flags, mask, &mut buf) == 0 {
-            Ok(buf)
-        } else {
-            Err(std::io::Error::last_os_error())
+        if libc::statx(fd, c.as_ptr(), flags, libc::STATX_INO, &mut buf) != 0 {
+            return Err(std::io::Error::last_os_error());
         }
+        buf
+    };
+    // A file system that does not report the inode gives no verdict.
+    if s.stx_mask & libc::STATX_INO == 0 {
+        return Err(std::io::Error::from(std::io::ErrorKind::Unsupported));
     }
-}
-
-/// The identity of the file at `path` now.
-fn file_id(path: &Path) -> std::io::Result<FileId> {
-    let s = statx(libc::AT_FDCWD, path, libc::STATX_INO)?;
     Ok(FileId(s.stx_dev_major, s.stx_dev_minor, s.stx_ino))
 }
 
-/// The open file's link count (0: deleted).
-fn links(fd: libc::c_int) -> std::io::Result<u32> {
-    statx(fd, Path::new(""), libc::STATX_NLINK).map(|s| s.stx_nlink)
+/// The identity of the file at `path` now.
+#[cfg(target_os = "linux")]
+fn file_id(path: &Path) -> std::io::Result<FileId> {
+    statx_ino(libc::AT_FDCWD, path)
+}
+
+/// The identity of an open file.
+#[cfg(target_os = "linux")]
+fn open_file_id(file: &File) -> std::io::Result<FileId> {
+    use std::os::fd::AsRawFd;
+    statx_ino(file.as_raw_fd(), Path::new(""))
+}
+
+/// The identity of the file at `path` now.
+#[cfg(not(target_os = "linux"))]
+fn file_id(path: &Path) -> std::io::Result<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok(FileId(0, m.dev() as u32, m.ino()))
+}
+
+/// The identity of an open file.
+#[cfg(not(target_os = "linux"))]
+fn open_file_id(file: &File) -> std::io::Result<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = file.metadata()?;
+    Ok(FileId(0, m.dev() as u32, m.ino()))
 }
 
 /// Opens the WAL, which the writer's connection created when it opened the
@@ -568,8 +617,26 @@ mod tests {
         assert_eq!(sync(&s), Ok(()));
         std::fs::remove_file(dir.path().join("j.db-wal")).unwrap();
         let why = sync(&s).unwrap_err();
-        assert!(why.contains("j.db-wal was deleted"), "{why}");
+        assert!(why.contains("j.db-wal was deleted or moved"), "{why}");
         assert_eq!(s.done(), 1);
+
+        // Moved away: its link count is still 1, but not at its name.
+        let (dir, s) = placed();
+        assert_eq!(sync(&s), Ok(()));
+        std::fs::rename(dir.path().join("j.db-wal"), dir.path().join("elsewhere")).unwrap();
+        let why = sync(&s).unwrap_err();
+        assert!(why.contains("j.db-wal was deleted or moved"), "{why}");
+        std::fs::write(dir.path().join("j.db-wal"), b"new").unwrap();
+        let (dir2, s2) = placed();
+        assert_eq!(sync(&s2), Ok(()));
+        std::fs::write(dir2.path().join("other"), b"x").unwrap();
+        std::fs::rename(dir2.path().join("other"), dir2.path().join("j.db-wal")).unwrap();
+        let why = sync(&s2).unwrap_err();
+        assert!(
+            why.contains("j.db-wal was replaced by another file"),
+            "{why}"
+        );
+        drop((dir, dir2));
     }
 
     #[test]
