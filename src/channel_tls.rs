@@ -93,7 +93,9 @@ pub fn failure(e: &std::io::Error) -> (&'static str, String) {
         ),
         Some(rustls::Error::InvalidCertificate(why)) => (
             "bad_client_certificate",
-            format!("the client certificate was refused: {why:?}"),
+            // rustls' own words: "certificate expired: verification time
+            // ... (N seconds ago)", or the variant's name where it has none.
+            format!("the client certificate was refused: {why}"),
         ),
         Some(other) => ("protocol", format!("TLS error: {other}")),
         None => ("closed", format!("the client went away: {e}")),
