@@ -58,14 +58,8 @@ impl axum::serve::Listener for AdminListener {
     async fn accept(&mut self) -> (AdminStream, SocketAddr) {
         // A slot first: past the limit, connections stay in the backlog and
         // take no descriptor of the process.
-        let slot = match self.slots.clone().acquire_owned().await {
-            Ok(slot) => slot,
-            // Never closed; should it be, no limit is better than no admin.
-            Err(_) => Arc::new(Semaphore::new(1))
-                .acquire_owned()
-                .await
-                .expect("a new semaphore is open"),
-        };
+        // The semaphore is never closed, so a slot always comes.
+        let slot = self.slots.clone().acquire_owned().await.ok();
         // Accept errors are logged and retried as axum does for a listener.
         let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
         let _ = stream.set_nodelay(true);
@@ -82,7 +76,7 @@ impl axum::serve::Listener for AdminListener {
 /// it).
 pub struct AdminStream {
     stream: TcpStream,
-    _slot: OwnedSemaphorePermit,
+    _slot: Option<OwnedSemaphorePermit>,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
     busy: Busy,
@@ -121,7 +115,7 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Admi
 }
 
 impl AdminStream {
-    fn new(stream: TcpStream, slot: OwnedSemaphorePermit, idle: Duration) -> AdminStream {
+    fn new(stream: TcpStream, slot: Option<OwnedSemaphorePermit>, idle: Duration) -> AdminStream {
         AdminStream {
             stream,
             _slot: slot,
@@ -137,8 +131,7 @@ impl AdminStream {
             // Answering: the idle time starts again. The timer is polled, so
             // it holds this waker: once the answer is out it wakes the task
             // again (hyper's read is already pending by then).
-            let next = Instant::now() + self.idle;
-            self.deadline.as_mut().reset(next);
+            self.restart();
             let _ = self.deadline.as_mut().poll(cx);
             return Poll::Pending;
         }
@@ -151,6 +144,12 @@ impl AdminStream {
         }
     }
 
+    /// The idle time starts again now.
+    fn restart(&mut self) {
+        let next = Instant::now() + self.idle;
+        self.deadline.as_mut().reset(next);
+    }
+
     /// A read's or write's result: progress restarts the idle time.
     fn after<T>(
         &mut self,
@@ -159,8 +158,7 @@ impl AdminStream {
     ) -> Poll<io::Result<T>> {
         match polled {
             Poll::Ready(r) => {
-                let next = Instant::now() + self.idle;
-                self.deadline.as_mut().reset(next);
+                self.restart();
                 Poll::Ready(r)
             }
             Poll::Pending => self.waiting(cx),

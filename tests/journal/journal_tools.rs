@@ -13,43 +13,11 @@ use crate::journal_support;
 use crate::ops_support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::*;
 use corebank::{FaultMethod, FaultRule, Phase};
-use journal_support::start_hub_process;
-
-/// What a finished `relayhub` command printed.
-#[derive(Debug)]
-struct Output {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs `relayhub ARGS` to its end (bounded by [`PATIENCE`]).
-fn relayhub(args: &[&str]) -> Output {
-    let child = Command::new(relayhub_bin())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn relayhub");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    let out = rx
-        .recv_timeout(PATIENCE)
-        .unwrap_or_else(|_| panic!("relayhub {args:?} did not end within {PATIENCE:?}"))
-        .expect("relayhub output");
-    Output {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
+use journal_support::{relayhub, start_hub_process};
 
 fn path_str(p: &Path) -> &str {
     p.to_str().expect("UTF-8 temp path")
@@ -391,7 +359,7 @@ async fn reconcile_without_a_hub_recovers_and_settles() {
     // a reconcile with the hub stopped talks to the core, and needs none.
     let config = TempFile::new(
         "toml",
-        "[server]\nadmin_listen = \"127.0.0.1:9\"\nadmin_token_env = \"RELAYHUB_TEST_NO_SUCH_TOKEN\"\n",
+        "[server]\nadmin_listen = \"127.0.0.1:0\"\nadmin_token_env = \"RELAYHUB_TEST_NO_SUCH_TOKEN\"\n",
     );
     let second = relayhub(&[
         "journal",

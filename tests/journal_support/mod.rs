@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use relayhub::client::{Answer, Channel};
@@ -17,7 +17,7 @@ use relayhub::daemon::{Daemon, Source};
 use relayhub::frame::PrefixMode;
 use relayhub::journal::{Row, State};
 
-use crate::common::{Proc, TempFile, connect, exchange, relayhub_bin, try_start, within};
+use crate::common::{PATIENCE, Proc, TempFile, connect, exchange, relayhub_bin, try_start, within};
 
 /// A hub started in-process on `127.0.0.1:0`.
 pub struct Hub {
@@ -160,4 +160,36 @@ pub fn start_hub_process(core_url: &str, journal: &Path, budget_ms: u64) -> Proc
         .arg(journal)
         .args(["--budget-ms", &budget_ms.to_string()]);
     try_start(&mut cmd).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// What a finished `relayhub` command printed.
+#[derive(Debug)]
+pub struct Output {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `relayhub ARGS` to its end (bounded by [`PATIENCE`]).
+pub fn relayhub(args: &[&str]) -> Output {
+    let child = Command::new(relayhub_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn relayhub");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = rx
+        .recv_timeout(PATIENCE)
+        .unwrap_or_else(|_| panic!("relayhub {args:?} did not end within {PATIENCE:?}"))
+        .expect("relayhub output");
+    Output {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
 }

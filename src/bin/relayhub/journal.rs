@@ -425,7 +425,6 @@ fn print_report(report: &[(String, String)]) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `POST http://ADMIN/journal/reconcile` on the running hub.
 /// The token to show the hub's admin listener: from --admin-token-file, else
 /// the one --config names (as the hub reads it), else none.
 fn admin_token(args: &ReconcileArgs) -> Result<Option<String>, String> {
@@ -448,6 +447,7 @@ fn admin_token(args: &ReconcileArgs) -> Result<Option<String>, String> {
         .map_err(|(key, reason)| format!("{}: {key}: {reason}", file.display()))
 }
 
+/// `POST http://ADMIN/journal/reconcile` on the running hub.
 async fn through_hub(admin: &str, token: Option<&str>) -> Result<ExitCode, String> {
     let host = reachable(admin);
     let url = format!("http://{host}/journal/reconcile");

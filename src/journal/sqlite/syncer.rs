@@ -295,42 +295,10 @@ impl Syncer {
     /// database's name the file opened at start.
     fn still_in_place(&self, wal: &File) -> Result<(), Failure> {
         if let Ok(open) = open_file_id(wal) {
-            match file_id(&self.wal) {
-                Ok(named) if named == open => {}
-                Ok(_) => {
-                    return Err(Failure::Gone(format!(
-                        "the WAL {} was replaced by another file",
-                        self.wal.display()
-                    )));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(Failure::Gone(format!(
-                        "the WAL {} was deleted or moved",
-                        self.wal.display()
-                    )));
-                }
-                // Not known either way: no verdict.
-                Err(_) => {}
-            }
+            still_named("the WAL", &self.wal, open)?;
         }
         if let Some((db, id)) = &self.db {
-            match file_id(db) {
-                Ok(now) if now == *id => {}
-                Ok(_) => {
-                    return Err(Failure::Gone(format!(
-                        "the journal file {} was replaced by another file",
-                        db.display()
-                    )));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(Failure::Gone(format!(
-                        "the journal file {} was deleted or moved",
-                        db.display()
-                    )));
-                }
-                // Not known either way (e.g. a permission): no verdict.
-                Err(_) => {}
-            }
+            still_named("the journal file", db, *id)?;
         }
         Ok(())
     }
@@ -376,6 +344,24 @@ enum Failure {
     Sync(String),
     /// The journal's files are no longer where a start would find them.
     Gone(String),
+}
+
+/// Whether `path` still names the file `id` (`what` names it in the error).
+/// A name that cannot be read for another reason (a permission, a file
+/// system that does not say) gives no verdict.
+fn still_named(what: &str, path: &Path, id: FileId) -> Result<(), Failure> {
+    match file_id(path) {
+        Ok(now) if now == id => Ok(()),
+        Ok(_) => Err(Failure::Gone(format!(
+            "{what} {} was replaced by another file",
+            path.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Failure::Gone(format!(
+            "{what} {} was deleted or moved",
+            path.display()
+        ))),
+        Err(_) => Ok(()),
+    }
 }
 
 /// A file's identity: device and inode.
