@@ -188,6 +188,19 @@ impl Daemon {
                 None => None,
             };
 
+        // The telegram ports are held before the journal is opened: a start
+        // refused for a port in use leaves no journal file behind. They
+        // listen once the hub is ready; until then a connect is refused.
+        let reserved = Reserved::bind(&config.server.listen)?;
+        let addr = reserved.addr;
+        let tls_socket = match &config.server.tls_listen {
+            None => None,
+            Some(tls_listen) => {
+                let acceptor = Arc::new(Acceptor::new(channel_tls::server_config(&config.server)?));
+                Some((Reserved::bind(tls_listen)?, acceptor))
+            }
+        };
+        let tls = tls_socket.as_ref().map(|(r, a)| (a.clone(), r.addr));
         let targets = build_targets(&config)?;
         let target_names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
         let rules = Rules::build(&config, &target_names)?;
@@ -231,26 +244,13 @@ impl Daemon {
             Duration::from_millis(config.journal.prune_interval_ms),
         )));
 
-        let listener = bind(&config.server.listen)?;
-        let addr = listener.local_addr().map_err(|source| StartError::Bind {
-            addr: config.server.listen.clone(),
-            source,
-        })?;
-        let (tls, tls_side) = match &config.server.tls_listen {
-            None => (None, None),
-            Some(tls_listen) => {
-                let acceptor = Arc::new(Acceptor::new(channel_tls::server_config(&config.server)?));
-                let listener = bind(tls_listen)?;
-                let bound = listener.local_addr().map_err(|source| StartError::Bind {
-                    addr: tls_listen.clone(),
-                    source,
-                })?;
-                let side = server::TlsListener {
-                    listener,
-                    acceptor: acceptor.clone(),
-                };
-                (Some((acceptor, bound)), Some(side))
-            }
+        let listener = reserved.listen()?;
+        let tls_side = match tls_socket {
+            Some((reserved, acceptor)) => Some(server::TlsListener {
+                listener: reserved.listen()?,
+                acceptor,
+            }),
+            None => None,
         };
         let tls_addr = tls.as_ref().map(|(_, a)| *a);
         let (tx, rx) = oneshot::channel::<()>();
@@ -557,14 +557,43 @@ fn flat(config: &Config) -> std::collections::BTreeMap<String, String> {
 }
 
 fn bind(addr: &str) -> Result<tokio::net::TcpListener, StartError> {
-    let parsed: SocketAddr = addr.parse().map_err(|_| StartError::Bind {
-        addr: addr.into(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not HOST:PORT"),
-    })?;
-    server::bind(parsed).map_err(|source| StartError::Bind {
-        addr: addr.into(),
-        source,
-    })
+    Reserved::bind(addr)?.listen()
+}
+
+/// A listener's address, bound but not yet listening (`server::reserve`).
+struct Reserved {
+    socket: tokio::net::TcpSocket,
+    /// As configured, for the error.
+    name: String,
+    /// As bound (port 0 made a port).
+    addr: SocketAddr,
+}
+
+impl Reserved {
+    fn bind(addr: &str) -> Result<Reserved, StartError> {
+        let error = |source| StartError::Bind {
+            addr: addr.into(),
+            source,
+        };
+        let parsed: SocketAddr = addr.parse().map_err(|_| {
+            error(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not HOST:PORT",
+            ))
+        })?;
+        let socket = server::reserve(parsed).map_err(error)?;
+        let addr_bound = socket.local_addr().map_err(error)?;
+        Ok(Reserved {
+            socket,
+            name: addr.into(),
+            addr: addr_bound,
+        })
+    }
+
+    fn listen(self) -> Result<tokio::net::TcpListener, StartError> {
+        let name = self.name;
+        server::listen(self.socket).map_err(|source| StartError::Bind { addr: name, source })
+    }
 }
 
 /// Opens the journal as its owner (a SQLite file is locked: a second hub, or

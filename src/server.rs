@@ -168,6 +168,14 @@ pub struct TlsListener {
 /// Binds a listener with a backlog deep enough for a burst of channel connects
 /// (a short one turns a burst into refused connects: false E902s upstream).
 pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    listen(reserve(addr)?)
+}
+
+/// Binds a socket without listening on it: an address held by a running
+/// listener is refused now, before a start creates anything (a journal
+/// file), while a channel's connect is still refused at once, not left in a
+/// backlog nobody reads, until [`listen`].
+pub fn reserve(addr: SocketAddr) -> std::io::Result<TcpSocket> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -175,6 +183,11 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     };
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
+    Ok(socket)
+}
+
+/// Listens on a socket [`reserve`] bound.
+pub fn listen(socket: TcpSocket) -> std::io::Result<TcpListener> {
     socket.listen(4096)
 }
 

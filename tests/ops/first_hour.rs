@@ -894,6 +894,34 @@ fn an_admin_port_in_use_is_named_as_the_admin_listener_s() {
     );
 }
 
+/// A telegram port in use refuses the start before the journal is opened:
+/// no journal file is left behind for a hub that never ran (before, the
+/// SQLite file, its WAL and its lock file were made first).
+#[test]
+fn a_telegram_port_in_use_leaves_no_journal_behind() {
+    let dir = TempDir::new("fh-port-in-use");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let journal = dir.join("journal.db");
+    let out = relayhub(&[
+        "serve",
+        "--listen",
+        &addr,
+        "--journal",
+        journal.to_str().unwrap(),
+        "--core-url",
+        "http://127.0.0.1:1",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    assert!(
+        out.stderr.contains(&format!("cannot listen on {addr}")),
+        "{}",
+        out.all()
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.join("")).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 /// A script that waits for the ready line with `grep -m1` closes the pipe
 /// once it has it; stdout may as well be full. The hub serves on: it logs
 /// that the line could not be written (before, it panicked and exited 101).
