@@ -44,7 +44,12 @@ pub(super) async fn run(
         );
     }
     let target = hub.target(route);
-    let record = read_record(hub, orig, deadline).await;
+    // Half of the time left, at most: a stalled journal must leave the GET
+    // its time, since the core's answer is final without the record (only a
+    // "never received" needs it, and is then E901).
+    let now = Instant::now();
+    let halfway = now + deadline.work.saturating_duration_since(now) / 2;
+    let record = read_record(hub, orig, halfway).await;
     let (pin, asked_attempt_url) = match &record {
         Record::Known(Some(row)) => ask_plan(target, row.url.as_deref()),
         _ => (None, true),
@@ -60,7 +65,7 @@ pub(super) async fn run(
         // A whole transfer may have been claimed, sent and answered while
         // the GET was out (its flight gone again by now): the journal says.
         let unchanged = match &record {
-            Record::Known(row) => match read_record(hub, orig, deadline).await {
+            Record::Known(row) => match read_record(hub, orig, deadline.work).await {
                 Record::Known(now) => attempt_of(row) == attempt_of(&now),
                 Record::Unavailable(_) => false,
             },
@@ -187,14 +192,14 @@ pub(super) async fn inquire(
     outcome
 }
 
-/// The hub's record of `guid`, read within the telegram's work deadline.
-async fn read_record(hub: &Hub, guid: &str, deadline: Deadline) -> Record {
+/// The hub's record of `guid`, read by `by`.
+async fn read_record(hub: &Hub, guid: &str, by: Instant) -> Record {
     let (journal, g) = (hub.journal.clone(), guid.to_string());
-    match bounded::within(deadline.work, async move { journal.get(&g).await }).await {
+    match bounded::within(by, async move { journal.get(&g).await }).await {
         Bounded::Done(Ok(row)) => Record::Known(row),
         Bounded::Done(Err(e)) => Record::Unavailable(e.to_string()),
         Bounded::Failed(e) => Record::Unavailable(e),
-        Bounded::Late(_) => Record::Unavailable("no answer within the budget".into()),
+        Bounded::Late(_) => Record::Unavailable("no answer in time".into()),
     }
 }
 

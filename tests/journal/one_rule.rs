@@ -145,6 +145,60 @@ async fn a_stalled_journal_does_not_hold_the_answer() {
     assert_eq!(posts(&core, &g), 1);
 }
 
+/// An inquiry telegram that finds the journal stalled behind a write (here
+/// a claim waiting for SQLite's write lock, which another process holds)
+/// still asks the core within its budget and answers with the core's truth.
+/// Before, its read of the record took the whole budget and it answered
+/// E903 "no budget left to start the call" without asking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inquiry_behind_a_stalled_journal_still_asks_the_core() {
+    const BUDGET: u64 = 800;
+    let core = start_core().await;
+    let dir = TempDir::new("stall-inq");
+    let db = dir.join("journal.db");
+    let hub = HubSpec::new(&core.url())
+        .journal(db.to_string_lossy().to_string())
+        .budget_ms(BUDGET)
+        .start()
+        .await;
+    let g = guid("STQ9");
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .phase(Phase::AfterApply)
+            .close()
+            .times(1),
+    );
+    assert_header_only(&hub.send(&transfer(&g, 14_000)).await, "TRF001", &g, "E901");
+    hub.wait_state(&g, State::Unknown).await;
+
+    let lock = rusqlite::Connection::open(&db).expect("open the journal beside the hub");
+    lock.execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    // A new transfer's claim waits for the lock (SQLite's busy timeout, 5 s,
+    // longer than this test's budget twice over), holding the journal's
+    // connection: E903, nothing sent.
+    let other = guid("STQ10");
+    assert_header_only(
+        &hub.send(&transfer(&other, 1_000)).await,
+        "TRF001",
+        &other,
+        "E903",
+    );
+
+    let started = Instant::now();
+    let asked = hub.send(&inquiry(&guid("Q9"), &g)).await;
+    let took = started.elapsed();
+    assert_eq!(asked.code, "0000", "the core's truth: {asked:?}");
+    assert!(
+        took < Duration::from_millis(BUDGET),
+        "inquiry answered after {took:?}, budget {BUDGET} ms"
+    );
+    assert_eq!(gets(&core, &g), 1, "the core was asked");
+    lock.execute_batch("ROLLBACK").expect("release the lock");
+    assert_eq!(posts(&core, &other), 0);
+}
+
 /// The outcome of a POST cannot be written (the journal refuses the update):
 /// the channel still gets the truth, and the row left `sending` does not make
 /// every repeat wait out its budget. The repeat and an inquiry telegram settle
