@@ -76,10 +76,18 @@ pub fn stats() -> &'static Stats {
 /// Counts one answered telegram and remembers its trace id under its GUID
 /// (called by `Hub::handle`).
 pub fn record(guid: &str, tx_code: &str, code: Code, elapsed: Duration, trace: TraceId) {
-    stats().record_at(Instant::now(), tx_code, code.as_str(), elapsed);
+    stats().record_at(Instant::now(), tx_code, code.as_str(), Some(elapsed));
     if !guid.is_empty() {
         traces().note(guid, code, trace);
     }
+}
+
+/// Counts an answer the hub gave without reading a telegram whole (an
+/// unframeable input's E102) or without its task (E901 after a panic): in
+/// the code counts, as in `relayhub_telegrams_total`, but not in the
+/// latencies, which time telegrams read whole.
+pub fn count_untimed(tx_code: &str, code: Code) {
+    stats().record_at(Instant::now(), tx_code, code.as_str(), None);
 }
 
 /// Telegrams whose trace ids (and, separately, request fields) the console
@@ -330,9 +338,9 @@ impl Stats {
         at.saturating_duration_since(self.started).as_secs()
     }
 
-    fn record_at(&self, at: Instant, tx: &str, code: &str, elapsed: Duration) {
+    fn record_at(&self, at: Instant, tx: &str, code: &str, elapsed: Option<Duration>) {
         let second = self.second(at);
-        let b = bucket(elapsed);
+        let b = elapsed.map(bucket);
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let slot = &mut g.ring[(second % WINDOW_SECS) as usize];
         if slot.second != second {
@@ -341,9 +349,13 @@ impl Stats {
             slot.latency = [0; BUCKETS];
         }
         bump(&mut slot.counts, tx, code);
-        slot.latency[b] += 1;
+        if let Some(b) = b {
+            slot.latency[b] += 1;
+        }
         bump(&mut g.totals, tx, code);
-        g.latency[b] += 1;
+        if let Some(b) = b {
+            g.latency[b] += 1;
+        }
     }
 
     /// The last minute (the current second included) and the totals since start.
@@ -385,13 +397,13 @@ mod tests {
     fn counts_fall_out_of_the_window_and_stay_in_the_totals() {
         let s = Stats::new();
         let t0 = s.started;
-        s.record_at(t0, "TRF001", "0000", Duration::from_millis(3));
-        s.record_at(t0, "TRF001", "E901", Duration::from_millis(2500));
+        s.record_at(t0, "TRF001", "0000", Some(Duration::from_millis(3)));
+        s.record_at(t0, "TRF001", "E901", Some(Duration::from_millis(2500)));
         s.record_at(
             t0 + Duration::from_secs(70),
             "INQ001",
             "0000",
-            Duration::ZERO,
+            Some(Duration::ZERO),
         );
         let g = s.inner.lock().unwrap();
         assert_eq!(g.totals["TRF001"]["0000"], 1);
@@ -402,16 +414,33 @@ mod tests {
         assert_eq!(g.ring[10].counts["INQ001"]["0000"], 1);
     }
 
+    /// An answer counted untimed (an unframeable input's E102) is in the
+    /// code counts and the total, and leaves the latencies to the timed.
+    #[test]
+    fn an_untimed_answer_is_counted_but_not_timed() {
+        let s = Stats::new();
+        let t0 = s.started;
+        s.record_at(t0, "TRF001", "0000", Some(Duration::from_millis(3)));
+        s.record_at(t0, crate::metric_names::UNROUTED_TX, "E102", None);
+        let (minute, all) = s.snapshot();
+        for p in [&minute, &all] {
+            assert_eq!(p.total, 2);
+            assert_eq!(p.by_code["E102"], 1);
+            assert_eq!(p.by_tx[crate::metric_names::UNROUTED_TX]["E102"], 1);
+        }
+        assert_eq!(s.inner.lock().unwrap().latency.iter().sum::<u64>(), 1);
+    }
+
     #[test]
     fn a_reused_slot_forgets_its_old_lap() {
         let s = Stats::new();
         let t0 = s.started;
-        s.record_at(t0, "TRF001", "0000", Duration::ZERO);
+        s.record_at(t0, "TRF001", "0000", Some(Duration::ZERO));
         s.record_at(
             t0 + Duration::from_secs(60),
             "TRF001",
             "E904",
-            Duration::ZERO,
+            Some(Duration::ZERO),
         );
         let g = s.inner.lock().unwrap();
         assert_eq!(g.ring[0].counts["TRF001"].get("0000"), None);

@@ -996,12 +996,7 @@ fn failed_task(echo: Echo, e: &str) -> (Echo, Reply) {
         tx = echo.tx_code_str(),
         "telegram task failed; answered E901"
     );
-    metrics::counter!(
-        crate::metric_names::TELEGRAMS,
-        "tx_code" => crate::metric_names::UNROUTED_TX,
-        "code" => Code::UNKNOWN.as_str().to_string()
-    )
-    .increment(1);
+    count_unrouted(Code::UNKNOWN);
     (
         echo,
         Reply {
@@ -1010,6 +1005,18 @@ fn failed_task(echo: Echo, e: &str) -> (Echo, Reply) {
             close: false,
         },
     )
+}
+
+/// Counts an answer given without a telegram's own task, like every answer
+/// (`relayhub_telegrams_total` and the console), under no tx code.
+fn count_unrouted(code: Code) {
+    metrics::counter!(
+        crate::metric_names::TELEGRAMS,
+        "tx_code" => crate::metric_names::UNROUTED_TX,
+        "code" => code.as_str().to_string()
+    )
+    .increment(1);
+    crate::console_stats::count_untimed(crate::metric_names::UNROUTED_TX, code);
 }
 
 async fn write_answers<W: AsyncWrite + Unpin>(
@@ -1033,13 +1040,7 @@ async fn write_answers<W: AsyncWrite + Unpin>(
                 }
             }
             Answer::Unframeable => {
-                // Counted like every answer; no tx code could be read.
-                metrics::counter!(
-                    crate::metric_names::TELEGRAMS,
-                    "tx_code" => crate::metric_names::UNROUTED_TX,
-                    "code" => Code::FORMAT.as_str().to_string()
-                )
-                .increment(1);
+                count_unrouted(Code::FORMAT);
                 writer
                     .write(&Echo::blank(), Code::FORMAT.as_str(), &[])
                     .await;

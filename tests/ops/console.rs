@@ -464,3 +464,37 @@ fn cell_attr(dom: &str, marker: &str, attr: &str) -> Option<String> {
     let end = tag[a..].find('"')? + a;
     Some(tag[a..end].to_string())
 }
+
+/// An answer given to input that never framed a telegram (E102 with a blank
+/// header) is in the console's counts as it is in `relayhub_telegrams_total`,
+/// under the tx code `other` (before, the console left it out, so its totals
+/// fell short of the metrics'; found by a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unframeable_input_s_e102_is_in_the_console_s_counts() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let core = start_core().await;
+    let hub = Hub::for_core(&core.url(), &[]).await;
+    let mut s = tokio::net::TcpStream::connect(&hub.addr).await.unwrap();
+    // A length prefix of 0: no telegram can follow.
+    s.write_all(b"0000").await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(PATIENCE, s.read_to_end(&mut answer))
+        .await
+        .expect("the hub answers and closes")
+        .unwrap();
+    assert_eq!(&answer[4..8], b"    ", "a blank header: {answer:?}");
+
+    let (status, body) = hub.get("/api/overview");
+    assert_eq!(status, 200, "{body}");
+    let o: Value = serde_json::from_str(&body).unwrap();
+    for period in ["last_minute", "since_start"] {
+        assert_eq!(o[period]["by_tx"]["other"]["E102"], 1, "{period}: {o}");
+        assert_eq!(o[period]["total"], 1, "{period}: {o}");
+    }
+    let metrics = hub.scrape();
+    let counted = metrics.must(
+        "relayhub_telegrams_total",
+        &[("tx_code", "other"), ("code", "E102")],
+    );
+    assert_eq!(counted, 1.0);
+}
