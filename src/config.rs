@@ -676,8 +676,16 @@ impl Config {
                 ),
             ));
         }
-        if s.write_timeout_ms == 0 {
-            return Err(bad("server.write_timeout_ms", "must be above 0".into()));
+        // 0 would close every connection at once: an idle one before its
+        // first byte, a telegram in two segments before its second.
+        for (key, ms) in [
+            ("server.write_timeout_ms", s.write_timeout_ms),
+            ("server.idle_timeout_ms", s.idle_timeout_ms),
+            ("server.read_timeout_ms", s.read_timeout_ms),
+        ] {
+            if ms == 0 {
+                return Err(bad(key, "must be above 0".into()));
+            }
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.logging.filter) {
             return Err(bad(
@@ -685,11 +693,16 @@ impl Config {
                 format!("{:?} is not a log filter: {e}", self.logging.filter),
             ));
         }
-        if s.max_connections == 0 || s.max_in_flight_per_connection == 0 {
-            return Err(bad(
-                "server.max_connections",
-                "limits must be at least 1".into(),
-            ));
+        for (key, limit) in [
+            ("server.max_connections", s.max_connections),
+            (
+                "server.max_in_flight_per_connection",
+                s.max_in_flight_per_connection,
+            ),
+        ] {
+            if limit == 0 {
+                return Err(bad(key, "must be at least 1".into()));
+            }
         }
         for (key, addr) in [
             ("server.listen", Some(&s.listen)),
@@ -1251,12 +1264,28 @@ mod tests {
         c.validate("t").unwrap();
     }
 
+    /// A zero timeout or limit is refused under its own key (before, a zero
+    /// idle or read timeout passed, and the hub then closed connections
+    /// without an answer; a zero in-flight limit was named as
+    /// `server.max_connections`).
     #[test]
-    fn zero_write_timeout_is_refused() {
-        let mut c = with_core();
-        c.server.write_timeout_ms = 0;
-        let err = c.validate("t").unwrap_err().to_string();
-        assert!(err.contains("server.write_timeout_ms"), "{err}");
+    fn zero_timeouts_and_limits_are_refused_with_their_key() {
+        type Set = fn(&mut ServerConfig);
+        let cases: [(&str, Set); 5] = [
+            ("server.write_timeout_ms", |s| s.write_timeout_ms = 0),
+            ("server.idle_timeout_ms", |s| s.idle_timeout_ms = 0),
+            ("server.read_timeout_ms", |s| s.read_timeout_ms = 0),
+            ("server.max_connections", |s| s.max_connections = 0),
+            ("server.max_in_flight_per_connection", |s| {
+                s.max_in_flight_per_connection = 0
+            }),
+        ];
+        for (key, set) in cases {
+            let mut c = with_core();
+            set(&mut c.server);
+            let err = c.validate("t").unwrap_err().to_string();
+            assert!(err.contains(&format!("`{key}`")), "{key}: {err}");
+        }
     }
 
     #[test]
