@@ -102,7 +102,13 @@ pub enum RulesError {
     Layouts(#[from] layout::LayoutError),
     #[error(transparent)]
     Codes(#[from] CodeTableError),
-    #[error("route.{tx_code}.target: names unknown target {target:?}")]
+    /// Only a reload can meet this (the config's own check refuses an
+    /// unknown target first): the file names a target the running hub
+    /// does not have, since targets change at a restart.
+    #[error(
+        "route.{tx_code}.target: names target {target:?}, which the running hub does not have: \
+         a target added or renamed takes effect at a restart; until then a route cannot use it"
+    )]
     UnknownTarget { tx_code: String, target: String },
     #[error("route.{tx_code}: no layout {layout:?} (have {have:?})")]
     NoLayout {

@@ -488,6 +488,38 @@ async fn a_reload_names_the_changed_keys_that_wait_for_a_restart() {
     assert_eq!(posts(&other, &g), 0);
 }
 
+/// A route to a target the file adds is refused by a reload, which says
+/// that targets change at a restart (before: "names unknown target", of a
+/// target the file plainly has; found by a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_routes_to_an_added_target_says_it_waits_for_a_restart() {
+    let core = start_core().await;
+    let dir = TempDir::new("fh-addtarget");
+    let cfg = write(&dir, "relayhub.toml", &target(&core.url()));
+    let hub = serve_config(&cfg);
+    std::fs::write(
+        &cfg,
+        format!(
+            "{}[[target]]\nname = \"core2\"\nurls = [{:?}]\n\n{}{}[[route]]\ntx_code = \"TRF002\"\n\
+             operation = \"transfer\"\nlayout = \"TRF001\"\ntarget = \"core2\"\n",
+            target(&core.url()),
+            core.url(),
+            route("TRF001", "transfer", None),
+            route("INQ001", "inquiry", None),
+        ),
+    )
+    .unwrap();
+    let line = reload(&hub);
+    for want in [
+        "refused",
+        "route.TRF002.target",
+        "\"core2\", which the running hub does not have",
+        "takes effect at a restart",
+    ] {
+        assert!(line.contains(want), "{line} lacks {want:?}");
+    }
+}
+
 /// An own-bank transfer by the TRF001 layout, sent as tx code `tx`.
 fn transfer_as_tx(tx: &str, guid: &str) -> Vec<u8> {
     let mut t = transfer(guid, 1_000);
