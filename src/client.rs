@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 
 use crate::config::Operation;
 use crate::frame::{FrameCodec, PREFIX_LEN, PrefixMode};
-use crate::header::{HEADER_LEN, parse_header};
+use crate::header::{HEADER_LEN, first_non_guid_byte, parse_header};
 use crate::layout::{FieldError, Layout, decode_fields, encode_fields};
 use crate::outcome::{Code, CodeTable};
 
@@ -353,18 +353,22 @@ pub fn check_guid(guid: &str) -> Result<(), String> {
     }
 }
 
-/// 1-8 printable ASCII characters, no spaces (header bytes 38-45).
+/// 1-8 printable ASCII characters, left-aligned (header bytes 38-45), as
+/// the hub takes them: a space inside is allowed, the padding is added.
 pub fn check_channel_id(id: &str) -> Result<(), String> {
     let n = id.chars().count();
     if n == 0 || n > 8 {
         return Err(format!("{id:?} is {n} characters; a channel id is 1-8"));
     }
-    match id.chars().find(|c| !('!'..='~').contains(c)) {
-        Some(c) => Err(format!(
-            "{id:?}: {c:?} is not printable ASCII without spaces"
-        )),
-        None => Ok(()),
+    if let Some(c) = id.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(format!("{id:?}: {c:?} is not printable ASCII"));
     }
+    if id.starts_with(' ') {
+        return Err(format!(
+            "{id:?} starts with a space; a channel id is left-aligned"
+        ));
+    }
+    Ok(())
 }
 
 /// Builds a request telegram and checks it as the hub would (header, then body
@@ -406,7 +410,13 @@ pub fn check_request(
         .map_err(|e| e.to_string())?;
     if operation == Some(Operation::Inquiry) {
         let orig = body.text("orig_guid").unwrap_or("");
-        check_guid(orig).map_err(|e| format!("field `orig_guid` at byte {HEADER_LEN}: {e}"))?;
+        if let Some(at) = first_non_guid_byte(orig) {
+            // Placed in the telegram as the hub places it.
+            let at = HEADER_LEN + layout.request_offset("orig_guid").unwrap_or(0) + at;
+            return Err(format!(
+                "field `orig_guid` at byte {at}: {orig:?} is not a GUID of 32 [0-9A-Za-z_-]"
+            ));
+        }
     }
     Ok(telegram)
 }
@@ -522,7 +532,19 @@ mod tests {
         };
         assert!(e("SHORT", "IBANK", "20261129132000", &ok).contains("5 characters"));
         assert!(e(&format!("{}!", &g[..31]), "IBANK", "20261129132000", &ok).contains("byte 31"));
-        assert!(e(g, "I BANK", "20261129132000", &ok).contains("channel id"));
+        assert!(e(g, " IBANK", "20261129132000", &ok).contains("left-aligned"));
+        assert!(e(g, "IBANK\u{7f}", "20261129132000", &ok).contains("printable ASCII"));
+        // A space inside, as the hub takes it.
+        check_request(
+            "TRF001",
+            &l["TRF001"],
+            Some(Operation::Transfer),
+            g,
+            "I BANK",
+            "20261129132000",
+            &ok,
+        )
+        .unwrap();
         assert!(
             e(g, "IBANK", "20261399132000", &ok).contains("header field `sent_at`"),
             "{}",
@@ -535,7 +557,7 @@ mod tests {
         zero.insert("amount".into(), Value::from(0));
         assert!(e(g, "IBANK", "20261129132000", &zero).contains("field `amount` at byte 99"));
         let inq: Map<String, Value> =
-            serde_json::from_str(r#"{"orig_guid":"not a guid"}"#).unwrap();
+            serde_json::from_str(r#"{"orig_guid":"20261203XXXXXXXXXXXXXXXXXXXXXX.X"}"#).unwrap();
         let err = check_request(
             "INQ001",
             &l["INQ001"],
@@ -546,7 +568,8 @@ mod tests {
             &inq,
         )
         .unwrap_err();
-        assert!(err.contains("field `orig_guid` at byte 64"), "{err}");
+        // Byte 94 of the telegram, where the hub places it too.
+        assert!(err.contains("field `orig_guid` at byte 94"), "{err}");
     }
 
     #[test]

@@ -937,6 +937,10 @@ fn describe(e: &ureq::Error) -> String {
         ureq::Error::Io(io) => format!("i/o: {io}"),
         ureq::Error::HostNotFound => "host not found".into(),
         ureq::Error::ConnectionFailed => "connection failed".into(),
+        // ureq's words ("larger than request limit") would blame the request.
+        ureq::Error::BodyExceedsLimit(limit) => {
+            format!("the core's answer body is larger than the hub reads ({limit} bytes)")
+        }
         other => other.to_string(),
     }
 }

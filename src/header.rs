@@ -126,6 +126,15 @@ pub fn parse_header(telegram: &[u8]) -> Result<Header, HeaderError> {
 }
 
 /// Reports the first byte of `range` that `ok` refuses.
+/// Where `s` (a field's text, trailing spaces trimmed) stops being a GUID
+/// of 32 [0-9A-Za-z_-], as the header's `guid` must be: its first other
+/// byte, or where it ends short.
+pub fn first_non_guid_byte(s: &str) -> Option<usize> {
+    s.bytes()
+        .position(|b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+        .or_else(|| (s.len() != 32).then_some(s.len().min(32)))
+}
+
 fn check_chars(
     field: &'static str,
     h: &[u8; HEADER_LEN],
@@ -340,6 +349,23 @@ fn timestamp_of(t: &chrono::NaiveDateTime) -> [u8; 14] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_malformed_orig_guid_is_placed_at_its_first_bad_byte() {
+        let good = "20261202IBANK0000000000000LEAD01";
+        assert_eq!(first_non_guid_byte(good), None);
+        assert_eq!(first_non_guid_byte("abc.def"), Some(3));
+        assert_eq!(first_non_guid_byte("ABCDEF"), Some(6), "ends short");
+        assert_eq!(first_non_guid_byte(""), Some(0));
+        assert_eq!(
+            first_non_guid_byte(" 0261202IBANK0000000000000LEAD01"),
+            Some(0)
+        );
+        assert_eq!(
+            first_non_guid_byte("20261202IBANK0000000000000LEAD0é"),
+            Some(31)
+        );
+    }
 
     const GOOD: &[u8; 64] = b"TRF00120261129IBANK000000000000000001AIBANK   20261129132000    ";
 

@@ -12,7 +12,7 @@ use super::reply::{describe, error_of, reply_for};
 use super::settle::{self, AttemptFacts, Verdict, ask_plan, attempt_age};
 use super::{Deadline, Hub, Reply};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target, parse_retry_after};
-use crate::header::HEADER_LEN;
+use crate::header::{HEADER_LEN, first_non_guid_byte};
 use crate::journal::{Finish, Row, State};
 use crate::layout::{DecodedFields, encode_fields};
 use crate::metric_names;
@@ -218,36 +218,11 @@ pub(super) fn fits(pause: Duration, deadline: Instant) -> bool {
         .is_some_and(|end| end < deadline)
 }
 
-/// Where `s` (a field's text, trailing spaces trimmed) stops being a GUID
-/// of 32 [0-9A-Za-z_-]: its first other byte, or where it ends short.
-fn first_non_guid_byte(s: &str) -> Option<usize> {
-    s.bytes()
-        .position(|b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
-        .or_else(|| (s.len() != 32).then_some(s.len().min(32)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     use super::super::core_and_hub;
-
-    #[test]
-    fn a_malformed_orig_guid_is_placed_at_its_first_bad_byte() {
-        let good = "20261202IBANK0000000000000LEAD01";
-        assert_eq!(first_non_guid_byte(good), None);
-        assert_eq!(first_non_guid_byte("abc.def"), Some(3));
-        assert_eq!(first_non_guid_byte("ABCDEF"), Some(6), "ends short");
-        assert_eq!(first_non_guid_byte(""), Some(0));
-        assert_eq!(
-            first_non_guid_byte(" 0261202IBANK0000000000000LEAD01"),
-            Some(0)
-        );
-        assert_eq!(
-            first_non_guid_byte("20261202IBANK0000000000000LEAD0é"),
-            Some(31)
-        );
-    }
 
     /// A telegram of `tx` from IBANK with these fields.
     fn telegram(tx: &str, guid: &str, fields: serde_json::Value) -> Vec<u8> {

@@ -98,6 +98,35 @@ async fn e901_for_an_unreadable_200() {
     assert_eq!(s.balance(ACC1), 990_000);
 }
 
+/// A 200 whose body is larger than the hub reads is E901 (the transfer was
+/// applied), and the journal says why in the hub's words (before, ureq's:
+/// "larger than request limit", which blamed the request; found by a
+/// black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e901_for_a_200_larger_than_the_hub_reads() {
+    let (s, g, _) = expect_e901(HubOpts::default(), |g| {
+        FaultRule::guid(g)
+            .status(200)
+            .body(format!("{{\"pad\":\"{}\"}}", "x".repeat(100_000)))
+            .phase(Phase::AfterApply)
+    })
+    .await;
+    assert!(s.core.applied(&g));
+    let row = s
+        .hub
+        .hub()
+        .journal()
+        .get(&g)
+        .await
+        .unwrap()
+        .expect("journaled");
+    let error = row.last_error.unwrap_or_default();
+    assert!(
+        error.contains("the core's answer body is larger than the hub reads (65536 bytes)"),
+        "{error}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e901_for_a_502() {
     expect_e901(HubOpts::default(), |g| FaultRule::guid(g).status(502)).await;
