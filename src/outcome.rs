@@ -216,6 +216,18 @@ impl fmt::Debug for Answer {
     }
 }
 
+/// Why a body is not one JSON object, for the log and the journal: the
+/// parser's words and position (a byte-order mark, EUC-KR bytes, a lone
+/// surrogate, trailing bytes), read again only on this rare path.
+fn unreadable(what: &str, body: &[u8]) -> String {
+    let reason = match serde_json::from_slice::<serde_json::Value>(body) {
+        Err(e) => e.to_string(),
+        Ok(v) if !v.is_object() => "JSON, but not an object".into(),
+        Ok(_) => "not one JSON object".into(),
+    };
+    format!("{what} with an unreadable body: {reason}")
+}
+
 fn result_of<'a>(m: &'a BorrowedObject<'_>) -> Option<&'a str> {
     m.text("result")
 }
@@ -239,7 +251,7 @@ pub fn read_transfer<'b>(
                     (Outcome::Processed(Answer(body.to_vec())), Some(m))
                 }
                 Some(_) => (Outcome::Unknown("200 whose result is not OK".into()), None),
-                None => (Outcome::Unknown("200 with an unreadable body".into()), None),
+                None => (Outcome::Unknown(unreadable("200", body)), None),
             };
         }
         201..=299 => Outcome::Unknown(format!("{status} instead of 200")),
@@ -257,7 +269,7 @@ pub fn read_transfer<'b>(
         422 => match BorrowedObject::parse(body).as_ref().and_then(result_of) {
             Some(r) if table.business(r).is_some() => Outcome::Rejected(r.to_string()),
             Some(r) => Outcome::TargetError(format!("422 with unmapped result {r:?}")),
-            None => Outcome::TargetError("422 with an unreadable body".into()),
+            None => Outcome::TargetError(unreadable("422", body)),
         },
         409 => Outcome::Unknown("409: the core is processing this GUID right now".into()),
         502 | 504 => Outcome::Unknown(format!(
@@ -277,7 +289,7 @@ pub fn classify_inquiry(status: u16, body: &[u8], table: &CodeTable) -> Outcome 
     match status {
         200 => {
             let Some(m) = m else {
-                return Outcome::Unknown("inquiry 200 with an unreadable body".into());
+                return Outcome::Unknown(unreadable("inquiry 200", body));
             };
             match (m.text("status"), result_of(&m)) {
                 (Some("DONE"), Some("OK")) => Outcome::Processed(Answer(body.to_vec())),
@@ -347,6 +359,39 @@ mod tests {
 
     fn code_of_transfer(status: u16, body: &str) -> Code {
         t().code(&classify_transfer(status, body.as_bytes(), &t()))
+    }
+
+    /// An unreadable body's note says why, in the parser's words, so an
+    /// operator can tell a byte-order mark from EUC-KR bytes or trailing
+    /// bytes (before: "200 with an unreadable body" for all of them).
+    #[test]
+    fn an_unreadable_body_is_named_with_its_reason() {
+        let note = |status: u16, body: &[u8]| match classify_transfer(status, body, &t()) {
+            Outcome::Unknown(r) | Outcome::TargetError(r) => r,
+            other => panic!("{other:?}"),
+        };
+        for (body, want) in [
+            (
+                &b"\xef\xbb\xbf{\"result\":\"OK\"}"[..],
+                "expected value at line 1 column 1",
+            ),
+            (
+                b"{\"result\":\"OK\"} x",
+                "trailing characters at line 1 column 17",
+            ),
+            (b"{\"result\":\"\xb0\xa1\"}", "invalid unicode code point"),
+            (b"[1]", "JSON, but not an object"),
+        ] {
+            let n = note(200, body);
+            assert!(n.starts_with("200 with an unreadable body: "), "{n}");
+            assert!(n.contains(want), "{n} lacks {want:?}");
+        }
+        assert!(note(422, b"<html>").starts_with("422 with an unreadable body: expected value"));
+        let inq = classify_inquiry(200, b"{\"status\":\"DONE\"", &t());
+        assert!(
+            matches!(&inq, Outcome::Unknown(r) if r.starts_with("inquiry 200 with an unreadable body: EOF")),
+            "{inq:?}"
+        );
     }
 
     #[test]

@@ -53,7 +53,8 @@ impl std::fmt::Display for ClientCert {
 pub enum ChannelRefusal {
     UnknownChannel,
     PeerNotAllowed(IpAddr),
-    TxNotAllowed,
+    /// The channel's `tx_codes` leave this one out.
+    TxNotAllowed(String),
     /// The connection's certificate is another channel's.
     CertificateOfAnother {
         cert: ClientCert,
@@ -70,7 +71,12 @@ impl std::fmt::Display for ChannelRefusal {
         match self {
             ChannelRefusal::UnknownChannel => f.write_str("channel_id is not in the channel table"),
             ChannelRefusal::PeerNotAllowed(ip) => write!(f, "channel not allowed from {ip}"),
-            ChannelRefusal::TxNotAllowed => f.write_str("channel may not use this tx code"),
+            ChannelRefusal::TxNotAllowed(tx) => {
+                write!(
+                    f,
+                    "the channel table does not let this channel use tx code {tx}"
+                )
+            }
             ChannelRefusal::CertificateOfAnother { cert, channel } => {
                 write!(
                     f,
@@ -306,7 +312,7 @@ impl Rules {
             return Err(ChannelRefusal::PeerNotAllowed(peer));
         }
         if !rule.tx_codes.is_empty() && !rule.tx_codes.contains(tx_code) {
-            return Err(ChannelRefusal::TxNotAllowed);
+            return Err(ChannelRefusal::TxNotAllowed(tx_code.to_string()));
         }
         Ok(())
     }
@@ -377,5 +383,21 @@ mod tests {
             Err(ChannelRefusal::CertificateMissing)
         );
         assert_eq!(check("NOBODY", None), Err(ChannelRefusal::UnknownChannel));
+    }
+
+    /// A tx code the channel table leaves out is named in the refusal.
+    #[test]
+    fn a_tx_code_not_allowed_is_named() {
+        let mut atm = channel("ATM", &[]);
+        atm.tx_codes = vec!["INQ001".into()];
+        let r = rules(vec![atm]);
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        let refusal = r.check_channel("ATM", peer, None, "TRF001").unwrap_err();
+        assert_eq!(refusal, ChannelRefusal::TxNotAllowed("TRF001".into()));
+        assert_eq!(
+            refusal.to_string(),
+            "the channel table does not let this channel use tx code TRF001"
+        );
+        assert_eq!(r.check_channel("ATM", peer, None, "INQ001"), Ok(()));
     }
 }
