@@ -718,6 +718,38 @@ impl Config {
                 ));
             }
         }
+        // The listeners are bound before any listens (the start-up order in
+        // docs/operations.md), so one address twice would be found only
+        // once the journal is open: refused here instead.
+        let listeners = [
+            ("server.listen", Some(&s.listen)),
+            ("server.tls_listen", s.tls_listen.as_ref()),
+            ("server.admin_listen", s.admin_listen.as_ref()),
+        ];
+        for (i, (key, addr)) in listeners.iter().enumerate() {
+            let Some(addr) = addr.and_then(|a| a.parse::<SocketAddr>().ok()) else {
+                continue;
+            };
+            if addr.port() == 0 {
+                continue;
+            }
+            // A wildcard address (0.0.0.0, [::]) takes its port on every address.
+            let clash = |b: &SocketAddr| {
+                b.port() == addr.port()
+                    && (b.ip() == addr.ip()
+                        || b.ip().is_unspecified()
+                        || addr.ip().is_unspecified())
+            };
+            if let Some((other, theirs)) = listeners[..i].iter().find_map(|(k, a)| {
+                let b = a.and_then(|a| a.parse::<SocketAddr>().ok())?;
+                clash(&b).then_some((k, b))
+            }) {
+                return Err(bad(
+                    key,
+                    format!("{addr} takes the port of {other} ({theirs})"),
+                ));
+            }
+        }
         self.validate_tls(&bad)?;
         let budget = Duration::from_millis(s.budget_ms);
         if self.targets.is_empty() {
@@ -1261,6 +1293,37 @@ mod tests {
         }
         let mut c = with_core();
         c.targets[0].resolve_refresh_ms = 100;
+        c.validate("t").unwrap();
+    }
+
+    /// Two listeners on one address are refused, naming both keys; port 0
+    /// (a port each) is not one address.
+    #[test]
+    fn two_listeners_on_one_address_are_refused() {
+        let mut c = with_core();
+        c.server.listen = "127.0.0.1:9100".into();
+        c.server.tls_listen = Some("127.0.0.1:9100".into());
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(
+            err.contains("`server.tls_listen`") && err.contains("the port of server.listen"),
+            "{err}"
+        );
+        c.server.listen = "0.0.0.0:9100".into();
+        c.server.tls_listen = Some("127.0.0.1:9100".into());
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("(0.0.0.0:9100)"), "{err}");
+        // Another port passes this check (and meets the next: no certificate).
+        c.server.tls_listen = Some("127.0.0.1:9443".into());
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("`server.tls_cert_file`"), "{err}");
+        c.server.tls_listen = None;
+        c.server.listen = "127.0.0.1:9100".into();
+        c.server.tls_listen = None;
+        c.server.admin_listen = Some("127.0.0.1:9100".into());
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(err.contains("`server.admin_listen`"), "{err}");
+        c.server.listen = "127.0.0.1:0".into();
+        c.server.admin_listen = Some("127.0.0.1:0".into());
         c.validate("t").unwrap();
     }
 
