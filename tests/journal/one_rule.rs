@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use corebank::{FaultMethod, FaultRule, Phase};
+use corebank::{CoreBank, FaultMethod, FaultRule, Phase};
 use journal_support::*;
 use relayhub::config::Overrides;
 use relayhub::daemon::{Daemon, Source};
@@ -84,13 +84,23 @@ async fn an_inquiry_asks_the_url_that_got_the_post() {
     assert_eq!(calls(&b, &g), (1, 1), "one POST, one inquiry, both at B");
 }
 
-/// Journal writes stall (another process holds SQLite's write lock) while a
-/// transfer is unknown: the inquiry telegram and the resend are still answered
-/// within the budget, with the core's truth, and the journal catches up once
-/// the lock is gone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_journal_does_not_hold_the_answer() {
-    const BUDGET: u64 = 800;
+/// The budget of the stalled-journal tests' hubs.
+const BUDGET: u64 = 800;
+
+/// A SQLite hub with a transfer left unknown (the core applied it and closed
+/// the connection), then its journal's write lock taken by another process.
+struct Stalled {
+    core: CoreBank,
+    hub: Hub,
+    /// The unknown transfer's GUID and telegram.
+    g: String,
+    telegram: Vec<u8>,
+    /// Holds the write lock until rolled back or dropped.
+    lock: rusqlite::Connection,
+    _dir: TempDir,
+}
+
+async fn unknown_then_stalled(tag: &str, amount: u64) -> Stalled {
     let core = start_core().await;
     let dir = TempDir::new("stall");
     let db = dir.join("journal.db");
@@ -99,7 +109,7 @@ async fn a_stalled_journal_does_not_hold_the_answer() {
         .budget_ms(BUDGET)
         .start()
         .await;
-    let g = guid("STL8");
+    let g = guid(tag);
     core.add_fault(
         FaultRule::guid(&g)
             .method(FaultMethod::Post)
@@ -107,13 +117,36 @@ async fn a_stalled_journal_does_not_hold_the_answer() {
             .close()
             .times(1),
     );
-    let telegram = transfer(&g, 13_000);
+    let telegram = transfer(&g, amount);
     assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E901");
     hub.wait_state(&g, State::Unknown).await;
-
     let lock = rusqlite::Connection::open(&db).expect("open the journal beside the hub");
     lock.execute_batch("BEGIN IMMEDIATE")
         .expect("take the write lock");
+    Stalled {
+        core,
+        hub,
+        g,
+        telegram,
+        lock,
+        _dir: dir,
+    }
+}
+
+/// Journal writes stall (another process holds SQLite's write lock) while a
+/// transfer is unknown: the inquiry telegram and the resend are still answered
+/// within the budget, with the core's truth, and the journal catches up once
+/// the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_journal_does_not_hold_the_answer() {
+    let Stalled {
+        core,
+        hub,
+        g,
+        telegram,
+        lock,
+        _dir,
+    } = unknown_then_stalled("STL8", 13_000).await;
 
     // The inquiry telegram reads the row and asks the core: its answer is the
     // core's truth even though the journal cannot record it.
@@ -152,29 +185,14 @@ async fn a_stalled_journal_does_not_hold_the_answer() {
 /// E903 "no budget left to start the call" without asking.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inquiry_behind_a_stalled_journal_still_asks_the_core() {
-    const BUDGET: u64 = 800;
-    let core = start_core().await;
-    let dir = TempDir::new("stall-inq");
-    let db = dir.join("journal.db");
-    let hub = HubSpec::new(&core.url())
-        .journal(db.to_string_lossy().to_string())
-        .budget_ms(BUDGET)
-        .start()
-        .await;
-    let g = guid("STQ9");
-    core.add_fault(
-        FaultRule::guid(&g)
-            .method(FaultMethod::Post)
-            .phase(Phase::AfterApply)
-            .close()
-            .times(1),
-    );
-    assert_header_only(&hub.send(&transfer(&g, 14_000)).await, "TRF001", &g, "E901");
-    hub.wait_state(&g, State::Unknown).await;
-
-    let lock = rusqlite::Connection::open(&db).expect("open the journal beside the hub");
-    lock.execute_batch("BEGIN IMMEDIATE")
-        .expect("take the write lock");
+    let Stalled {
+        core,
+        hub,
+        g,
+        lock,
+        _dir,
+        ..
+    } = unknown_then_stalled("STQ9", 14_000).await;
     // A new transfer's claim waits for the lock (SQLite's busy timeout, 5 s,
     // longer than this test's budget twice over), holding the journal's
     // connection: E903, nothing sent.
