@@ -591,22 +591,37 @@ impl<W: AsyncWrite + Unpin> AnswerWriter<W> {
         }
     }
 
-    /// Writes the answer to a telegram whose handling ended. `false`: the
-    /// connection ends here (closing answer, or the write failed).
+    /// Writes the answer to a telegram whose handling ended, and says what
+    /// the connection does next.
     async fn answer(
         &mut self,
         echo: Echo,
         done: Result<(Echo, Reply), String>,
         link: &Link,
-    ) -> bool {
+    ) -> Then {
         let (echo, reply) = match done {
             Ok(answer) => answer,
             Err(why) => failed_task(echo, &why),
         };
         let written = self.write(&echo, reply.code.as_str(), &reply.body).await;
         link.pending.fetch_sub(1, Ordering::SeqCst);
-        written && !reply.close
+        match (written, reply.close) {
+            (false, _) => Then::Gone,
+            (true, true) => Then::Close,
+            (true, false) => Then::GoOn,
+        }
     }
+}
+
+/// What a connection does after an answer.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Then {
+    GoOn,
+    /// A closing answer (E903 while the hub drains): no telegram is read
+    /// after it; the ones already read get their answers, then it closes.
+    Close,
+    /// The write failed: the channel is gone.
+    Gone,
 }
 
 /// Frames answers, reusing its buffers from one answer to the next.
@@ -884,12 +899,12 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                 if let (Some(done), Some(Inline { echo, guard, read_at, .. }), Some(writer)) =
                     (done, inline.take(), direct.as_mut())
                 {
-                    let go_on = writer
+                    let then = writer
                         .answer(echo, done.map_err(|p| panic_message(&p)), &link)
                         .await;
                     drop(guard);
                     slow = read_at.elapsed() >= adoption::PATIENCE;
-                    if !go_on {
+                    if then != Then::GoOn {
                         break;
                     }
                 }
@@ -1032,11 +1047,19 @@ async fn write_answers<W: AsyncWrite + Unpin>(
                     Ok(Err(panic)) => Err(panic_message(&panic)),
                     Err(e) => Err(e.to_string()),
                 };
-                let go_on = writer.answer(echo, done, &link).await;
+                let then = writer.answer(echo, done, &link).await;
                 link.answered.notify_one();
                 drop(guard);
-                if !go_on {
-                    break;
+                match then {
+                    Then::GoOn => {}
+                    Then::Gone => break,
+                    // The reader queues no more; the telegrams it already
+                    // queued (pipelined behind this one) are answered
+                    // before the close, as the log counts them.
+                    Then::Close => {
+                        link.stop.notify_one();
+                        rx.close();
+                    }
                 }
             }
             Answer::Unframeable => {

@@ -302,3 +302,49 @@ async fn a_backlog_connection_whose_telegram_comes_after_the_idle_close_gets_e90
     within(stopping).await.unwrap();
     assert!(!core.stats().by_guid.contains_key(&late));
 }
+
+/// Telegrams pipelined behind one in flight, arriving once the drain began:
+/// each gets its E903, in order, before the close (before, the first E903
+/// closed the connection and the others, logged as answered, got nothing;
+/// found by a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_telegrams_during_the_drain_each_get_e903_before_the_close() {
+    use tokio::io::AsyncWriteExt;
+    let (core, hub, slow, _) = hub_with_a_slow_guid(800, 0).await;
+    let mut conn = tokio::net::TcpStream::connect(hub.addr).await.unwrap();
+    conn.set_nodelay(true).unwrap();
+    conn.write_all(&framed(&transfer(&slow, 1_000)))
+        .await
+        .unwrap();
+    within(core.wait_received(&slow)).await;
+
+    let inner = hub.hub().clone();
+    let stopping = tokio::spawn(hub.shutdown());
+    within(async {
+        while !inner.is_draining() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let late: Vec<String> = (0..3).map(|_| guid("PIPE")).collect();
+    let mut burst = Vec::new();
+    for g in &late {
+        burst.extend_from_slice(&framed(&transfer(g, 10)));
+    }
+    conn.write_all(&burst).await.unwrap();
+
+    let (_, first) = read_raw_answer(&mut conn).await;
+    assert_answer(&first, &slow, "0000");
+    for g in &late {
+        let (_, answer) = read_raw_answer(&mut conn).await;
+        assert_answer(&answer, g, "E903");
+    }
+    assert_closed(&mut conn).await;
+    within(stopping).await.unwrap();
+    for g in &late {
+        assert!(
+            !core.stats().by_guid.contains_key(g),
+            "{g} reached the core"
+        );
+    }
+}
