@@ -109,6 +109,13 @@ impl Default for Marks {
     }
 }
 
+/// The size a WAL file is cut back to once it starts over: the backstop's
+/// frames (a page and its 24-byte header each) after the 32-byte file
+/// header, so a WAL kept within the backstop is never cut.
+pub(super) fn wal_limit(marks: Marks, page_size: i64) -> i64 {
+    32 + marks.backstop_pages.saturating_mul(page_size + 24)
+}
+
 /// Held while pages are copied into the database file and fsynced (the
 /// thread's pass and its fsync, the writer's finishing, its backstop), with
 /// `broken` read and set under it: a failure in one is seen by the next
@@ -257,6 +264,17 @@ impl Checkpointer {
         };
         #[cfg(test)]
         let (backstops, fail_backstops) = (backstop.ran.clone(), backstop.fail.clone());
+        // A WAL that grew past the backstop (a reader holding an old
+        // snapshot keeps it from starting over, and a burst outruns the
+        // passes) is cut back to the backstop's size by the first commit
+        // after it starts over; without a limit its file stays at its
+        // largest for good.
+        let page_size: i64 = writer
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .map_err(|e| format!("cannot read page_size: {e}"))?;
+        writer
+            .pragma_update(None, "journal_size_limit", wal_limit(marks, page_size))
+            .map_err(|e| format!("cannot set journal_size_limit: {e}"))?;
         writer
             .wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages| {
                 backstop.after_commit(wal, pages);
