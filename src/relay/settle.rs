@@ -405,7 +405,12 @@ pub(super) async fn reconcile(hub: &Hub) -> Result<Vec<(String, Code)>, JournalE
     let mut report = Vec::with_capacity(rows.len());
     for row in rows {
         let Some(route) = rules.route(&row.tx_code) else {
-            info!(guid = %row.guid, tx = %row.tx_code, "not reconciled: no route for this tx code any more");
+            // Still unknown, and counted so: it needs its route back.
+            warn!(
+                guid = %row.guid, tx = %row.tx_code,
+                "not reconciled: no route for this tx code any more; left unknown until a config routes it again"
+            );
+            report.push((row.guid, Code::UNKNOWN));
             continue;
         };
         let deadline = Deadline::new(Instant::now(), hub.budget);
@@ -467,6 +472,35 @@ mod tests {
         assert_eq!(state(orphan).await, State::NotSent);
         assert_eq!(state(led).await, State::Sending);
         drop(lead);
+    }
+
+    /// An unknown row whose tx code lost its route (a reload took it away)
+    /// cannot be asked about; it is reported still unknown, not skipped, so
+    /// a reconcile's count of what is left says so (before, "0 still
+    /// unknown"; found by a black-box probe).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unknown_row_without_a_route_is_reported_still_unknown() {
+        let (core, hub) = super::super::core_and_hub().await;
+        let g = "20261203IBANK0000000000000NORT01";
+        let long_ago = now_ms() - 120_000;
+        hub.journal
+            .claim(g, "TRF077", "fingerprint", &core.url(), long_ago)
+            .await
+            .unwrap();
+        let unknown = Finish {
+            state: State::Unknown,
+            code: "E901".into(),
+            answer: None,
+            error: Some("lost".into()),
+            note: "test".into(),
+            attempt: None,
+        };
+        hub.journal.finish(g, unknown, long_ago).await.unwrap();
+        let report = hub.reconcile().await.unwrap();
+        assert_eq!(report, [(g.to_string(), Code::UNKNOWN)]);
+        let row = hub.journal.get(g).await.unwrap().unwrap();
+        assert_eq!(row.state, State::Unknown);
+        assert!(!core.stats().by_guid.contains_key(g), "the core was asked");
     }
 
     #[test]

@@ -381,6 +381,58 @@ async fn reconcile_without_a_hub_recovers_and_settles() {
     assert_eq!(posts(&core, &g), 1);
 }
 
+/// Offline, without the hub's config, reconcile cannot know the hub's wire
+/// grace (a longer late-answer window makes it longer than the defaults'):
+/// a "never received" 40 s after the attempt stays E901, and the command
+/// says to give --config; with the config, whose grace is shorter, it is
+/// E904. Before, the defaults' 38 s were believed (found by a black-box
+/// probe: a hub with a 45 s window, its row settled E904 after 40 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_without_the_config_does_not_guess_the_wire_grace() {
+    use relayhub::journal::{Finish, Journal, State, now_ms};
+    let core = start_core().await;
+    let url = core.url();
+    let config = TempFile::new(
+        "toml",
+        &format!("[[target]]\nname = \"core\"\nurls = [{url:?}]\nlate_answer_window_ms = 0\n"),
+    );
+    for with_config in [false, true] {
+        let dir = TempDir::new("tools-grace");
+        let file = dir.join("journal.db");
+        let g = guid("GRACE");
+        {
+            let j = Journal::open(path_str(&file), 8).await.expect("journal");
+            let attempt = now_ms() - 40_000;
+            j.claim(&g, "TRF001", "fp", &url, attempt).await.unwrap();
+            let f = Finish {
+                state: State::Unknown,
+                code: "E901".into(),
+                answer: None,
+                error: Some("read timeout".into()),
+                note: "attempt 1: unknown".into(),
+                attempt: None,
+            };
+            j.finish(&g, f, attempt + 3_000).await.unwrap();
+        }
+        let mut args = vec!["journal", "--journal", path_str(&file), "reconcile"];
+        if with_config {
+            args.extend(["--config", path_str(&config.0)]);
+        } else {
+            args.extend(["--core-url", &url]);
+        }
+        let out = relayhub(&args);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let (code, hint) = if with_config {
+            ("E904", false)
+        } else {
+            ("E901", true)
+        };
+        assert!(out.stdout.contains(&format!("{g}  {code}")), "{out:?}");
+        assert_eq!(out.stderr.contains("without --config"), hint, "{out:?}");
+    }
+    assert_eq!(core.stats().post, 0);
+}
+
 // ---- a first-time operator ----------------------------------------------
 
 /// A mistyped journal path is refused (naming the path and `--create`), not

@@ -353,7 +353,20 @@ async fn reconcile(
             ..Overrides::default()
         },
     };
-    let config = source.load().map_err(|e| e.to_string())?;
+    let mut config = source.load().map_err(|e| e.to_string())?;
+    if args.config.is_none() {
+        // The hub that made the attempts may have had a longer late-answer
+        // window (or wire grace) than the defaults: its "never received" is
+        // believed a day after the attempt, when nothing still holds a POST.
+        for target in &mut config.targets {
+            target.wire_grace_ms = Some(relayhub::config::MAX_WINDOW_MS);
+        }
+        eprintln!(
+            "without --config, the hub's wire grace is not known: a \"never received\" settles \
+             a transfer (E904) only a day after its attempt, E901 before; give the hub's \
+             config (--config) to settle sooner"
+        );
+    }
     let spec = config.journal.path.as_str();
     check_exists(spec, create)?;
     let (journal, _owner) = match open_journal(
