@@ -921,6 +921,12 @@ impl Config {
                 }
             }
         }
+        if self.journal.path.trim().is_empty() {
+            return Err(bad(
+                "journal.path",
+                "is empty: give a file path, `memory`, or a postgres:// URL".into(),
+            ));
+        }
         if self.journal.max_batch == 0 {
             return Err(bad("journal.max_batch", "must be at least 1".into()));
         }
@@ -1294,6 +1300,20 @@ mod tests {
         let mut c = with_core();
         c.targets[0].resolve_refresh_ms = 100;
         c.validate("t").unwrap();
+    }
+
+    /// An empty journal path is refused at the check, under its key (before,
+    /// `check` passed it and `serve` blamed "another relayhub" with its own
+    /// pid).
+    #[test]
+    fn an_empty_journal_path_is_refused() {
+        let mut c = with_core();
+        c.journal.path = " ".into();
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(
+            err.contains("`journal.path`") && err.contains("is empty"),
+            "{err}"
+        );
     }
 
     /// Two listeners on one address are refused, naming both keys; port 0

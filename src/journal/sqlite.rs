@@ -43,7 +43,7 @@
 
 mod checkpoint;
 pub mod lock;
-mod open;
+pub(crate) mod open;
 mod syncer;
 #[cfg(test)]
 mod tests;

@@ -954,6 +954,43 @@ fn a_telegram_port_in_use_leaves_no_journal_behind() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
+/// A journal path that is a directory, or empty, is refused with the reason
+/// and nothing is left beside it (before: a directory got `DIR.lock` made
+/// beside it first, and an empty path passed `check` and made `serve`
+/// blame "another relayhub" with its own pid; found by a black-box probe).
+#[test]
+fn a_journal_path_that_cannot_be_a_journal_leaves_nothing_behind() {
+    let dir = TempDir::new("fh-badjournal");
+    let adir = dir.join("adir");
+    std::fs::create_dir(&adir).unwrap();
+    let serve = |journal: &str| {
+        relayhub(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--journal",
+            journal,
+            "--core-url",
+            "http://127.0.0.1:1",
+        ])
+    };
+    let out = serve(adir.to_str().unwrap());
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    assert!(out.stderr.contains("is a directory"), "{}", out.all());
+    let left: Vec<_> = std::fs::read_dir(dir.join("")).unwrap().flatten().collect();
+    assert_eq!(left.len(), 1, "left beside it: {left:?}");
+
+    let out = serve("");
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    assert!(
+        out.stderr.contains("`journal.path`") && out.stderr.contains("is empty"),
+        "{}",
+        out.all()
+    );
+    let check = relayhub(&["check", "--journal", "", "--core-url", "http://127.0.0.1:1"]);
+    assert!(!check.status.success(), "{}", check.all());
+}
+
 /// A script that waits for the ready line with `grep -m1` closes the pipe
 /// once it has it; stdout may as well be full. The hub serves on: it logs
 /// that the line could not be written (before, it panicked and exited 101).

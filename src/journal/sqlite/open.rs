@@ -63,6 +63,9 @@ pub(super) fn open(path: &Path) -> Result<Connection, String> {
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| format!("cannot set busy timeout: {e}"))?;
     check_health(&conn)?;
+    // Before anything is written: another program's database is refused
+    // as it was found, not switched to WAL first.
+    identify(&conn)?;
 
     // Before the first page is written (switching to WAL writes the header);
     // a no-op on a file that already has pages.
@@ -137,7 +140,7 @@ pub(super) fn file_name(path: &Path) -> Cow<'_, Path> {
 }
 
 /// The parent directory exists and the path is not a directory itself.
-fn check_path(path: &Path) -> Result<(), String> {
+pub(crate) fn check_path(path: &Path) -> Result<(), String> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if dir.exists() && !dir.is_dir() {
             return Err(format!("{} is not a directory", dir.display()));

@@ -1301,6 +1301,14 @@ fn open_refuses_another_programs_database() {
         .unwrap();
     let reason = open_err(&path);
     assert!(reason.contains("not a relayhub journal"), "{reason}");
+    // Refused as it was found: not switched to WAL first (found by a
+    // black-box probe), and no WAL file made beside it.
+    let mode: String = Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete");
+    assert!(!dir.path().join("journal.db-wal").exists());
 
     // One that uses user_version for its own schema.
     let other = dir.path().join("other.db");
