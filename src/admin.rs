@@ -254,11 +254,18 @@ async fn metrics(State(s): State<AdminState>) -> String {
     s.metrics.render()
 }
 
-async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
-    if s.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "starting\n")
+async fn readyz(State(s): State<AdminState>) -> (StatusCode, String) {
+    if !s.ready.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "starting\n".into());
+    }
+    // A journal that refuses every transfer until a restart: this hub
+    // answers E903 to all of them, so a balancer should send elsewhere.
+    match s.hub.get().and_then(|hub| hub.journal().refusal()) {
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("journal failed: {why}\n"),
+        ),
+        None => (StatusCode::OK, "ready\n".into()),
     }
 }
 

@@ -432,8 +432,8 @@ impl std::fmt::Display for Reloaded {
         }
         write!(
             f,
-            "{n} changed key{} wait for a restart: ",
-            if n == 1 { "" } else { "s" }
+            "{n} changed {} for a restart: ",
+            if n == 1 { "key waits" } else { "keys wait" }
         )?;
         for (i, k) in self.restart_pending.iter().enumerate() {
             if i > 0 {
@@ -696,6 +696,14 @@ mod tests {
         assert!(
             r.to_string()
                 .starts_with("4 changed keys wait for a restart: journal.")
+        );
+        let one = Reloaded {
+            restart_pending: restart_only_changes(&a, &b).into_iter().take(1).collect(),
+        };
+        assert!(
+            one.to_string()
+                .starts_with("1 changed key waits for a restart: journal."),
+            "{one}"
         );
     }
 

@@ -406,6 +406,15 @@ impl Journal {
         matches!(self, Journal::Postgres(_))
     }
 
+    /// Why every transfer is refused (E903) until the hub restarts, if it
+    /// is: the SQLite journal's sticky failures (`/readyz` says so).
+    pub fn refusal(&self) -> Option<String> {
+        match self {
+            Journal::Sqlite(j) => j.refusal(),
+            Journal::Memory(_) | Journal::Postgres(_) => None,
+        }
+    }
+
     /// The store, when it answers at once with no I/O to wait for (the
     /// memory journal): the telegram's path then calls it in place, with no
     /// deadline to race, no task to hand it to and no copies for one.

@@ -190,6 +190,16 @@ impl SqliteJournal {
         })
     }
 
+    /// Why every durable write (a claim) is refused until the hub restarts,
+    /// if it is: a failed fsync, the files gone, or the checkpoints stopped
+    /// by a write error of the database file.
+    pub fn refusal(&self) -> Option<String> {
+        self.shared
+            .syncer
+            .refusal()
+            .or_else(|| self.checkpoints.as_ref().and_then(|c| c.broken()))
+    }
+
     /// Transactions committed so far: with group commit, fewer than the writes.
     pub fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)

@@ -58,3 +58,55 @@ fn readyz_flips_from_503_to_200_once_the_journal_is_open() {
     let status = hub.terminate();
     assert!(status.success(), "exit status {status:?}");
 }
+
+/// A journal that refuses every transfer until a restart (here its files
+/// deleted under the hub) makes `/readyz` 503 with the reason: the hub
+/// answers E903 to every transfer, so a balancer should send elsewhere
+/// (before, it stayed 200 `ready`; found by a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_says_503_once_the_journal_refuses_every_transfer() {
+    use crate::common::{guid, start_core, transfer};
+    let core = start_core().await;
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal.db");
+    let url = core.url();
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--core-url",
+        &url,
+        "--journal",
+        journal.to_str().unwrap(),
+    ]
+    .map(String::from);
+    let hub = tokio::task::spawn_blocking(move || {
+        Hub::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    let mut ch = hub.channel().await;
+    assert_eq!(
+        ch.exchange(&transfer(&guid("RDY1"), 10))
+            .await
+            .unwrap()
+            .code,
+        "0000"
+    );
+    assert_eq!(hub.get("/readyz"), (200, "ready\n".to_string()));
+
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = journal.clone().into_os_string();
+        name.push(suffix);
+        let _ = std::fs::remove_file(name);
+    }
+    let g = guid("RDY2");
+    assert_eq!(ch.exchange(&transfer(&g, 10)).await.unwrap().code, "E903");
+    let (status, body) = hub.get("/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.starts_with("journal failed: ") && body.contains("deleted"),
+        "{body}"
+    );
+    let (status, _) = hub.get("/healthz");
+    assert_eq!(status, 200, "alive all the same");
+}

@@ -145,6 +145,9 @@ impl Copying {
 #[derive(Clone)]
 pub(super) struct Checkpointer {
     done: Arc<AtomicU64>,
+    /// Why the checkpoints stopped (and durable writes are refused), once
+    /// they have.
+    broken: Arc<OnceLock<String>>,
     /// Checkpoints the writer ran past the backstop (that succeeded).
     #[cfg(test)]
     backstops: Arc<AtomicU64>,
@@ -299,7 +302,7 @@ impl Checkpointer {
             .map_err(|e| format!("cannot start the checkpoint thread: {e}"))?;
         let handoff = Handoff {
             asked,
-            broken,
+            broken: broken.clone(),
             copying,
             stopped: false,
             _stop: stop,
@@ -308,6 +311,7 @@ impl Checkpointer {
         let _ = fail_syncs;
         let checkpointer = Checkpointer {
             done,
+            broken,
             #[cfg(test)]
             backstops,
             #[cfg(test)]
@@ -339,6 +343,11 @@ impl Checkpointer {
     /// Checkpoints run so far (that copied pages or found none to copy).
     pub(super) fn done(&self) -> u64 {
         self.done.load(Ordering::Relaxed)
+    }
+
+    /// Why the checkpoints stopped for good, if they did.
+    pub(super) fn broken(&self) -> Option<String> {
+        self.broken.get().cloned()
     }
 }
 

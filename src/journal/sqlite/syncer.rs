@@ -62,6 +62,9 @@ pub(super) struct Syncer {
     done: AtomicU64,
     /// Closed: the journal is closing, and SQLite may delete the WAL.
     closing: std::sync::atomic::AtomicBool,
+    /// Why durable writes are refused for good, once they are: read
+    /// without waiting for an fsync (`/readyz`).
+    refused: std::sync::OnceLock<String>,
     /// In tests, runs before each fsync: can hold it or make it fail.
     #[cfg(test)]
     pub(super) before: Mutex<Option<BeforeFsync>>,
@@ -135,11 +138,17 @@ impl Syncer {
             ready: Condvar::new(),
             done: AtomicU64::new(0),
             closing: std::sync::atomic::AtomicBool::new(false),
+            refused: std::sync::OnceLock::new(),
             #[cfg(test)]
             before: Mutex::new(None),
             #[cfg(test)]
             waiting: AtomicU64::new(0),
         }
+    }
+
+    /// Why every durable write is refused until a restart, if it is.
+    pub(super) fn refusal(&self) -> Option<String> {
+        self.refused.get().cloned()
     }
 
     /// Whether an fsync is running now.
@@ -260,6 +269,7 @@ impl Syncer {
                 // Closing, the last connection's close may delete the WAL.
                 if !self.closing.load(Ordering::Relaxed) {
                     tracing::error!("{why}");
+                    let _ = self.refused.set(why.clone());
                 }
                 disk.failed = Some(why.clone());
                 Err(why)
@@ -270,6 +280,7 @@ impl Syncer {
                      the hub restarts",
                     self.wal.display()
                 );
+                let _ = self.refused.set(why.clone());
                 disk.failed = Some(why.clone());
                 Err(why)
             }
@@ -586,9 +597,12 @@ mod tests {
     fn a_journal_file_deleted_or_replaced_refuses_durable_writes_from_then_on() {
         let (dir, s) = placed();
         assert_eq!(sync(&s), Ok(()));
+        assert_eq!(s.refusal(), None);
         std::fs::remove_file(dir.path().join("j.db")).unwrap();
         let why = sync(&s).unwrap_err();
         assert!(why.contains("j.db was deleted or moved"), "{why}");
+        // Readable at once, for `/readyz`.
+        assert_eq!(s.refusal().as_ref(), Some(&why));
         // Put back or not, refused until a restart checks it again.
         std::fs::write(dir.path().join("j.db"), b"another").unwrap();
         assert_eq!(sync(&s), Err(why));
