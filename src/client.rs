@@ -326,6 +326,11 @@ pub fn new_guid(prefix: &str) -> String {
 /// other prefix: four ASCII digits read as a binary length (`0064` is
 /// 808465972), or a binary length that is not ASCII digits.
 pub fn prefix_hint(mode: PrefixMode, buffered: &[u8]) -> Option<String> {
+    if let Some(record) = crate::frame::tls_record(buffered) {
+        return Some(format!(
+            "the answer begins {record}: the hub speaks TLS on this port (use --tls)"
+        ));
+    }
     let (what, other) = crate::frame::other_prefix(mode, buffered)?;
     let other = other.name();
     Some(format!(
@@ -481,6 +486,8 @@ mod tests {
             h.contains("are 64: the hub speaks the binary prefix"),
             "{h}"
         );
+        let h = prefix_hint(PrefixMode::Ascii, &[0x15, 0x03, 0x03, 0x00, 0x02]).unwrap();
+        assert!(h.contains("a TLS alert") && h.contains("--tls"), "{h}");
         assert_eq!(prefix_hint(PrefixMode::Ascii, b"0064"), None);
         assert_eq!(prefix_hint(PrefixMode::Ascii, b"ABCD"), None);
         assert_eq!(prefix_hint(PrefixMode::Binary, &[0, 0, 0, 0x40]), None);

@@ -826,6 +826,23 @@ impl Job {
                 return CallFailure::NoCapacity(why.to_string());
             }
             let reason = describe(&e);
+            if matches!(e, ureq::Error::Protocol(_)) {
+                // Every call fails the same way until the URL is fixed.
+                tracing::error!(
+                    // Scheme, host and port only: never userinfo.
+                    core = %self.uri.as_ref().map_or_else(
+                        |_| String::new(),
+                        |u| format!(
+                            "{}://{}:{}",
+                            u.scheme_str().unwrap_or("?"),
+                            u.host().unwrap_or("?"),
+                            u.port_u16().unwrap_or(80)
+                        )
+                    ),
+                    "the core's answer is not HTTP ({reason}): check the target's urls (a TLS \
+                     core needs https://); the outcome is unknown"
+                );
+            }
             // A handshake the core refused took nothing in, even when (TLS
             // 1.3) its refusal is read after the request was handed over.
             if self.gate.was_sent() && !tls::refused_at_handshake(&e) {

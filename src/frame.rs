@@ -105,6 +105,17 @@ pub fn other_prefix(mode: PrefixMode, buffered: &[u8]) -> Option<(String, Prefix
     }
 }
 
+/// Whether bytes that cannot be framed begin a TLS record (content type
+/// 0x16 handshake or 0x15 alert, then version 3.x): a peer that speaks TLS
+/// where plain telegrams were expected. Says which record it is.
+pub fn tls_record(buffered: &[u8]) -> Option<&'static str> {
+    match buffered {
+        [0x16, 0x03, ..] => Some("a TLS handshake"),
+        [0x15, 0x03, ..] => Some("a TLS alert"),
+        _ => None,
+    }
+}
+
 impl Default for FrameCodec {
     /// Ascii prefix, 4096-byte maximum: the protocol's defaults.
     fn default() -> Self {

@@ -858,6 +858,12 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                 Ok(None) => break,
                 Err(e) => {
                     match crate::frame::other_prefix(limits.prefix, &buf) {
+                        _ if let Some(record) = crate::frame::tls_record(&buf) => warn!(
+                            error = %e,
+                            "unframeable input; answering E102 and closing (the bytes begin \
+                             {record}: the channel speaks TLS, and this listener is plain; TLS \
+                             channels connect to tls_listen)"
+                        ),
                         Some((what, other)) => warn!(
                             error = %e,
                             "unframeable input; answering E102 and closing ({what}: the channel \

@@ -883,6 +883,12 @@ async fn the_hub_s_line_names_a_mismatched_prefix() {
             format!("{:04}", telegram.len()).into_bytes(),
             "seems to send the ascii prefix, and this listener takes the binary one",
         ),
+        // The start of a TLS ClientHello, to the plain listener.
+        (
+            "ascii",
+            vec![0x16, 0x03, 0x01, 0x00, 0x50],
+            "begin a TLS handshake: the channel speaks TLS, and this listener is plain",
+        ),
     ] {
         let dir = TempDir::new("fh-prefix");
         let cfg = write(
@@ -898,6 +904,39 @@ async fn the_hub_s_line_names_a_mismatched_prefix() {
         let line = log_line(&hub, "unframeable input", 0);
         assert!(line.contains(want), "{listener}: {line}");
     }
+}
+
+/// A core URL given as `http://` for a core that speaks TLS: its answer is
+/// a TLS alert, not HTTP. The transfer is E901 (the hub cannot prove the
+/// core's HTTP never saw it), and an ERROR line says to check the target's
+/// urls (before, only the telegram's note said "http parse fail"; found by
+/// a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_is_not_http_is_logged_as_a_configuration_error() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tls_core = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", tls_core.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = tls_core.accept().await {
+            let mut request = [0u8; 4096];
+            let _ = s.read(&mut request).await;
+            // A TLS 1.2 fatal alert: protocol_version.
+            let _ = s
+                .write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46])
+                .await;
+        }
+    });
+    let dir = TempDir::new("fh-nothttp");
+    let cfg = write(&dir, "relayhub.toml", &target(&url));
+    let hub = serve_config(&cfg);
+    let g = guid("NOTHTTP");
+    let answer = hub.send(&transfer(&g, 1_000)).await;
+    assert_eq!(answer.code, "E901", "{answer:?}");
+    let line = log_line(&hub, "the core's answer is not HTTP", 0);
+    assert!(
+        line.contains("ERROR") && line.contains("a TLS core needs https://"),
+        "{line}"
+    );
 }
 
 /// An admin port in use is named as the admin listener's, not taken for
