@@ -48,24 +48,7 @@ pub async fn run_load(spec: LoadSpec) -> Result<Report, String> {
 /// Runs a load to its end: idle connections, warm-up, the measured phase.
 pub fn run_load_blocking(spec: LoadSpec) -> Result<Report, String> {
     spec.validate()?;
-    let layouts = crate::layout::builtin();
-    let layout = |code: &str| {
-        layouts
-            .get(code)
-            .cloned()
-            .ok_or_else(|| format!("no built-in layout {code}"))
-    };
-    let shared = Arc::new(Shared {
-        transfer_layout: layout("TRF001")?,
-        inquiry_layout: layout("INQ001")?,
-        codes: CodeTable::builtin(),
-        transferred: Mutex::new(Vec::new()),
-        agent: match &spec.target {
-            Target::Direct { .. } => Some(direct_agent(spec.connections, spec.answer_timeout)),
-            Target::Hub { .. } => None,
-        },
-        spec,
-    });
+    let shared = Arc::new(Shared::new(spec)?);
     let spec = &shared.spec;
 
     let idle = open_idle(spec)?;
@@ -118,6 +101,10 @@ struct Shared {
     codes: CodeTable,
     /// GUIDs this run transferred (with a final answer), for INQ001.
     transferred: Mutex<Vec<String>>,
+    /// Transfers built so far: each takes its source account by this count,
+    /// not by its ticket, so that `--from`'s shares hold among the
+    /// transfers whatever `--mix` does with the tickets.
+    transfers: std::sync::atomic::AtomicU64,
     /// Direct mode: one agent, its pool shared by the worker threads.
     agent: Option<ureq::Agent>,
 }
@@ -130,6 +117,28 @@ struct Request {
 }
 
 impl Shared {
+    fn new(spec: LoadSpec) -> Result<Shared, String> {
+        let layouts = crate::layout::builtin();
+        let layout = |code: &str| {
+            layouts
+                .get(code)
+                .cloned()
+                .ok_or_else(|| format!("no built-in layout {code}"))
+        };
+        Ok(Shared {
+            transfer_layout: layout("TRF001")?,
+            inquiry_layout: layout("INQ001")?,
+            codes: CodeTable::builtin(),
+            transferred: Mutex::new(Vec::new()),
+            transfers: Default::default(),
+            agent: match &spec.target {
+                Target::Direct { .. } => Some(direct_agent(spec.connections, spec.answer_timeout)),
+                Target::Hub { .. } => None,
+            },
+            spec,
+        })
+    }
+
     /// The request for ticket `i`. An inquiry before any transfer has finished
     /// becomes a transfer: there is nothing to ask about yet.
     fn request(&self, i: u64) -> Request {
@@ -147,10 +156,13 @@ impl Shared {
                 };
             }
         }
+        let n = self
+            .transfers
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Request {
             tx: Tx::Transfer,
             guid,
-            fields: self.spec.transfer.fields(i),
+            fields: self.spec.transfer.fields(n),
         }
     }
 
@@ -660,6 +672,40 @@ fn open_idle(spec: &LoadSpec) -> Result<Vec<WireStream>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--from`'s shares hold among the transfers whatever `--mix` does
+    /// with the tickets (before, both were picked by the ticket, so with
+    /// TRF001=3,INQ001=1 and A=3,B=1 no transfer came from B; found by a
+    /// black-box probe).
+    #[test]
+    fn the_source_accounts_shares_hold_among_the_transfers() {
+        let mut spec = LoadSpec::new(
+            Target::Hub {
+                addr: "127.0.0.1:1".into(),
+            },
+            1,
+            crate::bench::Stop::Count(400),
+        );
+        spec.mix = crate::bench::spec::parse_mix("TRF001=3,INQ001=1").unwrap();
+        spec.transfer.from =
+            crate::bench::spec::parse_weighted("A=3,B=1", |a| Ok(a.to_string())).unwrap();
+        let shared = Shared::new(spec).unwrap();
+        shared
+            .transferred
+            .lock()
+            .unwrap()
+            .push("20261203BENCH000000000000000001".into());
+        let mut from: std::collections::HashMap<String, u32> = Default::default();
+        for i in 0..400 {
+            let r = shared.request(i);
+            if r.tx == Tx::Transfer {
+                let a = r.fields["from_account"].as_str().unwrap().to_string();
+                *from.entry(a).or_default() += 1;
+            }
+        }
+        assert_eq!(from.get("A"), Some(&225), "{from:?}");
+        assert_eq!(from.get("B"), Some(&75), "{from:?}");
+    }
 
     #[test]
     fn standard_codes() {

@@ -156,6 +156,9 @@ pub enum Cause {
     Incompatible,
     Timeout,
     Closed,
+    /// What answered is not TLS (its bytes are no TLS record): most often
+    /// a plain-HTTP port named `https://`.
+    NotTls,
     Other,
 }
 
@@ -173,6 +176,7 @@ impl Cause {
             Cause::Incompatible => "incompatible",
             Cause::Timeout => "timeout",
             Cause::Closed => "closed",
+            Cause::NotTls => "not_tls",
             Cause::Other => "other",
         }
     }
@@ -194,6 +198,7 @@ impl fmt::Display for Cause {
             Cause::Incompatible => f.write_str("no TLS version or cipher suite in common"),
             Cause::Timeout => f.write_str("handshake timed out"),
             Cause::Closed => f.write_str("connection closed during the handshake"),
+            Cause::NotTls => f.write_str("the core's side does not speak TLS"),
             Cause::Other => f.write_str("handshake failed"),
         }
     }
@@ -268,6 +273,7 @@ fn cause_of(e: &rustls::Error) -> Cause {
         },
         rustls::Error::AlertReceived(a) => Cause::RefusedByCore(*a),
         rustls::Error::PeerIncompatible(_) => Cause::Incompatible,
+        rustls::Error::InvalidMessage(_) => Cause::NotTls,
         _ => Cause::Other,
     }
 }

@@ -474,6 +474,33 @@ fn a_journal_file_that_does_not_exist_is_refused() {
     );
     let again = relayhub(&["journal", "--journal", journal, "list"]);
     assert_eq!(again.code, Some(0), "an existing journal opens: {again:?}");
+
+    // A GUID with a typo is named as one, not as absent (exit 3).
+    let typo_guid = relayhub(&["journal", "--journal", journal, "show", "not a guid"]);
+    assert_eq!(typo_guid.code, Some(1), "{typo_guid:?}");
+    assert!(typo_guid.stderr.contains("a GUID is 32"), "{typo_guid:?}");
+    // A memory journal has nothing for a tool (before: an empty journal
+    // read, described as PostgreSQL).
+    for args in [
+        vec!["journal", "--journal", "memory", "list"],
+        vec![
+            "journal",
+            "--journal",
+            "memory",
+            "reconcile",
+            "--core-url",
+            "http://127.0.0.1:1",
+        ],
+    ] {
+        let out = relayhub(&args);
+        assert_eq!(out.code, Some(1), "{args:?}: {out:?}");
+        assert!(
+            out.stderr
+                .contains("a memory journal lives in its hub's process")
+                && !out.stderr.contains("PostgreSQL"),
+            "{args:?}: {out:?}"
+        );
+    }
 }
 
 /// `show` and `list` give times as ISO 8601 in local time, not epoch ms.

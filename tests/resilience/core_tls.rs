@@ -443,6 +443,30 @@ async fn a_connection_closed_before_the_handshake_ends_is_e902() {
     .await;
 }
 
+/// An `https://` URL naming a plain-HTTP core: what answers is no TLS
+/// record. Not sent (E902), logged as `the core's side does not speak TLS`
+/// (before, `handshake failed`, cause `other`; found by a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_url_on_a_plain_http_core_is_named_as_such() {
+    let ca = TestCa::new("core CA");
+    let core = start_core().await;
+    let dir = TempDir::new("tlsplain");
+    let mut hub = hub(
+        &dir,
+        &[&format!("https://{}", core.addr())],
+        &target_tls_lines(Some(&ca.cert), None),
+    );
+    let g = guid("TLSPLN");
+    let a = send(&hub, &transfer(&g, AMOUNT)).await;
+    assert_header_only(&a, "TRF001", &g, "E902");
+    assert_eq!(core.stats().post, 0);
+    hub.wait_log(0, |l| {
+        l.contains("TLS handshake with the core failed")
+            && l.contains("the core's side does not speak TLS")
+    })
+    .await;
+}
+
 /// The fixture as a process serves HTTPS with `--tls-cert`/`--tls-key`, and
 /// with `--tls-client-ca` takes only clients with a certificate of that CA.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

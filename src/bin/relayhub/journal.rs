@@ -175,6 +175,8 @@ pub async fn run(args: JournalArgs) -> Result<ExitCode, String> {
         JournalAction::Show { guid } => {
             let spec = args.journal.as_deref().unwrap_or(DEFAULT_JOURNAL);
             let j = open_to_look(spec, args.create).await?;
+            // A typo is not "not in the journal".
+            relayhub::client::check_guid(&guid).map_err(|e| format!("GUID {e}"))?;
             eprintln!("{}", describe(spec));
             let Some(row) = j.get(&guid).await.map_err(|e| e.to_string())? else {
                 eprintln!("{guid}: not in the journal");
@@ -296,8 +298,17 @@ fn describe(spec: &str) -> String {
     }
 }
 
-/// A file that does not exist is refused unless `--create` was given.
+/// A file that does not exist is refused unless `--create` was given; a
+/// memory journal, which lives and dies in its hub's process, always.
 fn check_exists(spec: &str, create: bool) -> Result<(), String> {
+    if spec == "memory" {
+        return Err(
+            "journal memory: a memory journal lives in its hub's process and ends with it; \
+             there is nothing for a tool to read or settle (a running hub settles its own: \
+             relayhub journal reconcile --admin HOST:PORT)"
+                .into(),
+        );
+    }
     match file_of(spec) {
         Some(path) if !create && !path.exists() => Err(format!(
             "journal {}: no such file. Check --journal (the hub's [journal] path; under \
