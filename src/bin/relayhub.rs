@@ -544,23 +544,32 @@ async fn send(args: SendArgs) -> Result<ExitCode, String> {
         .map_err(refused)?;
         telegrams.push((telegram, layout, operation));
     }
-    let mut channel = connect()
-        .await
-        .map_err(|e| format!("cannot connect to {to}: {e}"))?;
+    let mut channel = Some(
+        connect()
+            .await
+            .map_err(|e| format!("cannot connect to {to}: {e}"))?,
+    );
     let mut all_ok = true;
     for (telegram, layout, operation) in &telegrams {
         for _ in 0..args.repeat.max(1) {
+            // The hub closed the last connection (e.g. after E102 on
+            // framing): a new one for this telegram, and only then (one
+            // after the last telegram would be a handshake for nothing).
+            let ch = match &mut channel {
+                Some(ch) => ch,
+                None => channel.insert(
+                    connect()
+                        .await
+                        .map_err(|e| format!("cannot reconnect to {to}: {e}"))?,
+                ),
+            };
             println!(">> {}", escape_wire(telegram));
-            let exchanged = tokio::time::timeout(wait, channel.exchange(telegram)).await;
+            let exchanged = tokio::time::timeout(wait, ch.exchange(telegram)).await;
             let answer = match exchanged.unwrap_or_else(|_| Err(timed_out())) {
                 Ok(a) => a,
                 Err(e) => {
-                    // The hub closed the connection (e.g. after E102 on framing):
-                    // reconnect for the next telegram.
                     eprintln!("relayhub: {e}");
-                    channel = connect()
-                        .await
-                        .map_err(|e| format!("cannot reconnect to {to}: {e}"))?;
+                    channel = None;
                     all_ok = false;
                     continue;
                 }

@@ -534,10 +534,19 @@ async fn relayhub_send_speaks_tls_with_a_client_certificate() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(posts(&core, &g), 1);
-    // Without the certificate the hub refuses the handshake: no answer, exit non-zero.
+    // Without the certificate the hub refuses the handshake: no answer, exit
+    // non-zero, and no second handshake after the last telegram (before, a
+    // reconnect for nothing, counted as a second refused handshake).
+    let refusals = "relayhub_tls_handshake_failures_total{reason=\"no_client_certificate\"}";
+    let before = hub.metric(refusals).await;
     let out = run("IBANK", false);
     assert!(!out.status.success(), "{out:?}");
     assert_eq!(posts(&core, &g), 1);
+    // The refusal is counted once the hub has read the empty certificate;
+    // a later exchange's answer shows it has (its handshake came after).
+    let out = run("IBANK", true);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(hub.metric(refusals).await, before + 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
