@@ -336,8 +336,13 @@ async fn journal_commands_work_on_a_postgres_url() {
     assert_eq!(code, 0);
     assert!(out.contains(&g) && out.contains("E904"), "{out}");
 
-    let (code, _, err) = cli(&["journal", "--journal", &url, "show", "NOPE"]);
+    let absent = guid("NOPE");
+    let (code, _, err) = cli(&["journal", "--journal", &url, "show", &absent]);
     assert_eq!(code, 3, "{err}");
+    // A malformed GUID is named as one.
+    let (code, _, err) = cli(&["journal", "--journal", &url, "show", "NOPE"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("a GUID is 32"), "{err}");
 
     // A bad URL is refused without showing the password.
     let (code, _, err) = cli(&[
