@@ -85,6 +85,20 @@ async fn in_flight(
     task
 }
 
+/// Starts the hub's shutdown; returns once its drain has begun (a flag, not
+/// a timer), with the shutdown's task.
+async fn drain(hub: relayhub::daemon::Daemon) -> tokio::task::JoinHandle<()> {
+    let inner = hub.hub().clone();
+    let stopping = tokio::spawn(hub.shutdown());
+    within(async {
+        while !inner.is_draining() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    stopping
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_answers_in_flight_telegrams_and_refuses_new_ones_with_e903() {
     // Two idle connections.
@@ -93,15 +107,7 @@ async fn draining_answers_in_flight_telegrams_and_refuses_new_ones_with_e903() {
     let [mut idle, mut idle2]: [_; 2] = channels.try_into().ok().unwrap();
     let in_flight = in_flight(&core, addr, &slow).await;
 
-    let inner = hub.hub().clone();
-    let stopping = tokio::spawn(hub.shutdown());
-    // Wait for the drain to begin (a flag, not a timer).
-    within(async {
-        while !inner.is_draining() {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    let stopping = drain(hub).await;
 
     // A malformed telegram still gets its E102 ...
     let bad = guid("BAD");
@@ -318,14 +324,7 @@ async fn pipelined_telegrams_during_the_drain_each_get_e903_before_the_close() {
         .unwrap();
     within(core.wait_received(&slow)).await;
 
-    let inner = hub.hub().clone();
-    let stopping = tokio::spawn(hub.shutdown());
-    within(async {
-        while !inner.is_draining() {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    let stopping = drain(hub).await;
     let late: Vec<String> = (0..3).map(|_| guid("PIPE")).collect();
     let mut burst = Vec::new();
     for g in &late {
