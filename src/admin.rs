@@ -260,10 +260,12 @@ async fn readyz(State(s): State<AdminState>) -> (StatusCode, String) {
     }
     // A journal that refuses every transfer until a restart: this hub
     // answers E903 to all of them, so a balancer should send elsewhere.
+    // The reason (paths, the OS's words) is in the hub's ERROR line, not
+    // here: this endpoint answers without the admin token.
     match s.hub.get().and_then(|hub| hub.journal().refusal()) {
-        Some(why) => (
+        Some(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("journal failed: {why}\n"),
+            "journal failed: every transfer is refused until a restart (see the log)\n".into(),
         ),
         None => (StatusCode::OK, "ready\n".into()),
     }

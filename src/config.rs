@@ -733,12 +733,14 @@ impl Config {
             if addr.port() == 0 {
                 continue;
             }
-            // A wildcard address (0.0.0.0, [::]) takes its port on every address.
+            // A wildcard address takes its port on every address of its
+            // family, and [::] (dual-stack on Linux) on IPv4's too.
+            let covers = |wild: &SocketAddr, other: &SocketAddr| {
+                wild.ip().is_unspecified() && (wild.is_ipv4() == other.is_ipv4() || wild.is_ipv6())
+            };
             let clash = |b: &SocketAddr| {
                 b.port() == addr.port()
-                    && (b.ip() == addr.ip()
-                        || b.ip().is_unspecified()
-                        || addr.ip().is_unspecified())
+                    && (b.ip() == addr.ip() || covers(b, &addr) || covers(&addr, b))
             };
             if let Some((other, theirs)) = listeners[..i].iter().find_map(|(k, a)| {
                 let b = a.and_then(|a| a.parse::<SocketAddr>().ok())?;
@@ -1332,6 +1334,11 @@ mod tests {
         c.server.tls_listen = Some("127.0.0.1:9100".into());
         let err = c.validate("t").unwrap_err().to_string();
         assert!(err.contains("(0.0.0.0:9100)"), "{err}");
+        // IPv4's wildcard leaves IPv6's loopback its port.
+        c.server.tls_listen = None;
+        c.server.admin_listen = Some("[::1]:9100".into());
+        c.validate("t").unwrap();
+        c.server.admin_listen = None;
         // Another port passes this check (and meets the next: no certificate).
         c.server.tls_listen = Some("127.0.0.1:9443".into());
         let err = c.validate("t").unwrap_err().to_string();

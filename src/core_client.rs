@@ -826,26 +826,29 @@ impl Job {
                 return CallFailure::NoCapacity(why.to_string());
             }
             let reason = describe(&e);
+            // A handshake the core refused took nothing in, even when (TLS
+            // 1.3) its refusal is read after the request was handed over.
+            let sent = self.gate.was_sent() && !tls::refused_at_handshake(&e);
             if matches!(e, ureq::Error::Protocol(_)) {
-                // Every call fails the same way until the URL is fixed.
+                // An answer that does not start as HTTP/1.1 does (a TLS
+                // core's alert to a plain request, most often): every call
+                // fails so until the URL is fixed.
                 tracing::error!(
-                    // Scheme, host and port only: never userinfo.
+                    // Scheme and authority only: never a path or userinfo.
                     core = %self.uri.as_ref().map_or_else(
                         |_| String::new(),
                         |u| format!(
-                            "{}://{}:{}",
+                            "{}://{}",
                             u.scheme_str().unwrap_or("?"),
-                            u.host().unwrap_or("?"),
-                            u.port_u16().unwrap_or(80)
+                            u.authority().map_or("?", |a| a.as_str().rsplit('@').next().unwrap_or("?"))
                         )
                     ),
-                    "the core's answer is not HTTP ({reason}): check the target's urls (a TLS \
-                     core needs https://); the outcome is unknown"
+                    "the core's answer is not HTTP as the hub reads it ({reason}): check the \
+                     target's urls (a TLS core needs https://); {}",
+                    if sent { "the outcome is unknown (E901)" } else { "nothing was sent" }
                 );
             }
-            // A handshake the core refused took nothing in, even when (TLS
-            // 1.3) its refusal is read after the request was handed over.
-            if self.gate.was_sent() && !tls::refused_at_handshake(&e) {
+            if sent {
                 CallFailure::MaybeSent(reason)
             } else {
                 CallFailure::NotSent(reason)

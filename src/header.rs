@@ -125,7 +125,6 @@ pub fn parse_header(telegram: &[u8]) -> Result<Header, HeaderError> {
     })
 }
 
-/// Reports the first byte of `range` that `ok` refuses.
 /// Where `s` (a field's text, trailing spaces trimmed) stops being a GUID
 /// of 32 [0-9A-Za-z_-], as the header's `guid` must be: its first other
 /// byte, or where it ends short.
@@ -135,6 +134,7 @@ pub fn first_non_guid_byte(s: &str) -> Option<usize> {
         .or_else(|| (s.len() != 32).then_some(s.len().min(32)))
 }
 
+/// Reports the first byte of `range` that `ok` refuses.
 fn check_chars(
     field: &'static str,
     h: &[u8; HEADER_LEN],

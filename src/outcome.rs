@@ -266,9 +266,12 @@ pub fn read_transfer<'b>(
         ..=199 | 600.. => Outcome::Unknown(format!(
             "{status}: a status outside HTTP's classes answered to the transfer; the core may have processed it"
         )),
-        422 => match BorrowedObject::parse(body).as_ref().and_then(result_of) {
-            Some(r) if table.business(r).is_some() => Outcome::Rejected(r.to_string()),
-            Some(r) => Outcome::TargetError(format!("422 with unmapped result {r:?}")),
+        422 => match BorrowedObject::parse(body) {
+            Some(m) => match result_of(&m) {
+                Some(r) if table.business(r).is_some() => Outcome::Rejected(r.to_string()),
+                Some(r) => Outcome::TargetError(format!("422 with unmapped result {r:?}")),
+                None => Outcome::TargetError(format!("422 without a result{}", core_says(body))),
+            },
             None => Outcome::TargetError(unreadable("422", body)),
         },
         409 => Outcome::Unknown("409: the core is processing this GUID right now".into()),
@@ -387,6 +390,8 @@ mod tests {
             assert!(n.contains(want), "{n} lacks {want:?}");
         }
         assert!(note(422, b"<html>").starts_with("422 with an unreadable body: expected value"));
+        // An object, but no result in it: said as such.
+        assert!(note(422, br#"{"error":"x"}"#).starts_with("422 without a result"));
         let inq = classify_inquiry(200, b"{\"status\":\"DONE\"", &t());
         assert!(
             matches!(&inq, Outcome::Unknown(r) if r.starts_with("inquiry 200 with an unreadable body: EOF")),

@@ -850,28 +850,37 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     else {
                         break 'read;
                     };
-                    let task = tokio::spawn(handling.in_current_span());
-                    if tx.send(Answer::Telegram(task, echo, guard)).await.is_err() {
+                    // A slot first, the task after: a writer that stopped
+                    // meanwhile (a closing answer) leaves this telegram
+                    // unhandled, not handled, logged and never answered.
+                    let Ok(slot) = tx.reserve().await else {
                         break 'read;
-                    }
+                    };
+                    let task = tokio::spawn(handling.in_current_span());
+                    slot.send(Answer::Telegram(task, echo, guard));
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    match crate::frame::other_prefix(limits.prefix, &buf) {
-                        _ if let Some(record) = crate::frame::tls_record(&buf) => warn!(
+                    match (
+                        crate::frame::tls_record(&buf),
+                        crate::frame::other_prefix(limits.prefix, &buf),
+                    ) {
+                        (Some(record), _) => warn!(
                             error = %e,
                             "unframeable input; answering E102 and closing (the bytes begin \
                              {record}: the channel speaks TLS, and this listener is plain; TLS \
                              channels connect to tls_listen)"
                         ),
-                        Some((what, other)) => warn!(
+                        (None, Some((what, other))) => warn!(
                             error = %e,
                             "unframeable input; answering E102 and closing ({what}: the channel \
                              seems to send the {} prefix, and this listener takes the {} one)",
                             other.name(),
                             limits.prefix.name()
                         ),
-                        None => warn!(error = %e, "unframeable input; answering E102 and closing"),
+                        (None, None) => {
+                            warn!(error = %e, "unframeable input; answering E102 and closing")
+                        }
                     }
                     if let Some(tx) =
                         queue_up(&mut direct, &mut queue, &mut inline, capacity, &link).await

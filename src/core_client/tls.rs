@@ -273,7 +273,8 @@ fn cause_of(e: &rustls::Error) -> Cause {
         },
         rustls::Error::AlertReceived(a) => Cause::RefusedByCore(*a),
         rustls::Error::PeerIncompatible(_) => Cause::Incompatible,
-        rustls::Error::InvalidMessage(_) => Cause::NotTls,
+        // The first byte is no TLS record type: "HTTP/1.1 ..." starts with H.
+        rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType) => Cause::NotTls,
         _ => Cause::Other,
     }
 }

@@ -347,3 +347,88 @@ async fn pipelined_telegrams_during_the_drain_each_get_e903_before_the_close() {
         );
     }
 }
+
+/// More telegrams pipelined during the drain than a connection may have in
+/// flight (32 by default): the hub reads what it has room for, and every
+/// telegram it handled (logged and counted E903) is answered; the rest
+/// were never read, and nothing is logged for them. Before, a telegram read
+/// as the closing answer stopped the writer was handled, logged "answered
+/// E903" and never answered (found by a review). A real process, whose log
+/// lines are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_telegram_handled_during_the_drain_is_answered() {
+    use tokio::io::AsyncWriteExt;
+    let core = start_core().await;
+    let slow = guid("SLOWP");
+    core.add_fault(
+        FaultRule::guid(&slow)
+            .delay_ms(800)
+            .phase(Phase::BeforeApply),
+    );
+    let mut cmd = std::process::Command::new(relayhub_bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--journal", "memory"])
+        .args(["--core-url", &core.url(), "--budget-ms", "3000"]);
+    let mut hub = try_start(&mut cmd).unwrap_or_else(|e| panic!("{e}"));
+    let mut conn = tokio::net::TcpStream::connect(hub.addr).await.unwrap();
+    conn.set_nodelay(true).unwrap();
+    conn.write_all(&framed(&transfer(&slow, 1_000)))
+        .await
+        .unwrap();
+    within(core.wait_received(&slow)).await;
+
+    send_signal(hub.pid, "TERM");
+    // The drain has begun once the listener refuses new connections.
+    within(async {
+        while tokio::net::TcpStream::connect(hub.addr).await.is_ok() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let mut burst = Vec::new();
+    for _ in 0..40 {
+        burst.extend_from_slice(&framed(&transfer(&guid("PIPEMANY"), 10)));
+    }
+    conn.write_all(&burst).await.unwrap();
+
+    let (_, first) = read_raw_answer(&mut conn).await;
+    assert_answer_code(&first, "0000");
+    let mut refused = 0;
+    loop {
+        let mut prefix = [0u8; 1];
+        if within(conn.peek(&mut prefix)).await.unwrap() == 0 {
+            break;
+        }
+        let (_, answer) = read_raw_answer(&mut conn).await;
+        assert_answer_code(&answer, "E903");
+        refused += 1;
+    }
+    assert!(refused >= 1, "no telegram of the burst was answered");
+    let status = within(async {
+        loop {
+            if let Some(status) = hub.exited() {
+                return status;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(status.success(), "{status:?}");
+    let logged = hub
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("hub is draining"))
+        .count();
+    assert_eq!(
+        logged,
+        refused,
+        "logged E903s against answers:\n{}",
+        hub.stderr()
+    );
+    assert_eq!(core.stats().post, 1);
+}
+
+/// Asserts that the answer telegram `raw` carries `code`.
+fn assert_answer_code(raw: &[u8], code: &str) {
+    let answer = relayhub::client::Answer::parse(raw).unwrap();
+    assert_eq!(answer.code, code, "{answer:?}");
+}

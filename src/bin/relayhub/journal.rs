@@ -174,9 +174,11 @@ pub async fn run(args: JournalArgs) -> Result<ExitCode, String> {
         }
         JournalAction::Show { guid } => {
             let spec = args.journal.as_deref().unwrap_or(DEFAULT_JOURNAL);
-            let j = open_to_look(spec, args.create).await?;
-            // A typo is not "not in the journal".
+            check_exists(spec, args.create)?;
+            // A typo is not "not in the journal" (checked before --create
+            // makes a file for it).
             relayhub::client::check_guid(&guid).map_err(|e| format!("GUID {e}"))?;
+            let j = open_to_look(spec, args.create).await?;
             eprintln!("{}", describe(spec));
             let Some(row) = j.get(&guid).await.map_err(|e| e.to_string())? else {
                 eprintln!("{guid}: not in the journal");
@@ -365,21 +367,25 @@ async fn reconcile(
         },
     };
     let mut config = source.load().map_err(|e| e.to_string())?;
+    let spec = config.journal.path.clone();
+    check_exists(&spec, create)?;
     if args.config.is_none() {
         // The hub that made the attempts may have had a longer late-answer
         // window (or wire grace) than the defaults: its "never received" is
-        // believed a day after the attempt, when nothing still holds a POST.
+        // believed only past the longest grace a config can give (the
+        // longest budget and late-answer window, and 5 s), when nothing
+        // can still hold a POST.
+        use relayhub::config::{MAX_BUDGET_MS, MAX_WINDOW_MS};
         for target in &mut config.targets {
-            target.wire_grace_ms = Some(relayhub::config::MAX_WINDOW_MS);
+            target.wire_grace_ms = Some(MAX_WINDOW_MS + MAX_BUDGET_MS + 5_000);
         }
         eprintln!(
             "without --config, the hub's wire grace is not known: a \"never received\" settles \
-             a transfer (E904) only a day after its attempt, E901 before; give the hub's \
-             config (--config) to settle sooner"
+             a transfer (E904) only a day and 10 minutes after its attempt, E901 before; give \
+             the hub's config (--config) to settle sooner"
         );
     }
-    let spec = config.journal.path.as_str();
-    check_exists(spec, create)?;
+    let spec = spec.as_str();
     let (journal, _owner) = match open_journal(
         spec,
         config.journal.max_batch,

@@ -113,7 +113,10 @@ impl Default for Marks {
 /// frames (a page and its 24-byte header each) after the 32-byte file
 /// header, so a WAL kept within the backstop is never cut.
 pub(super) fn wal_limit(marks: Marks, page_size: i64) -> i64 {
-    32 + marks.backstop_pages.saturating_mul(page_size + 24)
+    marks
+        .backstop_pages
+        .saturating_mul(page_size + 24)
+        .saturating_add(32)
 }
 
 /// Held while pages are copied into the database file and fsynced (the
