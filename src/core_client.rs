@@ -30,7 +30,7 @@
 
 use std::cell::RefCell;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
@@ -179,6 +179,12 @@ pub struct SendGate {
     /// Asked at the first request byte, so no check-to-write gap is left.
     licence: Option<SendLicence>,
     refusal: Arc<std::sync::OnceLock<String>>,
+    /// The call's bytes went on a connection an earlier call used (kept
+    /// alive): an answer there may be the core's, sent unasked as it
+    /// closed the idle connection (a 408), not one to this request.
+    reused: Arc<std::sync::atomic::AtomicBool>,
+    /// A number per call, for [`GatedTransport`] to tell calls apart.
+    call: u64,
 }
 
 impl std::fmt::Debug for SendGate {
@@ -192,10 +198,17 @@ impl std::fmt::Debug for SendGate {
 
 impl SendGate {
     fn new(licence: Option<SendLicence>) -> Self {
+        static CALLS: AtomicU64 = AtomicU64::new(1);
         SendGate {
             licence,
+            call: CALLS.fetch_add(1, Ordering::Relaxed),
             ..SendGate::default()
         }
+    }
+
+    /// Whether the call's bytes went on a connection an earlier call used.
+    fn reused(&self) -> bool {
+        self.reused.load(Ordering::Relaxed)
     }
 
     /// A caller thread took the call; false if it was abandoned first.
@@ -274,14 +287,20 @@ impl<In: Transport> Connector<In> for GateConnector {
         _details: &ConnectionDetails,
         chained: Option<In>,
     ) -> Result<Option<Self::Out>, ureq::Error> {
-        Ok(chained.map(|inner| GatedTransport { inner }))
+        Ok(chained.map(|inner| GatedTransport {
+            inner,
+            last_call: None,
+        }))
     }
 }
 
-/// A transport that asks the current call's gate before writing.
+/// A transport that asks the current call's gate before writing, and tells
+/// it when the connection carried an earlier call.
 #[derive(Debug)]
 struct GatedTransport<T> {
     inner: T,
+    /// The call that last wrote here (its gate's number).
+    last_call: Option<u64>,
 }
 
 impl<T: Transport> Transport for GatedTransport<T> {
@@ -291,7 +310,18 @@ impl<T: Transport> Transport for GatedTransport<T> {
 
     fn transmit_output(&mut self, amount: usize, timeout: NextTimeout) -> Result<(), ureq::Error> {
         if amount > 0 {
-            let allowed = CURRENT_GATE.with(|g| g.borrow().as_ref().is_none_or(SendGate::pass));
+            let (allowed, call) = CURRENT_GATE.with(|g| match g.borrow().as_ref() {
+                Some(gate) => {
+                    if self.last_call.is_some_and(|last| last != gate.call) {
+                        gate.reused.store(true, Ordering::Relaxed);
+                    }
+                    (gate.pass(), Some(gate.call))
+                }
+                None => (true, None),
+            });
+            if call.is_some() {
+                self.last_call = call;
+            }
             if !allowed {
                 return Err(ureq::Error::Io(std::io::Error::other(
                     "call abandoned by the hub before any byte was sent",
@@ -819,6 +849,20 @@ impl Job {
         CURRENT_GATE.with(|g| *g.borrow_mut() = Some(self.gate.clone()));
         let result = self.exchange();
         CURRENT_GATE.with(|g| *g.borrow_mut() = None);
+        if let Ok(answer) = &result
+            && answer.status == 408
+            && self.gate.reused()
+        {
+            // A server closing an idle keep-alive connection may send a 408
+            // first, unasked; the request written meanwhile meets it. It
+            // says the core took no request in, but it may not be this
+            // request's answer: not a final one (E500), unknown.
+            return Err(CallFailure::MaybeSent(
+                "408 on a kept-alive connection: the core's close of an idle connection, \
+                 not known to answer this request"
+                    .into(),
+            ));
+        }
         result.map_err(|e| {
             if let Some(why) = self.gate.refused() {
                 // Refused at the first byte: nothing left, and no capacity

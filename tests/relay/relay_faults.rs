@@ -258,3 +258,88 @@ async fn budget_alone_lowers_the_default_connect_timeout() {
     assert_eq!(a.code, "0000");
     s.assert_posts(&g, 1);
 }
+
+/// A core that answers the first request on each connection with a
+/// processed transfer and whatever comes next on it with `408` and a close,
+/// as a server closing an idle keep-alive connection may (its 408 written
+/// before the next request arrives). Returns its base URL.
+async fn core_with_an_idle_close_408(fresh_408: bool) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut served = 0;
+                loop {
+                    // One request: its head, then its body by Content-Length.
+                    let mut req = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !req.ends_with(b"\r\n\r\n") {
+                        if s.read(&mut byte).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        req.push(byte[0]);
+                    }
+                    let head = String::from_utf8_lossy(&req).to_ascii_lowercase();
+                    let len = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    let mut body = vec![0u8; len];
+                    if s.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    if served == 0 && !fresh_408 {
+                        let json = r#"{"result":"OK","txn_id":"T1","balance":1,"processed_at":"20261203120000"}"#;
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{json}",
+                            json.len()
+                        );
+                        let _ = s.write_all(answer.as_bytes()).await;
+                        served += 1;
+                    } else {
+                        let _ = s
+                            .write_all(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                            .await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// A 408 met on a kept-alive connection (the core's close of an idle
+/// connection, written unasked as the next request went out) is not taken
+/// for the transfer's answer: E901, not the final E500 that told the
+/// channel "refused" for a transfer the core never read (found by a
+/// black-box probe). A 408 on a connection of its own stays E500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_408_on_a_kept_alive_connection_is_unknown_not_final() {
+    let url = core_with_an_idle_close_408(false).await;
+    let (hub, _cfg) = start_hub(&url, &HubOpts::budget(2_000)).await;
+    let mut ch = connect(hub.addr, relayhub::frame::PrefixMode::Ascii).await;
+    let first = guid("KA1");
+    assert_eq!(exchange(&mut ch, &transfer(&first, 10)).await.code, "0000");
+    let second = guid("KA2");
+    let a = exchange(&mut ch, &transfer(&second, 10)).await;
+    assert_header_only(&a, "TRF001", &second, "E901");
+    let row = hub.hub().journal().get(&second).await.unwrap().unwrap();
+    assert!(
+        row.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("408 on a kept-alive connection"),
+        "{row:?}"
+    );
+
+    let url = core_with_an_idle_close_408(true).await;
+    let (hub, _cfg) = start_hub(&url, &HubOpts::budget(2_000)).await;
+    let mut ch = connect(hub.addr, relayhub::frame::PrefixMode::Ascii).await;
+    let g = guid("KA3");
+    let a = exchange(&mut ch, &transfer(&g, 10)).await;
+    assert_header_only(&a, "TRF001", &g, "E500");
+}
