@@ -877,7 +877,13 @@ impl Job {
                 // An answer that does not start as HTTP/1.1 does (a TLS
                 // core's alert to a plain request, most often): every call
                 // fails so until the URL is fixed.
+                let guid: &str = match &self.request {
+                    CoreRequest::Transfer { guid, .. } => guid,
+                    CoreRequest::Inquiry { guid } => guid,
+                };
                 tracing::error!(
+                    // This thread is not in the telegram's span: its GUID here.
+                    guid,
                     // Scheme and authority only: never a path or userinfo.
                     core = %self.uri.as_ref().map_or_else(
                         |_| String::new(),
