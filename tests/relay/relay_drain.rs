@@ -309,6 +309,23 @@ async fn a_backlog_connection_whose_telegram_comes_after_the_idle_close_gets_e90
     assert!(!core.stats().by_guid.contains_key(&late));
 }
 
+/// A connection to the hub at `addr` with the slow transfer `slow` on it,
+/// once the core has it: the connection's next telegrams pipeline behind it.
+async fn slow_in_flight_on(
+    addr: std::net::SocketAddr,
+    core: &corebank::CoreBank,
+    slow: &str,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.set_nodelay(true).unwrap();
+    conn.write_all(&framed(&transfer(slow, 1_000)))
+        .await
+        .unwrap();
+    within(core.wait_received(slow)).await;
+    conn
+}
+
 /// Telegrams pipelined behind one in flight, arriving once the drain began:
 /// each gets its E903, in order, before the close (before, the first E903
 /// closed the connection and the others, logged as answered, got nothing;
@@ -317,12 +334,7 @@ async fn a_backlog_connection_whose_telegram_comes_after_the_idle_close_gets_e90
 async fn pipelined_telegrams_during_the_drain_each_get_e903_before_the_close() {
     use tokio::io::AsyncWriteExt;
     let (core, hub, slow, _) = hub_with_a_slow_guid(800, 0).await;
-    let mut conn = tokio::net::TcpStream::connect(hub.addr).await.unwrap();
-    conn.set_nodelay(true).unwrap();
-    conn.write_all(&framed(&transfer(&slow, 1_000)))
-        .await
-        .unwrap();
-    within(core.wait_received(&slow)).await;
+    let mut conn = slow_in_flight_on(hub.addr, &core, &slow).await;
 
     let stopping = drain(hub).await;
     let late: Vec<String> = (0..3).map(|_| guid("PIPE")).collect();
@@ -369,12 +381,7 @@ async fn every_telegram_handled_during_the_drain_is_answered() {
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--journal", "memory"])
         .args(["--core-url", &core.url(), "--budget-ms", "3000"]);
     let mut hub = try_start(&mut cmd).unwrap_or_else(|e| panic!("{e}"));
-    let mut conn = tokio::net::TcpStream::connect(hub.addr).await.unwrap();
-    conn.set_nodelay(true).unwrap();
-    conn.write_all(&framed(&transfer(&slow, 1_000)))
-        .await
-        .unwrap();
-    within(core.wait_received(&slow)).await;
+    let mut conn = slow_in_flight_on(hub.addr, &core, &slow).await;
 
     send_signal(hub.pid, "TERM");
     // The drain has begun once the listener refuses new connections.
