@@ -640,6 +640,18 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
         s.budget_ms,
         config.journal.path
     );
+    // A note, not a refusal: a config is often checked before the machine
+    // that runs it has the journal's directory (a deploy pipeline).
+    if let Some(path) = relayhub::journal::file_of(&config.journal.path)
+        && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        println!(
+            "note: the journal's directory {} does not exist here; serve refuses to start \
+             until it does",
+            dir.display()
+        );
+    }
     if let Some(admin) = &s.admin_listen {
         println!("admin endpoints on {admin}");
     }

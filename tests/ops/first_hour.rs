@@ -1028,6 +1028,29 @@ fn a_journal_path_that_cannot_be_a_journal_leaves_nothing_behind() {
     );
     let check = relayhub(&["check", "--journal", "", "--core-url", "http://127.0.0.1:1"]);
     assert!(!check.status.success(), "{}", check.all());
+
+    // A journal whose directory is not there: check passes with a note (a
+    // config is often checked before its machine has the directory), and
+    // serve refuses, naming it.
+    let missing = dir.join("missing").join("journal.db");
+    let missing = missing.to_str().unwrap();
+    let check = relayhub(&[
+        "check",
+        "--journal",
+        missing,
+        "--core-url",
+        "http://127.0.0.1:1",
+    ]);
+    assert!(check.status.success(), "{}", check.all());
+    assert!(
+        check.stdout.contains("note: the journal's directory")
+            && check.stdout.contains("does not exist here"),
+        "{}",
+        check.all()
+    );
+    let out = serve(missing);
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    assert!(out.stderr.contains("does not exist"), "{}", out.all());
 }
 
 /// A script that waits for the ready line with `grep -m1` closes the pipe
