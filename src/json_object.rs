@@ -89,6 +89,14 @@ impl<'a> BorrowedObject<'a> {
             _ => None,
         }
     }
+
+    /// [`BorrowedObject::text`], but `None` when the key is given more than
+    /// once: for the keys an answer's meaning turns on, where "the last
+    /// one" is a guess.
+    pub fn sole_text(&self, name: &str) -> Option<&str> {
+        let given = self.entries.iter().filter(|(k, _)| k == name).count();
+        if given == 1 { self.text(name) } else { None }
+    }
 }
 
 impl FieldSource for BorrowedObject<'_> {

@@ -228,8 +228,11 @@ fn unreadable(what: &str, body: &[u8]) -> String {
     format!("{what} with an unreadable body: {reason}")
 }
 
+/// The answer's `result`; none when it is given twice (`{"result":"OK",
+/// "result":"NOT_FOUND"}`): neither a final answer nor a "never received"
+/// is read from an answer that says both.
 fn result_of<'a>(m: &'a BorrowedObject<'_>) -> Option<&'a str> {
-    m.text("result")
+    m.sole_text("result")
 }
 
 /// Reads the core's answer to `POST /v1/transfers` (the request was sent).
@@ -294,7 +297,7 @@ pub fn classify_inquiry(status: u16, body: &[u8], table: &CodeTable) -> Outcome 
             let Some(m) = m else {
                 return Outcome::Unknown(unreadable("inquiry 200", body));
             };
-            match (m.text("status"), result_of(&m)) {
+            match (m.sole_text("status"), result_of(&m)) {
                 (Some("DONE"), Some("OK")) => Outcome::Processed(Answer(body.to_vec())),
                 (Some("DONE"), Some(r)) if table.business(r).is_some() => {
                     Outcome::Rejected(r.to_string())
@@ -397,6 +400,28 @@ mod tests {
             matches!(&inq, Outcome::Unknown(r) if r.starts_with("inquiry 200 with an unreadable body: EOF")),
             "{inq:?}"
         );
+    }
+
+    /// An answer whose `result` (or an inquiry's `status`) is given twice
+    /// is read as neither: not processed, not "never received" (found by a
+    /// black-box probe: a 404 with "OK" then "NOT_FOUND" was E904, and a
+    /// resend posted again).
+    #[test]
+    fn a_repeated_result_is_read_as_no_result() {
+        let twice = br#"{"result":"OK","result":"NOT_FOUND"}"#;
+        assert_eq!(t().code(&classify_inquiry(404, twice, &t())), Code::UNKNOWN);
+        let ok_twice = br#"{"result":"OK","txn_id":"T1","balance":1,"processed_at":"20261129132001","result":"OK"}"#;
+        assert_eq!(
+            t().code(&classify_transfer(200, ok_twice, &t())),
+            Code::UNKNOWN
+        );
+        let status_twice = br#"{"status":"PROCESSING","status":"DONE","result":"OK"}"#;
+        assert_eq!(
+            t().code(&classify_inquiry(200, status_twice, &t())),
+            Code::UNKNOWN
+        );
+        let once = br#"{"result":"NOT_FOUND"}"#;
+        assert_eq!(classify_inquiry(404, once, &t()), Outcome::NeverReceived);
     }
 
     #[test]
