@@ -993,7 +993,30 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
         drop(tx);
         let _ = task.await;
     }
+    // Bytes the channel sent that were never read (telegrams beyond its
+    // in-flight limit behind a closing answer): read and dropped for a
+    // moment, so that the close after the answers is a FIN, not a reset
+    // that a lossy network could let overtake them.
+    if S::bytes_waiting(&reader) {
+        discard_unread(&mut reader).await;
+    }
     Served::Ended
+}
+
+/// Reads and drops what the channel sent, for at most [`SETTLE`] and
+/// 1 MiB, or until it closes its side.
+async fn discard_unread<R: tokio::io::AsyncRead + Unpin>(reader: &mut R) {
+    let mut scratch = [0u8; 4096];
+    let mut left = 1usize << 20;
+    let _ = tokio::time::timeout(SETTLE, async {
+        while left > 0 {
+            match reader.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
 
 /// How long a draining connection that holds nothing still reads before it
