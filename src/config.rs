@@ -704,53 +704,40 @@ impl Config {
                 return Err(bad(key, "must be at least 1".into()));
             }
         }
+        // Parsed once; the listeners are bound before any listens (the
+        // start-up order in docs/operations.md), so one address twice would
+        // be found only once the journal is open: refused here instead.
+        let mut listeners: Vec<(&str, SocketAddr)> = Vec::new();
         for (key, addr) in [
             ("server.listen", Some(&s.listen)),
-            ("server.admin_listen", s.admin_listen.as_ref()),
             ("server.tls_listen", s.tls_listen.as_ref()),
+            ("server.admin_listen", s.admin_listen.as_ref()),
         ] {
-            if let Some(addr) = addr
-                && addr.parse::<SocketAddr>().is_err()
-            {
+            let Some(addr) = addr else { continue };
+            let Ok(parsed) = addr.parse::<SocketAddr>() else {
                 return Err(bad(
                     key,
                     format!("{addr:?} is not HOST:PORT (an IP address and a port)"),
                 ));
-            }
-        }
-        // The listeners are bound before any listens (the start-up order in
-        // docs/operations.md), so one address twice would be found only
-        // once the journal is open: refused here instead.
-        let listeners = [
-            ("server.listen", Some(&s.listen)),
-            ("server.tls_listen", s.tls_listen.as_ref()),
-            ("server.admin_listen", s.admin_listen.as_ref()),
-        ];
-        for (i, (key, addr)) in listeners.iter().enumerate() {
-            let Some(addr) = addr.and_then(|a| a.parse::<SocketAddr>().ok()) else {
-                continue;
             };
-            if addr.port() == 0 {
-                continue;
-            }
             // A wildcard address takes its port on every address of its
-            // family, and [::] (dual-stack on Linux) on IPv4's too.
+            // family, and [::] (dual-stack on Linux) on IPv4's too; port 0
+            // is a port of its own each time.
             let covers = |wild: &SocketAddr, other: &SocketAddr| {
                 wild.ip().is_unspecified() && (wild.is_ipv4() == other.is_ipv4() || wild.is_ipv6())
             };
             let clash = |b: &SocketAddr| {
-                b.port() == addr.port()
-                    && (b.ip() == addr.ip() || covers(b, &addr) || covers(&addr, b))
+                parsed.port() != 0
+                    && b.port() == parsed.port()
+                    && (b.ip() == parsed.ip() || covers(b, &parsed) || covers(&parsed, b))
             };
-            if let Some((other, theirs)) = listeners[..i].iter().find_map(|(k, a)| {
-                let b = a.and_then(|a| a.parse::<SocketAddr>().ok())?;
-                clash(&b).then_some((k, b))
-            }) {
+            if let Some((other, theirs)) = listeners.iter().find(|(_, b)| clash(b)) {
                 return Err(bad(
                     key,
-                    format!("{addr} takes the port of {other} ({theirs})"),
+                    format!("{parsed} takes the port of {other} ({theirs})"),
                 ));
             }
+            listeners.push((key, parsed));
         }
         self.validate_tls(&bad)?;
         let budget = Duration::from_millis(s.budget_ms);

@@ -310,18 +310,19 @@ impl<T: Transport> Transport for GatedTransport<T> {
 
     fn transmit_output(&mut self, amount: usize, timeout: NextTimeout) -> Result<(), ureq::Error> {
         if amount > 0 {
-            let (allowed, call) = CURRENT_GATE.with(|g| match g.borrow().as_ref() {
+            let allowed = CURRENT_GATE.with(|g| match g.borrow().as_ref() {
                 Some(gate) => {
-                    if self.last_call.is_some_and(|last| last != gate.call) {
+                    if self
+                        .last_call
+                        .replace(gate.call)
+                        .is_some_and(|last| last != gate.call)
+                    {
                         gate.reused.store(true, Ordering::Relaxed);
                     }
-                    (gate.pass(), Some(gate.call))
+                    gate.pass()
                 }
-                None => (true, None),
+                None => true,
             });
-            if call.is_some() {
-                self.last_call = call;
-            }
             if !allowed {
                 return Err(ureq::Error::Io(std::io::Error::other(
                     "call abandoned by the hub before any byte was sent",
@@ -420,6 +421,14 @@ pub enum CoreRequest {
 }
 
 impl CoreRequest {
+    /// The transfer's GUID (an inquiry's: the transfer it asks about).
+    fn guid(&self) -> &str {
+        match self {
+            CoreRequest::Transfer { guid, .. } => guid,
+            CoreRequest::Inquiry { guid } => guid,
+        }
+    }
+
     /// The request's URL at the base URL `base`.
     fn url_at(&self, base: &str) -> String {
         match self {
@@ -877,25 +886,22 @@ impl Job {
                 // An answer that does not start as HTTP/1.1 does (a TLS
                 // core's alert to a plain request, most often): every call
                 // fails so until the URL is fixed.
-                let guid: &str = match &self.request {
-                    CoreRequest::Transfer { guid, .. } => guid,
-                    CoreRequest::Inquiry { guid } => guid,
-                };
                 tracing::error!(
                     // This thread is not in the telegram's span: its GUID here.
-                    guid,
-                    // Scheme and authority only: never a path or userinfo.
-                    core = %self.uri.as_ref().map_or_else(
-                        |_| String::new(),
-                        |u| format!(
-                            "{}://{}",
-                            u.scheme_str().unwrap_or("?"),
-                            u.authority().map_or("?", |a| a.as_str().rsplit('@').next().unwrap_or("?"))
-                        )
-                    ),
+                    guid = self.request.guid(),
+                    // The Host header made for the URL: no path, no userinfo.
+                    host = self
+                        .host
+                        .as_ref()
+                        .and_then(|h| h.to_str().ok())
+                        .unwrap_or("?"),
                     "the core's answer is not HTTP as the hub reads it ({reason}): check the \
                      target's urls (a TLS core needs https://); {}",
-                    if sent { "the outcome is unknown (E901)" } else { "nothing was sent" }
+                    if sent {
+                        "the outcome is unknown (E901)"
+                    } else {
+                        "nothing was sent"
+                    }
                 );
             }
             if sent {

@@ -87,16 +87,22 @@ impl Source {
     pub fn load_to_serve(&self) -> Result<Config, ConfigError> {
         let config = self.load()?;
         if config.server.admin_listen.is_some() {
-            config
-                .server
-                .admin_token()
-                .map_err(|(key, reason)| ConfigError::Invalid {
-                    file: self.name(),
-                    key: key.into(),
-                    reason,
-                })?;
+            self.admin_token(&config)?;
         }
         Ok(config)
+    }
+
+    /// The admin token `config` names (read from its file or variable), a
+    /// failure as a config error of this source.
+    fn admin_token(&self, config: &Config) -> Result<Option<String>, ConfigError> {
+        config
+            .server
+            .admin_token()
+            .map_err(|(key, reason)| ConfigError::Invalid {
+                file: self.name(),
+                key: key.into(),
+                reason,
+            })
     }
 
     fn name(&self) -> String {
@@ -156,37 +162,30 @@ impl Daemon {
         let hub_cell = crate::admin::HubCell::default();
 
         // The admin listener comes first, so /readyz can say "starting".
-        let admin_addr =
-            match &config.server.admin_listen {
-                Some(addr) => {
-                    let token = config.server.admin_token().map_err(|(key, reason)| {
-                        ConfigError::Invalid {
-                            file: source.name(),
-                            key: key.into(),
-                            reason,
-                        }
-                    })?;
-                    let listener = bind(addr).map_err(|e| match e {
-                        StartError::Bind { addr, source } => StartError::Bind {
-                            addr: format!("{addr} (admin_listen)"),
-                            source,
-                        },
-                        other => other,
-                    })?;
-                    let bound = listener.local_addr().ok();
-                    if let Some(admin) = bound {
-                        info!(%admin, "admin endpoints listening (not ready yet)");
-                    }
-                    background.push(tokio::spawn(serve_admin(
-                        listener,
-                        ready.clone(),
-                        hub_cell.clone(),
-                        token,
-                    )));
-                    bound
+        let admin_addr = match &config.server.admin_listen {
+            Some(addr) => {
+                let token = source.admin_token(&config)?;
+                let listener = bind(addr).map_err(|e| match e {
+                    StartError::Bind { addr, source } => StartError::Bind {
+                        addr: format!("{addr} (admin_listen)"),
+                        source,
+                    },
+                    other => other,
+                })?;
+                let bound = listener.local_addr().ok();
+                if let Some(admin) = bound {
+                    info!(%admin, "admin endpoints listening (not ready yet)");
                 }
-                None => None,
-            };
+                background.push(tokio::spawn(serve_admin(
+                    listener,
+                    ready.clone(),
+                    hub_cell.clone(),
+                    token,
+                )));
+                bound
+            }
+            None => None,
+        };
 
         // The telegram ports are held before the journal is opened: a start
         // refused for a port in use leaves no journal file behind. They

@@ -861,27 +861,24 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    match (
-                        crate::frame::tls_record(&buf),
-                        crate::frame::other_prefix(limits.prefix, &buf),
-                    ) {
-                        (Some(record), _) => warn!(
-                            error = %e,
-                            "unframeable input; answering E102 and closing (the bytes begin \
-                             {record}: the channel speaks TLS, and this listener is plain; TLS \
-                             channels connect to tls_listen)"
+                    // What the bytes seem to be, when they say.
+                    let seems = match crate::frame::tls_record(&buf) {
+                        Some(record) => format!(
+                            " (the bytes begin {record}: the channel speaks TLS, and this \
+                             listener is plain; TLS channels connect to tls_listen)"
                         ),
-                        (None, Some((what, other))) => warn!(
-                            error = %e,
-                            "unframeable input; answering E102 and closing ({what}: the channel \
-                             seems to send the {} prefix, and this listener takes the {} one)",
-                            other.name(),
-                            limits.prefix.name()
-                        ),
-                        (None, None) => {
-                            warn!(error = %e, "unframeable input; answering E102 and closing")
-                        }
-                    }
+                        None => crate::frame::other_prefix(limits.prefix, &buf)
+                            .map(|(what, other)| {
+                                format!(
+                                    " ({what}: the channel seems to send the {} prefix, and \
+                                     this listener takes the {} one)",
+                                    other.name(),
+                                    limits.prefix.name()
+                                )
+                            })
+                            .unwrap_or_default(),
+                    };
+                    warn!(error = %e, "unframeable input; answering E102 and closing{seems}");
                     if let Some(tx) =
                         queue_up(&mut direct, &mut queue, &mut inline, capacity, &link).await
                     {

@@ -459,13 +459,14 @@ fn print_report(report: &[(String, String)]) -> ExitCode {
 /// the one --config names (as the hub reads it), else none.
 fn admin_token(args: &ReconcileArgs) -> Result<Option<String>, String> {
     if let Some(path) = &args.admin_token_file {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("--admin-token-file {}: {e}", path.display()))?;
-        let token = text.trim();
-        if token.is_empty() {
-            return Err(format!("--admin-token-file {}: empty", path.display()));
-        }
-        return Ok(Some(token.to_string()));
+        // Read as the hub reads its admin_token_file.
+        let server = relayhub::config::ServerConfig {
+            admin_token_file: Some(path.clone()),
+            ..Default::default()
+        };
+        return server
+            .admin_token()
+            .map_err(|(_, reason)| format!("--admin-token-file: {reason}"));
     }
     let Some(file) = &args.config else {
         return Ok(None);
