@@ -29,7 +29,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -535,10 +535,15 @@ fn handling<H: Answerer>(
 enum Answer {
     /// A telegram being handled; answered when its task ends. The echo is
     /// taken before the task starts, for an answer should the task fail.
+    /// The permit is one of the connection's `max_in_flight_per_connection`,
+    /// held until the answer is written: the writer takes a telegram out of
+    /// the queue to wait for it, so the queue's own capacity would let one
+    /// more start.
     Telegram(
         JoinHandle<Result<(Echo, Reply), Panic>>,
         Echo,
         InFlightGuard,
+        OwnedSemaphorePermit,
     ),
     /// A framing error: E102 with a blank header, then close.
     Unframeable,
@@ -669,6 +674,8 @@ fn write_timed_out(write_timeout: Duration) {
 struct Queue {
     tx: mpsc::Sender<Answer>,
     task: JoinHandle<()>,
+    /// One per telegram of the connection in flight, up to its limit.
+    permits: Arc<Semaphore>,
 }
 
 /// The queue to the writer task, started (with the writing half) on first
@@ -680,11 +687,12 @@ async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
     inline: &mut Option<Inline>,
     capacity: usize,
     link: &Arc<Link>,
-) -> Option<&'q mpsc::Sender<Answer>> {
+) -> Option<&'q Queue> {
     if let Some(writer) = direct.take() {
         let (tx, rx) = mpsc::channel(capacity);
         let task = tokio::spawn(write_answers(writer, rx, link.clone()));
-        let queue = queue.insert(Queue { tx, task });
+        let permits = Arc::new(Semaphore::new(capacity));
+        let queue = queue.insert(Queue { tx, task, permits });
         if let Some(Inline {
             handling,
             echo,
@@ -692,13 +700,30 @@ async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
             ..
         }) = inline.take()
         {
-            let task = tokio::spawn(handling.in_current_span());
-            // A fresh queue has room; a writer that already stopped is seen
-            // by the caller's next send.
-            let _ = queue.tx.send(Answer::Telegram(task, echo, guard)).await;
+            // A fresh queue has room and a permit (the limit is at least
+            // one); a writer that already stopped is seen by the caller's
+            // next send.
+            if let Ok(permit) = queue.permits.clone().try_acquire_owned() {
+                let task = tokio::spawn(handling.in_current_span());
+                let _ = queue
+                    .tx
+                    .send(Answer::Telegram(task, echo, guard, permit))
+                    .await;
+            }
         }
     }
-    queue.as_ref().map(|q| &q.tx)
+    queue.as_ref()
+}
+
+impl Queue {
+    /// Room for one more telegram of the connection: a permit (waits while
+    /// `max_in_flight_per_connection` are in flight), then a slot in the
+    /// queue. `None` once the writer has stopped.
+    async fn room(&self) -> Option<(mpsc::Permit<'_, Answer>, OwnedSemaphorePermit)> {
+        let permit = self.permits.clone().acquire_owned().await.ok()?;
+        let slot = self.tx.reserve().await.ok()?;
+        Some((slot, permit))
+    }
 }
 
 /// How a connection's task ended.
@@ -845,19 +870,19 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                         });
                         break;
                     }
-                    let Some(tx) =
+                    let Some(queue) =
                         queue_up(&mut direct, &mut queue, &mut inline, capacity, &link).await
                     else {
                         break 'read;
                     };
-                    // A slot first, the task after: a writer that stopped
+                    // Room first, the task after: a writer that stopped
                     // meanwhile (a closing answer) leaves this telegram
                     // unhandled, not handled, logged and never answered.
-                    let Ok(slot) = tx.reserve().await else {
+                    let Some((slot, permit)) = queue.room().await else {
                         break 'read;
                     };
                     let task = tokio::spawn(handling.in_current_span());
-                    slot.send(Answer::Telegram(task, echo, guard));
+                    slot.send(Answer::Telegram(task, echo, guard, permit));
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -879,10 +904,10 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                             .unwrap_or_default(),
                     };
                     warn!(error = %e, "unframeable input; answering E102 and closing{seems}");
-                    if let Some(tx) =
+                    if let Some(queue) =
                         queue_up(&mut direct, &mut queue, &mut inline, capacity, &link).await
                     {
-                        let _ = tx.send(Answer::Unframeable).await;
+                        let _ = queue.tx.send(Answer::Unframeable).await;
                     }
                     break 'read;
                 }
@@ -986,7 +1011,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
         }
         let _ = writer.writer.shutdown().await;
     }
-    if let Some(Queue { tx, task }) = queue {
+    if let Some(Queue { tx, task, .. }) = queue {
         drop(tx);
         let _ = task.await;
     }
@@ -1076,7 +1101,7 @@ async fn write_answers<W: AsyncWrite + Unpin>(
 ) {
     while let Some(answer) = rx.recv().await {
         match answer {
-            Answer::Telegram(task, echo, guard) => {
+            Answer::Telegram(task, echo, guard, permit) => {
                 let done = match task.await {
                     Ok(Ok(answer)) => Ok(answer),
                     Ok(Err(panic)) => Err(panic_message(&panic)),
@@ -1085,6 +1110,7 @@ async fn write_answers<W: AsyncWrite + Unpin>(
                 let then = writer.answer(echo, done, &link).await;
                 link.answered.notify_one();
                 drop(guard);
+                drop(permit);
                 match then {
                     Then::GoOn => {}
                     Then::Gone => break,

@@ -74,9 +74,10 @@ struct Shared {
     dropped: AtomicU64,
     /// Idle connections closed while the mode is `Refuse` or `CloseNew`.
     reaped: AtomicU64,
-    /// POSTs held so far, and held right now.
+    /// POSTs held so far, held right now, and the most held at once.
     held: AtomicU64,
     holding: AtomicU64,
+    peak_holding: AtomicU64,
     /// Whole `POST /v1/transfers` requests (head and every body byte) passed
     /// on to the core, by `X-GUID`.
     posts: Mutex<HashMap<String, u64>>,
@@ -109,6 +110,7 @@ impl Proxy {
             reaped: AtomicU64::new(0),
             held: AtomicU64::new(0),
             holding: AtomicU64::new(0),
+            peak_holding: AtomicU64::new(0),
             posts: Mutex::new(HashMap::new()),
             holds: Mutex::new(HashMap::new()),
         });
@@ -179,6 +181,11 @@ impl Proxy {
     /// POSTs held right now (not yet passed on).
     pub fn holding(&self) -> u64 {
         self.shared.holding.load(Ordering::SeqCst)
+    }
+
+    /// The most POSTs held at once so far.
+    pub fn peak_holding(&self) -> u64 {
+        self.shared.peak_holding.load(Ordering::SeqCst)
     }
 
     /// Connections accepted and closed in `CloseNew` mode.
@@ -373,7 +380,8 @@ async fn deliver(
     while let Some((bytes, hold)) = chunks.recv().await {
         if let Some(d) = hold {
             // The network holding the request.
-            shared.holding.fetch_add(1, Ordering::SeqCst);
+            let now = shared.holding.fetch_add(1, Ordering::SeqCst) + 1;
+            shared.peak_holding.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(d).await;
             shared.holding.fetch_sub(1, Ordering::SeqCst);
         }

@@ -213,3 +213,46 @@ async fn the_fast_ones_finish_well_inside_the_slow_ones_delay() {
     );
     assert_eq!(within(slow_task).await.unwrap().code, "0000");
 }
+
+/// A connection never has more telegrams in flight than
+/// `max_in_flight_per_connection`: pipelined transfers behind a full
+/// connection wait for an answer to go out before they start (before, one
+/// more started: the writer had taken the oldest out of the queue to wait for
+/// it; found by a black-box probe). The network in front of the core holds
+/// each POST for a while and counts how many it holds at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_transfers_never_exceed_the_in_flight_limit() {
+    for limit in [1u64, 2] {
+        let core = start_core().await;
+        let proxy = Proxy::start(core.addr()).await;
+        proxy.hold_posts(Some(Duration::from_millis(300)));
+        let (hub, _config) = start_hub(
+            &proxy.url(),
+            &HubOpts {
+                toml: Some(format!(
+                    "[server]\nmax_in_flight_per_connection = {limit}\n"
+                )),
+                ..HubOpts::default()
+            },
+        )
+        .await;
+        let guids: Vec<String> = (0..limit + 2).map(|_| guid("LIMIT")).collect();
+        let mut bytes = Vec::new();
+        for g in &guids {
+            bytes.extend_from_slice(&framed(&transfer(g, 10)));
+        }
+        let mut ch = connect(hub.addr, PrefixMode::Ascii).await;
+        ch.stream_mut().write_all(&bytes).await.unwrap();
+        for (i, g) in guids.iter().enumerate() {
+            let raw = within(ch.recv()).await.unwrap().expect("an answer");
+            let a = Answer::parse(&raw).unwrap();
+            assert_eq!((&a.guid, a.code.as_str()), (g, "0000"), "answer {i}");
+        }
+        assert!(
+            proxy.peak_holding() <= limit,
+            "{} POSTs at once on a connection limited to {limit}",
+            proxy.peak_holding()
+        );
+        hub.shutdown().await;
+    }
+}
