@@ -262,13 +262,27 @@ async fn readyz(State(s): State<AdminState>) -> (StatusCode, String) {
     // answers E903 to all of them, so a balancer should send elsewhere.
     // The reason (paths, the OS's words) is in the hub's ERROR line, not
     // here: this endpoint answers without the admin token.
-    match s.hub.get().and_then(|hub| hub.journal().refusal()) {
-        Some(_) => (
+    let Some(hub) = s.hub.get() else {
+        return (StatusCode::OK, "ready\n".into());
+    };
+    if hub.journal().refusal().is_some() {
+        return (
             StatusCode::SERVICE_UNAVAILABLE,
             "journal failed: every transfer is refused until a restart (see the log)\n".into(),
-        ),
-        None => (StatusCode::OK, "ready\n".into()),
+        );
     }
+    // Draining: the telegram listener is closed, so a balancer's new
+    // connections already go elsewhere. Still 200: a balancer that marks a
+    // server down on a failed check and cuts its sessions (HAProxy's
+    // `on-marked-down shutdown-sessions`, docs/scale-out.md) would cut the
+    // connections whose answers the drain is finishing. The body says so.
+    if hub.is_draining() {
+        return (
+            StatusCode::OK,
+            "draining: the telegram listener is closed; finishing the telegrams in flight\n".into(),
+        );
+    }
+    (StatusCode::OK, "ready\n".into())
 }
 
 /// `POST /journal/reconcile`: 200 with a JSON object of GUID -> code (`0000`,

@@ -111,3 +111,61 @@ async fn readyz_says_503_once_the_journal_refuses_every_transfer() {
     let (status, _) = hub.get("/healthz");
     assert_eq!(status, 200, "alive all the same");
 }
+
+/// A draining hub says so on `/readyz`, with 200 still: its telegram listener
+/// is closed, so new connections go elsewhere, and a balancer that cuts the
+/// sessions of a server it marks down would cut the answers the drain is
+/// finishing (before, the body said `ready`; found by a black-box probe). A
+/// real process with a slow transfer in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_says_draining_while_the_hub_drains() {
+    use crate::common::{guid, start_core, transfer, within};
+    use corebank::{FaultRule, Phase};
+    let core = start_core().await;
+    let slow = guid("RDYSLOW");
+    core.add_fault(
+        FaultRule::guid(&slow)
+            .delay_ms(1_500)
+            .phase(Phase::BeforeApply),
+    );
+    let hub = Hub::for_core(&core.url(), &[]).await;
+    let mut ch = hub.channel().await;
+    let in_flight = tokio::spawn(async move { ch.exchange(&transfer(&slow, 10)).await });
+    within(async {
+        while core.stats().post == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(hub.get("/readyz"), (200, "ready\n".to_string()));
+
+    hub.signal("TERM");
+    let admin = hub.admin.clone();
+    let (status, body) = tokio::task::spawn_blocking(move || {
+        let until = std::time::Instant::now() + crate::common::PATIENCE;
+        loop {
+            let (status, body) = http_get(&format!("http://{admin}/readyz"));
+            if body != "ready\n" || std::time::Instant::now() > until {
+                return (status, body);
+            }
+            std::thread::yield_now();
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("draining"), "{body}");
+    // The listener closes as the drain begins: a balancer's new connections
+    // are refused.
+    within(async {
+        while tokio::net::TcpStream::connect(&hub.addr).await.is_ok() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let answer = within(in_flight).await.unwrap().unwrap();
+    assert_eq!(
+        answer.code, "0000",
+        "the transfer in flight is still answered"
+    );
+}
