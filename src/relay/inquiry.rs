@@ -9,7 +9,7 @@ use tracing::debug;
 
 use super::bounded::{self, Bounded};
 use super::reply::{describe, error_of, reply_for};
-use super::settle::{self, AttemptFacts, Verdict, ask_plan, attempt_age};
+use super::settle::{self, AttemptFacts, Verdict, ask_where, attempt_age};
 use super::{Deadline, Hub, Reply};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target, parse_retry_after};
 use crate::header::{HEADER_LEN, first_non_guid_byte};
@@ -43,16 +43,15 @@ pub(super) async fn run(
             format!("field `orig_guid` at byte {at}: not a GUID of 32 [0-9A-Za-z_-]"),
         );
     }
-    let target = hub.target(route);
     // Half of the time left, at most: a stalled journal must leave the GET
     // its time, since the core's answer is final without the record (only a
     // "never received" needs it, and is then E901).
     let now = Instant::now();
     let halfway = now + deadline.work.saturating_duration_since(now) / 2;
     let record = read_record(hub, orig, halfway).await;
-    let (pin, asked_attempt_url) = match &record {
-        Record::Known(Some(row)) => ask_plan(target, row.url.as_deref()),
-        _ => (None, true),
+    let (target, pin, asked_attempt_url) = match &record {
+        Record::Known(Some(row)) => ask_where(hub, route, row.url.as_deref()),
+        _ => (hub.target(route), None, true),
     };
     // A transfer of this GUID handled by this hub around the inquiry: its
     // claim may not be in the journal yet (or a resend may be claiming a

@@ -84,6 +84,33 @@ pub(super) fn ask_plan<'a>(
     }
 }
 
+/// Which target to ask about an attempt recorded as sent to `attempt_url`,
+/// and where ([`ask_plan`]): the route's target, unless a reload moved the
+/// route to another target since the attempt; then the target that still
+/// has that URL, so that its "never received" can be proof and its final
+/// answer settles the row (before, the new target was asked, and the row
+/// stayed unknown for as long as the route pointed there).
+pub(super) fn ask_where<'a>(
+    hub: &'a Hub,
+    route: &Route,
+    attempt_url: Option<&str>,
+) -> (&'a Target, Option<&'a str>, bool) {
+    let target = hub.target(route);
+    let (pin, asked_attempt_url) = ask_plan(target, attempt_url);
+    if asked_attempt_url {
+        return (target, pin, true);
+    }
+    let elsewhere = attempt_url.and_then(|u| {
+        hub.targets()
+            .iter()
+            .find_map(|t| match ask_plan(t, Some(u)) {
+                (Some(pin), true) => Some((&**t, Some(pin), true)),
+                _ => None,
+            })
+    });
+    elsewhere.unwrap_or((target, pin, false))
+}
+
 /// How old the row's latest attempt is, on the clock the journal stamped it
 /// with (the database's for a shared journal: hubs' clocks may differ), read
 /// within the telegram's deadline. Err: the clock could not be read, so a
@@ -146,8 +173,7 @@ pub(super) async fn after_unknown(
     from: &'static [State],
 ) -> (Reply, String) {
     let guid = row.guid.as_str();
-    let target = hub.target(route);
-    let (pin, asked_attempt_url) = ask_plan(target, row.url.as_deref());
+    let (target, pin, asked_attempt_url) = ask_where(hub, route, row.url.as_deref());
     let outcome = inquiry::inquire(target, guid, pin, &rules.codes, deadline.work).await;
     let outcome = match outcome {
         Outcome::NeverReceived => match attempt_age(&hub.journal, row, deadline.work).await {

@@ -310,9 +310,9 @@ impl Transfer<'_> {
     /// outcome within the budget; a row whose owner dies is taken over by the
     /// claim of a later resend.
     async fn other_hubs_attempt(&self, row: &Row) -> (Reply, String) {
-        let (pin, _) = settle::ask_plan(self.target, row.url.as_deref());
+        let (target, pin, _) = settle::ask_where(self.hub, self.route, row.url.as_deref());
         let outcome = inquire(
-            self.target,
+            target,
             self.guid(),
             pin,
             &self.rules.codes,

@@ -193,3 +193,42 @@ async fn targets_stay_as_started_across_a_reload() {
     assert_eq!(code(&hub, &transfer(&g, 1_000)).await, "0000");
     assert_eq!(core.stats().by_guid[&g].post, 1);
 }
+
+/// A transfer left unknown at one target, whose route a reload then moves to
+/// another: its resend (and an INQ001 about it) asks the target that still
+/// has the URL the attempt went to, whose answer settles it. Before, the new
+/// target was asked, its "never received" could prove nothing about another
+/// URL, and the transfer stayed E901 for as long as the route pointed there
+/// (found by a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_transfer_is_asked_where_it_went_after_its_route_moved() {
+    let first = start_core().await;
+    let second = start_core().await;
+    let targets =
+        target_toml("first", &[&first.url()], "") + &target_toml("second", &[&second.url()], "");
+    let hub = start_file_hub(&(targets.clone() + &default_routes_toml("first"))).await;
+    let g = guid("MOVED");
+    // The first core applies it, then answers 502: the hub cannot know.
+    first.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .status(502)
+            .phase(corebank::Phase::AfterApply),
+    );
+    assert_eq!(code(&hub, &transfer(&g, 1_000)).await, "E901");
+
+    hub.rewrite(&(targets + &default_routes_toml("second")));
+    hub.daemon.reload().expect("valid config");
+    assert_eq!(code(&hub, &transfer(&g, 1_000)).await, "0000");
+    assert_eq!(code(&hub, &inquiry(&guid("MOVEDQ"), &g)).await, "0000");
+    assert_eq!(
+        calls(&first, &g),
+        (1, 2),
+        "one POST, then both questions to the first core"
+    );
+    assert_eq!(
+        calls(&second, &g),
+        (0, 0),
+        "nothing about it went to the second core"
+    );
+}
