@@ -59,6 +59,15 @@ pub enum ReloadError {
     /// A target's certificate or key file cannot be used; the files in force stay.
     #[error("target {name}: {source}")]
     TargetTls { name: String, source: TlsFileError },
+    /// The file is empty (or blank): most likely caught while being written.
+    /// Every key has a default, so it would otherwise drop the routes and the
+    /// channel table in force.
+    #[error(
+        "{}: the file is empty; write the new version whole (to a temporary file renamed \
+         into place) before the reload",
+        .0.display()
+    )]
+    EmptyFile(PathBuf),
 }
 
 /// Where the config comes from, kept for reloads.
@@ -295,6 +304,17 @@ impl Daemon {
         &self.hub
     }
 
+    /// A reload refuses a config file that is empty or blank. (Unreadable:
+    /// the load says why.)
+    fn refuse_blank_file(&self) -> Result<(), ReloadError> {
+        match &self.source.file {
+            Some(path) if std::fs::read(path).is_ok_and(|b| b.trim_ascii().is_empty()) => {
+                Err(ReloadError::EmptyFile(path.clone()))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Re-reads routes, layouts, channels, the code table, the TLS listener's
     /// certificate, key and client CA, and the targets' certificate files.
     /// All are read and checked before any is put in force: an invalid new
@@ -306,12 +326,12 @@ impl Daemon {
     /// uses the new files.
     /// Everything else (listeners, prefix, budget, target URLs and timeouts,
     /// journal, logging) is fixed at start-up: the changed keys of that kind
-    /// are returned, and logged, with their running and new values.
+    /// are returned, and logged, with their running and new values. An empty
+    /// or blank file is refused: most likely caught while being written.
     pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let result = self
-            .source
-            .load_to_serve()
-            .map_err(ReloadError::from)
+            .refuse_blank_file()
+            .and_then(|()| self.source.load_to_serve().map_err(ReloadError::from))
             .and_then(|config| {
                 let rules = Rules::build(&config, &self.target_names)?;
                 // The running listener takes the new files; a TLS listener

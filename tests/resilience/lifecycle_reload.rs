@@ -232,3 +232,37 @@ async fn an_unknown_transfer_is_asked_where_it_went_after_its_route_moved() {
         "nothing about it went to the second core"
     );
 }
+
+/// An empty config file (caught while being written) is refused by a reload:
+/// every key has a default, so it would drop the channel table and routes in
+/// force (found by a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_refuses_an_empty_file() {
+    let core = start_core().await;
+    // The core from the command line, as the probe had it: then an empty
+    // file is a valid config (one default target, routes and no table).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relayhub.toml");
+    std::fs::write(&path, "[[channel]]\nid = \"IBANK\"\n").unwrap();
+    let daemon = relayhub::daemon::Daemon::start(relayhub::daemon::Source {
+        file: Some(path.clone()),
+        overrides: relayhub::config::Overrides {
+            listen: Some("127.0.0.1:0".into()),
+            journal: Some("memory".into()),
+            core_url: Some(core.url()),
+            ..Default::default()
+        },
+    })
+    .await
+    .expect("start");
+    let hub = FileHub { daemon, dir };
+    let t = |ch: &str| transfer_as("TRF001", &guid("RLEMPTY"), ch, 1_000);
+    assert_eq!(code(&hub, &t("WHOEVER")).await, "E103");
+    for blank in ["", " \n\t\n"] {
+        hub.rewrite(blank);
+        let e = hub.daemon.reload().expect_err("an empty file is refused");
+        assert!(e.to_string().contains("the file is empty"), "{e}");
+        assert_eq!(code(&hub, &t("WHOEVER")).await, "E103", "the table stays");
+    }
+    assert_eq!(code(&hub, &t("IBANK")).await, "0000");
+}
