@@ -526,6 +526,14 @@ pub struct Overrides {
 }
 
 impl Config {
+    /// The longest a core call of this hub can run: the budget and the
+    /// longest late-answer window of its targets (a shared journal's lease
+    /// must cover it).
+    pub fn longest_call_ms(&self) -> u64 {
+        let window = self.targets.iter().map(|t| t.late_answer_window_ms).max();
+        self.server.budget_ms + window.unwrap_or(0)
+    }
+
     /// Reads and parses a file, without the cross-checks of [`Config::validate`].
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();

@@ -224,8 +224,7 @@ impl Daemon {
                 "journal.fsync_outcomes applies to a SQLite journal only; ignored"
             );
         }
-        let longest_window = config.targets.iter().map(|t| t.late_answer_window_ms).max();
-        journal.check_lease(config.server.budget_ms + longest_window.unwrap_or(0))?;
+        journal.check_lease(config.longest_call_ms())?;
         journal.start_liveness(config.journal.liveness()).await?;
         if journal.is_shared() {
             // The fence is asked again at each transfer's first request byte,
@@ -758,10 +757,20 @@ mod tests {
 }
 
 /// Prunes settled rows past the retention and sets the gauge of unsettled
-/// rows kept past it.
+/// rows kept past it. The retention counts on the journal's clock (the
+/// database's for a shared journal): a hub whose own clock runs days ahead
+/// would otherwise prune every hub's rows, and their resends would post again.
 async fn prune(journal: &Journal, retention: Duration) {
     let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
-    let before = now_ms().saturating_sub(retention_ms);
+    let now = match journal.clock_ms().await {
+        Ok(now) => now,
+        Err(e) => {
+            metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "prune").increment(1);
+            warn!(%e, "journal prune skipped: the journal's clock could not be read");
+            return;
+        }
+    };
+    let before = now.saturating_sub(retention_ms);
     match journal.prune(before).await {
         Ok(0) => {}
         Ok(n) => info!(

@@ -628,6 +628,18 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
     let names: Vec<String> = config.targets.iter().map(|t| t.name.clone()).collect();
     let rules = Rules::build(&config, &names).map_err(|e| e.to_string())?;
     build_targets(&config).map_err(|e| e.to_string())?;
+    // What `serve` would refuse in a PostgreSQL URL (a lease shorter than the
+    // longest call), checked without connecting.
+    if config.journal.path != "memory" && relayhub::journal::file_of(&config.journal.path).is_none()
+    {
+        relayhub::journal::postgres::check_url(&config.journal.path, config.longest_call_ms())
+            .map_err(|reason| {
+                format!(
+                    "journal {}: {reason}",
+                    relayhub::journal::postgres::redact(&config.journal.path)
+                )
+            })?;
+    }
     let s = &config.server;
     if s.tls_listen.is_some() {
         // The TLS files are read as `serve` would read them.
@@ -638,7 +650,8 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
         s.listen,
         s.prefix.name(),
         s.budget_ms,
-        config.journal.path
+        // A PostgreSQL URL's password is not printed.
+        relayhub::journal::postgres::redact(&config.journal.path)
     );
     // A note, not a refusal: a config is often checked before the machine
     // that runs it has the journal's directory (a deploy pipeline).

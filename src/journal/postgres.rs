@@ -748,6 +748,13 @@ fn state_at(r: &PgRow, idx: usize) -> Result<State, Fail> {
     State::parse(&s).ok_or_else(|| Fail::Data(format!("unknown journal state {s:?}")))
 }
 
+/// What [`PgJournal::open`] and [`PgJournal::check_lease`] would refuse in
+/// a `postgres://` URL, without connecting: for `relayhub check`.
+pub fn check_url(url: &str, longest_call_ms: u64) -> Result<(), String> {
+    let s = open::settings(url)?;
+    lease_covers(s.lease_ms, longest_call_ms)
+}
+
 /// The URL without its password, for messages and logs.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {

@@ -124,3 +124,50 @@ fn unit_file_stops_reloads_and_keeps_state_as_documented() {
         example.journal.path
     );
 }
+
+/// `check` names a PostgreSQL journal without its password, as `serve` and
+/// the journal tools do (before, it printed the URL whole; found by a
+/// black-box probe).
+#[test]
+fn check_prints_a_postgres_journal_without_its_password() {
+    let out = run_check(&[
+        "check".into(),
+        "--core-url".into(),
+        "http://127.0.0.1:1".into(),
+        "--journal".into(),
+        "postgres://hub:s3cret@db.invalid:5432/j".into(),
+    ]);
+    assert!(
+        out.contains("journal postgres://hub:***@db.invalid:5432/j"),
+        "{out}"
+    );
+    assert!(!out.contains("s3cret"), "{out}");
+}
+
+/// `check` refuses a shared journal's lease shorter than the longest call,
+/// as `serve` does at start (before, `check` said "config OK"; found by a
+/// black-box probe). Nothing is connected to.
+#[test]
+fn check_refuses_a_lease_shorter_than_the_longest_call() {
+    let out = Command::new(relayhub_bin())
+        .args([
+            "check",
+            "--core-url",
+            "http://127.0.0.1:1",
+            "--budget-ms",
+            "1000",
+        ])
+        .args([
+            "--journal",
+            "postgres://hub:s3cret@db.invalid:5432/j?lease_ms=2000",
+        ])
+        .output()
+        .expect("run relayhub check");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("lease_ms=2000 is shorter than the longest call"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+}
