@@ -308,9 +308,10 @@ pub struct TargetConfig {
     /// Calls to this target at once (the bulkhead).
     #[serde(default = "default_max_concurrency")]
     pub max_concurrency: usize,
-    /// Longest wait for a bulkhead slot, counted against the budget.
-    #[serde(default = "default_queue_wait_ms")]
-    pub queue_wait_ms: u64,
+    /// Longest wait for a bulkhead slot, counted against the budget; by
+    /// default [`DEFAULT_QUEUE_WAIT_MS`], lowered to half the budget (see
+    /// [`TargetConfig::effective_queue_wait`]).
+    pub queue_wait_ms: Option<u64>,
     /// Connect attempts per telegram (first try included) when nothing was sent.
     #[serde(default = "default_connect_attempts")]
     pub connect_attempts: u32,
@@ -351,9 +352,9 @@ fn default_late_answer_window_ms() -> u64 {
 fn default_max_concurrency() -> usize {
     1024
 }
-fn default_queue_wait_ms() -> u64 {
-    100
-}
+/// The bulkhead wait of a target that does not set `queue_wait_ms`, before
+/// it is lowered to half the budget.
+pub const DEFAULT_QUEUE_WAIT_MS: u64 = 100;
 fn default_connect_attempts() -> u32 {
     3
 }
@@ -378,7 +379,7 @@ impl TargetConfig {
             late_answer_window_ms: default_late_answer_window_ms(),
             wire_grace_ms: None,
             max_concurrency: default_max_concurrency(),
-            queue_wait_ms: default_queue_wait_ms(),
+            queue_wait_ms: None,
             connect_attempts: default_connect_attempts(),
             inquiry_attempts: default_inquiry_attempts(),
             backoff_ms: default_backoff_ms(),
@@ -396,6 +397,15 @@ impl TargetConfig {
         match self.wire_grace_ms {
             Some(ms) => Duration::from_millis(ms),
             None => budget + Duration::from_millis(self.late_answer_window_ms + 5_000),
+        }
+    }
+
+    /// The bulkhead wait in force: the configured one, else the default
+    /// lowered to half the budget (so `--budget-ms` alone is always valid).
+    pub fn effective_queue_wait(&self, budget: Duration) -> Duration {
+        match self.queue_wait_ms {
+            Some(ms) => Duration::from_millis(ms),
+            None => Duration::from_millis(DEFAULT_QUEUE_WAIT_MS).min(budget / 2),
         }
     }
 
@@ -854,12 +864,14 @@ impl Config {
                     ),
                 ));
             }
-            if t.queue_wait_ms >= s.budget_ms {
+            let queue_wait = t.effective_queue_wait(Duration::from_millis(s.budget_ms));
+            if queue_wait.as_millis() >= u128::from(s.budget_ms) {
                 return Err(bad(
                     &format!("{key}.queue_wait_ms"),
                     format!(
                         "{} ms does not fit the {} ms budget",
-                        t.queue_wait_ms, s.budget_ms
+                        queue_wait.as_millis(),
+                        s.budget_ms
                     ),
                 ));
             }
@@ -1127,6 +1139,36 @@ mod tests {
         assert_eq!(
             t.effective_connect_timeout(Duration::from_millis(600)),
             Duration::from_millis(300)
+        );
+    }
+
+    /// `--budget-ms` alone is a valid setting at any budget: the default
+    /// bulkhead wait (100 ms) is lowered to half a budget of 100 ms or less
+    /// (before, such a budget was refused; found by a black-box probe). An
+    /// explicit wait is kept, and refused if it does not fit.
+    #[test]
+    fn default_queue_wait_is_lowered_to_half_the_budget() {
+        for (budget_ms, wait_ms) in [(1, 0), (2, 1), (100, 50), (150, 75), (3000, 100)] {
+            let mut c = with_core();
+            c.apply(&Overrides {
+                budget_ms: Some(budget_ms),
+                ..Default::default()
+            });
+            c.validate("t")
+                .unwrap_or_else(|e| panic!("budget {budget_ms}: {e}"));
+            let wait = c.targets[0].effective_queue_wait(Duration::from_millis(budget_ms));
+            assert_eq!(wait.as_millis(), wait_ms, "budget {budget_ms}");
+        }
+        let mut c = with_core();
+        c.apply(&Overrides {
+            budget_ms: Some(100),
+            ..Default::default()
+        });
+        c.targets[0].queue_wait_ms = Some(100);
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(
+            err.contains("queue_wait_ms") && err.contains("100 ms does not fit"),
+            "{err}"
         );
     }
 

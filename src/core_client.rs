@@ -590,7 +590,7 @@ impl Target {
             wire_grace: cfg.effective_wire_grace(budget),
             bulkhead: Arc::new(Semaphore::new(cfg.max_concurrency)),
             max_concurrency: cfg.max_concurrency,
-            queue_wait: Duration::from_millis(cfg.queue_wait_ms),
+            queue_wait: cfg.effective_queue_wait(budget),
             connect_attempts: cfg.connect_attempts,
             inquiry_attempts: cfg.inquiry_attempts,
             backoff: Duration::from_millis(cfg.backoff_ms),
@@ -683,6 +683,11 @@ impl Target {
     /// The base URLs, in failover order.
     pub fn urls(&self) -> &[String] {
         &self.urls
+    }
+
+    /// [`Target::wire_grace`] in ms, as a claim stamps it on the row.
+    pub fn grace_ms(&self) -> i64 {
+        i64::try_from(self.wire_grace.as_millis()).unwrap_or(i64::MAX)
     }
 
     /// Attempt `n` (0-based) of a request: a bulkhead slot, then the call on

@@ -5,7 +5,7 @@ use foldhash::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex};
 
-use super::{Claim, Event, Finish, JournalError, Row, State};
+use super::{AttemptTo, Claim, Event, Finish, JournalError, Row, State};
 
 /// Each GUID's row with its history, boxed: the table itself then holds 24
 /// bytes a slot instead of some 290, so growing it (a rehash copies every
@@ -56,6 +56,17 @@ impl MemoryJournal {
         url: &str,
         now_ms: i64,
     ) -> Result<Claim, JournalError> {
+        self.claim_to(guid, tx_code, fingerprint, AttemptTo::url(url), now_ms)
+    }
+
+    pub fn claim_to(
+        &self,
+        guid: &str,
+        tx_code: &str,
+        fingerprint: &str,
+        to: AttemptTo<'_>,
+        now_ms: i64,
+    ) -> Result<Claim, JournalError> {
         let mut rows = self.lock();
         // One look-up for both outcomes (the key is made either way).
         let slot = match rows.entry(guid.into()) {
@@ -75,7 +86,8 @@ impl MemoryJournal {
             last_error: None,
             created_ms: now_ms,
             updated_ms: now_ms,
-            url: Some(url.into()),
+            url: Some(to.url.into()),
+            grace_ms: to.grace_ms,
         };
         // Room for the outcome's event too, so that it does not move the list.
         let mut events = Vec::with_capacity(2);
@@ -96,6 +108,16 @@ impl MemoryJournal {
         url: &str,
         now_ms: i64,
     ) -> Result<bool, JournalError> {
+        self.claim_resend_to(guid, attempts, AttemptTo::url(url), now_ms)
+    }
+
+    pub fn claim_resend_to(
+        &self,
+        guid: &str,
+        attempts: u32,
+        to: AttemptTo<'_>,
+        now_ms: i64,
+    ) -> Result<bool, JournalError> {
         let mut rows = self.lock();
         let Some((row, events)) = row_mut(&mut rows, guid) else {
             return Ok(false);
@@ -107,7 +129,8 @@ impl MemoryJournal {
         row.attempts += 1;
         row.last_attempt_ms = now_ms;
         row.updated_ms = now_ms;
-        row.url = Some(url.into());
+        row.url = Some(to.url.into());
+        row.grace_ms = to.grace_ms;
         events.push(Event {
             at_ms: now_ms,
             state: State::Sending,

@@ -100,6 +100,31 @@ pub struct Row {
     /// written before its first request byte: an inquiry asks this URL, since a
     /// "never received" from another one proves nothing.
     pub url: Option<String>,
+    /// The wire grace (ms) of the hub that made the latest attempt, stamped
+    /// by its claim: a "never received" proves nothing about the attempt
+    /// before this much time has passed, whichever hub (or reconcile) asks
+    /// and whatever its own grace. `None` for rows from before schema
+    /// version 6 (SQLite) or 5 (PostgreSQL), and for claims made without one.
+    pub grace_ms: Option<i64>,
+}
+
+/// Where an attempt goes, as its claim stamps it on the row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptTo<'a> {
+    /// The base URL the attempt will be sent to.
+    pub url: &'a str,
+    /// The wire grace of the hub making it, in ms ([`Row::grace_ms`]).
+    pub grace_ms: Option<i64>,
+}
+
+impl<'a> AttemptTo<'a> {
+    /// An attempt to `url`, with no grace stamped (tools and tests).
+    pub fn url(url: &'a str) -> AttemptTo<'a> {
+        AttemptTo {
+            url,
+            grace_ms: None,
+        }
+    }
 }
 
 fn serialize_lossy<S: serde::Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
@@ -353,7 +378,8 @@ impl Journal {
     }
 
     /// Claims a GUID for its first attempt, or returns its row.
-    /// `url` is where attempt 1 will be sent.
+    /// `url` is where attempt 1 will be sent; no grace is stamped (see
+    /// [`Journal::claim_to`], which the hub's transfers use).
     pub async fn claim(
         &self,
         guid: &str,
@@ -362,18 +388,34 @@ impl Journal {
         url: &str,
         now_ms: i64,
     ) -> Result<Claim, JournalError> {
+        self.claim_to(guid, tx_code, fingerprint, AttemptTo::url(url), now_ms)
+            .await
+    }
+
+    /// Claims a GUID for its first attempt, or returns its row; `to` is where
+    /// attempt 1 will be sent, with the grace it is stamped with.
+    pub async fn claim_to(
+        &self,
+        guid: &str,
+        tx_code: &str,
+        fingerprint: &str,
+        to: AttemptTo<'_>,
+        now_ms: i64,
+    ) -> Result<Claim, JournalError> {
         match self {
-            Journal::Memory(j) => j.claim(guid, tx_code, fingerprint, url, now_ms),
-            Journal::Sqlite(j) => Box::pin(j.claim(guid, tx_code, fingerprint, url, now_ms)).await,
+            Journal::Memory(j) => j.claim_to(guid, tx_code, fingerprint, to, now_ms),
+            Journal::Sqlite(j) => {
+                Box::pin(j.claim_to(guid, tx_code, fingerprint, to, now_ms)).await
+            }
             Journal::Postgres(j) => {
-                Box::pin(j.claim(guid, tx_code, fingerprint, url, now_ms)).await
+                Box::pin(j.claim_to(guid, tx_code, fingerprint, to, now_ms)).await
             }
         }
     }
 
     /// Claims a "not sent" GUID for attempt `attempts + 1`; false if its row
     /// is no longer "not sent" with that many attempts (someone else resent it).
-    /// `url` is where the new attempt will be sent.
+    /// `url` is where the new attempt will be sent; no grace is stamped.
     pub async fn claim_resend(
         &self,
         guid: &str,
@@ -381,10 +423,22 @@ impl Journal {
         url: &str,
         now_ms: i64,
     ) -> Result<bool, JournalError> {
+        self.claim_resend_to(guid, attempts, AttemptTo::url(url), now_ms)
+            .await
+    }
+
+    /// [`Journal::claim_resend`], the new attempt going `to`, with its grace.
+    pub async fn claim_resend_to(
+        &self,
+        guid: &str,
+        attempts: u32,
+        to: AttemptTo<'_>,
+        now_ms: i64,
+    ) -> Result<bool, JournalError> {
         match self {
-            Journal::Memory(j) => j.claim_resend(guid, attempts, url, now_ms),
-            Journal::Sqlite(j) => j.claim_resend(guid, attempts, url, now_ms).await,
-            Journal::Postgres(j) => Box::pin(j.claim_resend(guid, attempts, url, now_ms)).await,
+            Journal::Memory(j) => j.claim_resend_to(guid, attempts, to, now_ms),
+            Journal::Sqlite(j) => j.claim_resend_to(guid, attempts, to, now_ms).await,
+            Journal::Postgres(j) => Box::pin(j.claim_resend_to(guid, attempts, to, now_ms)).await,
         }
     }
 

@@ -54,7 +54,7 @@ use std::time::Duration;
 use deadpool_postgres::{Pool, PoolError, TimeoutType};
 use tokio_postgres::Row as PgRow;
 
-use super::{Claim, Event, Finish, JournalError, Row, State};
+use super::{AttemptTo, Claim, Event, Finish, JournalError, Row, State};
 use crate::metric_names;
 use liveness::OWNER_DEAD;
 pub use liveness::{HubLiveness, Liveness, LivenessSettings, MIN_FENCE_MARGIN_MS};
@@ -73,7 +73,10 @@ pub const PRUNE_BATCH: usize = 2_000;
 const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 const ROW_COLUMNS: &str = "guid, tx_code, fingerprint, state, code, answer, attempts, \
-     last_attempt_ms, answered_ms, last_error, created_ms, updated_ms, url";
+     last_attempt_ms, answered_ms, last_error, created_ms, updated_ms, url, grace_ms";
+
+/// The column after [`ROW_COLUMNS`] in a statement that adds one.
+const AFTER_ROW: usize = 14;
 
 /// A handle on the shared journal; clones share one connection pool.
 #[derive(Clone)]
@@ -306,6 +309,20 @@ impl PgJournal {
         url: &str,
         now_ms: i64,
     ) -> Result<Claim, JournalError> {
+        self.claim_to(guid, tx_code, fingerprint, AttemptTo::url(url), now_ms)
+            .await
+    }
+
+    /// [`PgJournal::claim`], stamping the attempt's grace.
+    pub async fn claim_to(
+        &self,
+        guid: &str,
+        tx_code: &str,
+        fingerprint: &str,
+        to: AttemptTo<'_>,
+        now_ms: i64,
+    ) -> Result<Claim, JournalError> {
+        let (url, grace_ms) = (to.url, to.grace_ms);
         self.bounded(true, async |c| {
             // One statement: the row and its first event, or nothing when the
             // GUID exists. A concurrent insert of the same GUID makes this one
@@ -314,9 +331,10 @@ impl PgJournal {
                 .prepare_cached(&format!(
                     "WITH ins AS ( \
                        INSERT INTO relayhub_journal (guid, tx_code, fingerprint, state, attempts, \
-                         last_attempt_ms, created_ms, updated_ms, owner, lease_until_ms, url) \
+                         last_attempt_ms, created_ms, updated_ms, owner, lease_until_ms, url, \
+                         grace_ms) \
                        VALUES ($1::text, $2::text, $3::text, 'sending', 1, {DB_NOW}, $4::bigint, \
-                         $4, $5::text, {DB_NOW} + $6::bigint, $7::text) \
+                         $4, $5::text, {DB_NOW} + $6::bigint, $7::text, $8::bigint) \
                        ON CONFLICT (guid) DO NOTHING RETURNING guid), \
                      ev AS ( \
                        INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
@@ -335,6 +353,7 @@ impl PgJournal {
                         &self.hub_id,
                         &self.lease(),
                         &url,
+                        &grace_ms,
                     ],
                 )
                 .await?
@@ -375,7 +394,7 @@ impl PgJournal {
                 .await?;
             match rows.first() {
                 Some(r) => {
-                    let taken_over: bool = r.try_get(13)?;
+                    let taken_over: bool = r.try_get(AFTER_ROW)?;
                     if taken_over {
                         metrics::counter!(metric_names::JOURNAL_TAKEOVERS).increment(1);
                     }
@@ -398,6 +417,19 @@ impl PgJournal {
         url: &str,
         now_ms: i64,
     ) -> Result<bool, JournalError> {
+        self.claim_resend_to(guid, attempts, AttemptTo::url(url), now_ms)
+            .await
+    }
+
+    /// [`PgJournal::claim_resend`], stamping the new attempt's grace.
+    pub async fn claim_resend_to(
+        &self,
+        guid: &str,
+        attempts: u32,
+        to: AttemptTo<'_>,
+        now_ms: i64,
+    ) -> Result<bool, JournalError> {
+        let (url, grace_ms) = (to.url, to.grace_ms);
         let attempts = i32::try_from(attempts)
             .map_err(|_| JournalError::Write(format!("attempt count {attempts} out of range")))?;
         self.bounded(true, async |c| {
@@ -408,7 +440,8 @@ impl PgJournal {
                     "WITH up AS ( \
                        UPDATE relayhub_journal SET state = 'sending', attempts = attempts + 1, \
                          last_attempt_ms = {DB_NOW}, updated_ms = $2::bigint, owner = $4::text, \
-                         lease_until_ms = {DB_NOW} + $5::bigint, url = $6::text \
+                         lease_until_ms = {DB_NOW} + $5::bigint, url = $6::text, \
+                         grace_ms = $7::bigint \
                        WHERE guid = $1::text AND state = 'not_sent' AND attempts = $3::integer \
                        RETURNING guid, attempts), \
                      ev AS ( \
@@ -421,7 +454,15 @@ impl PgJournal {
             let changed: i64 = c
                 .query_one(
                     &st,
-                    &[&guid, &now_ms, &attempts, &self.hub_id, &self.lease(), &url],
+                    &[
+                        &guid,
+                        &now_ms,
+                        &attempts,
+                        &self.hub_id,
+                        &self.lease(),
+                        &url,
+                        &grace_ms,
+                    ],
                 )
                 .await?
                 .get(0);
@@ -739,6 +780,7 @@ fn read_row(r: &PgRow) -> Result<Row, Fail> {
         created_ms: r.try_get(10)?,
         updated_ms: r.try_get(11)?,
         url: r.try_get(12)?,
+        grace_ms: r.try_get(13)?,
     })
 }
 

@@ -56,7 +56,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Claim, Event, Finish, JournalError, Row, State};
+use super::{AttemptTo, Claim, Event, Finish, JournalError, Row, State};
 use crate::stash;
 use writer::{FnTask, Msg, Task};
 
@@ -85,7 +85,7 @@ pub struct SqliteJournal {
 }
 
 const ROW_COLUMNS: &str = "guid, tx_code, fingerprint, state, code, answer, attempts, \
-     last_attempt_ms, answered_ms, last_error, created_ms, updated_ms, url";
+     last_attempt_ms, answered_ms, last_error, created_ms, updated_ms, url, grace_ms";
 
 impl SqliteJournal {
     /// Opens (creating if absent) the journal at `path`, and starts its writer,
@@ -272,25 +272,47 @@ impl SqliteJournal {
         url: &str,
         now_ms: i64,
     ) -> Result<Claim, JournalError> {
-        let (guid, tx_code, fingerprint, url) = (
+        self.claim_to(guid, tx_code, fingerprint, AttemptTo::url(url), now_ms)
+            .await
+    }
+
+    /// [`SqliteJournal::claim`], stamping the attempt's grace.
+    pub async fn claim_to(
+        &self,
+        guid: &str,
+        tx_code: &str,
+        fingerprint: &str,
+        to: AttemptTo<'_>,
+        now_ms: i64,
+    ) -> Result<Claim, JournalError> {
+        let (guid, tx_code, fingerprint, url, grace_ms) = (
             guid.to_owned(),
             tx_code.to_owned(),
             fingerprint.to_owned(),
-            url.to_owned(),
+            to.url.to_owned(),
+            to.grace_ms,
         );
         self.call(true, move |c| {
             let inserted = c
                 .prepare_cached(
                     "INSERT INTO journal (guid, tx_code, fingerprint, state, attempts, \
-                     last_attempt_ms, created_ms, updated_ms, url) \
-                     VALUES (?1, ?2, ?3, 'sending', 1, ?4, ?4, ?4, ?5) ON CONFLICT (guid) DO NOTHING",
+                     last_attempt_ms, created_ms, updated_ms, url, grace_ms) \
+                     VALUES (?1, ?2, ?3, 'sending', 1, ?4, ?4, ?4, ?5, ?6) \
+                     ON CONFLICT (guid) DO NOTHING",
                 )?
-                .execute(params![guid, tx_code, fingerprint, now_ms, url])?;
+                .execute(params![guid, tx_code, fingerprint, now_ms, url, grace_ms])?;
             if inserted == 0 {
                 let row = select_row(c, &guid)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
                 return Ok(Claim::Existing(row));
             }
-            add_event(c, c.last_insert_rowid(), now_ms, State::Sending, None, "attempt 1")?;
+            add_event(
+                c,
+                c.last_insert_rowid(),
+                now_ms,
+                State::Sending,
+                None,
+                "attempt 1",
+            )?;
             Ok(Claim::New)
         })
         .await
@@ -305,15 +327,27 @@ impl SqliteJournal {
         url: &str,
         now_ms: i64,
     ) -> Result<bool, JournalError> {
-        let (guid, url) = (guid.to_owned(), url.to_owned());
+        self.claim_resend_to(guid, attempts, AttemptTo::url(url), now_ms)
+            .await
+    }
+
+    /// [`SqliteJournal::claim_resend`], stamping the new attempt's grace.
+    pub async fn claim_resend_to(
+        &self,
+        guid: &str,
+        attempts: u32,
+        to: AttemptTo<'_>,
+        now_ms: i64,
+    ) -> Result<bool, JournalError> {
+        let (guid, url, grace_ms) = (guid.to_owned(), to.url.to_owned(), to.grace_ms);
         self.call(true, move |c| {
             let changed: Option<i64> = c
                 .prepare_cached(
                     "UPDATE journal SET state = 'sending', attempts = attempts + 1, \
-                     last_attempt_ms = ?2, updated_ms = ?2, url = ?4 \
+                     last_attempt_ms = ?2, updated_ms = ?2, url = ?4, grace_ms = ?5 \
                      WHERE guid = ?1 AND state = 'not_sent' AND attempts = ?3 RETURNING id",
                 )?
-                .query_row(params![guid, now_ms, attempts, url], |r| r.get(0))
+                .query_row(params![guid, now_ms, attempts, url, grace_ms], |r| r.get(0))
                 .optional()?;
             let Some(id) = changed else {
                 return Ok(false);
@@ -588,6 +622,7 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         created_ms: r.get(10)?,
         updated_ms: r.get(11)?,
         url: r.get(12)?,
+        grace_ms: r.get(13)?,
     })
 }
 

@@ -20,6 +20,9 @@ use crate::outcome::{Code, CodeTable, Outcome, classify_inquiry, inquiry_is_retr
 use crate::rules::{Route, Rules};
 
 /// The hub's record of the GUID asked about.
+// One per inquiry, on its task's stack for the inquiry's life: a box would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
 enum Record {
     Known(Option<Row>),
     /// The journal did not answer in time: a "never received" cannot be judged.
@@ -79,7 +82,7 @@ pub(super) async fn run(
                         call_running,
                         asked_attempt_url,
                         attempt_age,
-                        wire_grace: target.wire_grace,
+                        wire_grace: settle::grace_for(target, row),
                     }),
                     Err(_) => Verdict::NoProof("the journal's clock could not be read"),
                 }
@@ -234,6 +237,27 @@ mod tests {
             fields.as_object().unwrap(),
         )
         .unwrap()
+    }
+
+    /// A transfer's claim stamps its target's wire grace on the row, so
+    /// that whoever later judges a "never received" about it waits at least
+    /// that long.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_transfer_stamps_its_targets_grace() {
+        let (_core, hub) = core_and_hub().await;
+        let guid = "20261203IBANK00000000000STAMP001";
+        let trf = telegram(
+            "TRF001",
+            guid,
+            serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
+                "to_account": "1002003004002", "amount": 1000, "memo": "x" }),
+        );
+        let peer = std::net::IpAddr::from([127, 0, 0, 1]);
+        let (_, reply) = hub.handle(&trf, peer, None, Instant::now()).await;
+        assert_eq!(reply.code, Code::OK);
+        let row = hub.journal.get(guid).await.unwrap().unwrap();
+        assert_eq!(row.grace_ms, Some(hub.targets()[0].grace_ms()));
+        assert!(row.grace_ms > Some(0));
     }
 
     /// The core's "never received" about a GUID whose transfer this hub

@@ -111,6 +111,19 @@ pub(super) fn ask_where<'a>(
     elsewhere.unwrap_or((target, pin, false))
 }
 
+/// The wire grace a "never received" about `row`'s latest attempt must wait
+/// out: the asking target's, or the one the attempt was stamped with when
+/// longer (a hub or a reconcile with a shorter grace than the hub that made
+/// the attempt must not settle it while its request may still be on its way).
+pub(super) fn grace_for(target: &Target, row: &Row) -> Duration {
+    let stamped = row
+        .grace_ms
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map(Duration::from_millis)
+        .unwrap_or_default();
+    target.wire_grace.max(stamped)
+}
+
 /// How old the row's latest attempt is, on the clock the journal stamped it
 /// with (the database's for a shared journal: hubs' clocks may differ), read
 /// within the telegram's deadline. Err: the clock could not be read, so a
@@ -182,7 +195,7 @@ pub(super) async fn after_unknown(
                     call_running: hub.late_calls.running(guid),
                     asked_attempt_url,
                     attempt_age,
-                    wire_grace: target.wire_grace,
+                    wire_grace: grace_for(target, row),
                 };
                 match judge_never_received(&facts) {
                     Verdict::NeverReceived => Outcome::NeverReceived,
@@ -498,6 +511,45 @@ mod tests {
         assert_eq!(state(orphan).await, State::NotSent);
         assert_eq!(state(led).await, State::Sending);
         drop(lead);
+    }
+
+    /// An attempt stamped with a longer grace than the asking hub's (made
+    /// by a hub, or before a restart, with a longer late-answer window) is
+    /// not settled by "never received" until that grace has passed; one
+    /// stamped with a grace that has passed, or none, is (before, the
+    /// asker's own grace decided, and the next resend could post while the
+    /// first request was still on its way; found by a black-box probe).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn never_received_waits_out_the_grace_the_attempt_was_stamped_with() {
+        let (core, hub) = super::super::core_and_hub().await;
+        // Two minutes ago: past this hub's grace (budget + window + 5 s).
+        let long_ago = now_ms() - 120_000;
+        let cases = [
+            ("20261203IBANK000000000000GRACE01", Some(600_000), "E901"),
+            ("20261203IBANK000000000000GRACE02", Some(60_000), "E904"),
+            ("20261203IBANK000000000000GRACE03", None, "E904"),
+        ];
+        for (g, grace_ms, _) in cases {
+            let to = crate::journal::AttemptTo {
+                url: &core.url(),
+                grace_ms,
+            };
+            hub.journal
+                .claim_to(g, "TRF001", "fingerprint", to, long_ago)
+                .await
+                .unwrap();
+        }
+        let report = hub.reconcile().await.unwrap();
+        let mut got: Vec<(&str, &str)> = report
+            .iter()
+            .map(|(g, c)| (g.as_str(), c.as_str()))
+            .collect();
+        got.sort();
+        let want: Vec<(&str, &str)> = cases.iter().map(|(g, _, c)| (*g, *c)).collect();
+        assert_eq!(got, want);
+        let row = hub.journal.get(cases[0].0).await.unwrap().unwrap();
+        assert_eq!(row.grace_ms, Some(600_000));
+        assert_eq!(row.state, State::Sending, "still in doubt");
     }
 
     /// An unknown row whose tx code lost its route (a reload took it away)

@@ -16,7 +16,7 @@ use super::reply::{describe, finish_of, replay, reply_for, reply_to_transfer};
 use super::{Deadline, Hub, Reply, settle};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target};
 use crate::header::Header;
-use crate::journal::{Claim, Finish, Row, State, now_ms};
+use crate::journal::{AttemptTo, Claim, Finish, Row, State, now_ms};
 use crate::layout::DecodedFields;
 use crate::metric_names;
 use crate::outcome::{Code, Outcome};
@@ -160,9 +160,11 @@ impl Transfer<'_> {
             let now = now_ms();
             // Attempt 1 (and every resend) starts at the first URL.
             let url = self.target.url_for(0);
+            let grace_ms = Some(self.target.grace_ms());
             let claim = if let Some(store) = self.hub.journal.at_once() {
                 let (g, tx, fp) = (self.guid(), &self.header.tx_code, self.fingerprint);
-                match bounded::at_once(|| store.claim(g, tx, fp, url, now)) {
+                let to = AttemptTo { url, grace_ms };
+                match bounded::at_once(|| store.claim_to(g, tx, fp, to, now)) {
                     Ok(claim) => Bounded::Done(claim),
                     Err(panic) => Bounded::Failed(panic),
                 }
@@ -175,7 +177,8 @@ impl Transfer<'_> {
                     url.to_string(),
                 );
                 bounded::within(self.deadline.work, async move {
-                    journal.claim(&g, &tx, &fp, &u, now).await
+                    let to = AttemptTo { url: &u, grace_ms };
+                    journal.claim_to(&g, &tx, &fp, to, now).await
                 })
                 .await
             };
@@ -279,8 +282,10 @@ impl Transfer<'_> {
             row.attempts,
             self.target.url_for(0).to_string(),
         );
+        let grace_ms = Some(self.target.grace_ms());
         let claimed = bounded::within(self.deadline.work, async move {
-            journal.claim_resend(&g, attempts, &u, now).await
+            let to = AttemptTo { url: &u, grace_ms };
+            journal.claim_resend_to(&g, attempts, to, now).await
         })
         .await;
         match claimed {

@@ -258,7 +258,7 @@ async fn a_version_4_journal_keeps_the_one_rule_after_the_upgrade() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 5, "migrated by the hub");
+    assert_eq!(version, 6, "migrated by the hub to the newest schema");
 
     let j = Journal::open(journal.to_str().unwrap(), 16)
         .await

@@ -36,6 +36,7 @@ fn full_config() -> Config {
     c.journal.retention_ms = Some(5_000);
     let mut t = TargetConfig::with_url("core", "http://127.0.0.1:8080");
     t.connect_timeout_ms = Some(500);
+    t.queue_wait_ms = Some(100);
     t.wire_grace_ms = Some(35_000);
     t.ca_file = Some("/etc/relayhub/core-ca.pem".into());
     t.client_cert_file = Some("/etc/relayhub/hub.pem".into());
@@ -218,7 +219,11 @@ fn config_reference_defaults_match_the_code() {
             "max_concurrency",
             t.max_concurrency.to_string(),
         ),
-        ("[[target]]", "queue_wait_ms", t.queue_wait_ms.to_string()),
+        (
+            "[[target]]",
+            "queue_wait_ms",
+            relayhub::config::DEFAULT_QUEUE_WAIT_MS.to_string(),
+        ),
         (
             "[[target]]",
             "connect_attempts",

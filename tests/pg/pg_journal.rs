@@ -146,6 +146,54 @@ async fn claim_resend_is_a_compare_and_set_across_hubs() {
     assert!(notes[2].starts_with("attempt 2 by hub hub-"), "{notes:?}");
 }
 
+/// A claim and a resend's claim stamp the attempt's grace on the row, which
+/// every hub reads, a takeover's too (schema version 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_stamp_the_attempts_grace_for_every_hub() {
+    use relayhub::journal::AttemptTo;
+    let Some(base) = test_db() else { return };
+    let (url, a, b) = two_hubs(&base, "grace", 60_000).await;
+    let to = |grace_ms| AttemptTo {
+        url: "http://core",
+        grace_ms,
+    };
+    assert_eq!(
+        a.claim_to("g", "TRF001", "fp", to(Some(38_000)), 10)
+            .await
+            .unwrap(),
+        Claim::New
+    );
+    expire_lease(&url, "g").await;
+    let Claim::Existing(row) = b
+        .claim_to("g", "TRF001", "fp", to(Some(5_000)), 20)
+        .await
+        .unwrap()
+    else {
+        panic!("the GUID exists")
+    };
+    assert_eq!((row.state, row.grace_ms), (State::Unknown, Some(38_000)));
+    assert!(
+        b.finish_if(
+            "g",
+            &[State::Unknown],
+            finish(State::NotSent, "E904", "never received"),
+            30
+        )
+        .await
+        .unwrap()
+    );
+    assert!(
+        b.claim_resend_to("g", 1, to(Some(90_000)), 40)
+            .await
+            .unwrap()
+    );
+    assert_eq!(a.get("g").await.unwrap().unwrap().grace_ms, Some(90_000));
+    b.claim("plain", "TRF001", "fp", "http://core", 50)
+        .await
+        .unwrap();
+    assert_eq!(a.get("plain").await.unwrap().unwrap().grace_ms, None);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_events_and_conditional_finish_round_trip() {
     let Some(base) = test_db() else { return };

@@ -14,6 +14,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0002_attempt_url.sql"),
     include_str!("../../../migrations/postgres/0003_prune_index.sql"),
     include_str!("../../../migrations/postgres/0004_liveness.sql"),
+    include_str!("../../../migrations/postgres/0005_attempt_grace.sql"),
 ];
 
 /// The newest schema version this build reads and writes.

@@ -19,6 +19,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0003_prune_index.sql"),
     include_str!("../../../migrations/sqlite/0004_state_checks.sql"),
     include_str!("../../../migrations/sqlite/0005_events_by_row_id.sql"),
+    include_str!("../../../migrations/sqlite/0006_attempt_grace.sql"),
 ];
 
 /// The newest schema version this build reads and writes.

@@ -98,6 +98,7 @@ async fn claim_new_then_existing() {
             created_ms: 100,
             updated_ms: 100,
             url: Some("http://core".into()),
+            grace_ms: None,
         }
     );
     // A repeat, even with another body, gets the stored row untouched.
@@ -2436,4 +2437,42 @@ async fn a_command_stashed_by_a_poll_that_ends_its_future_is_marked_to_run() {
     (stashed.work)();
     assert!(late.await.unwrap().unwrap(), "the outcome was recorded");
     assert_eq!(j.get("g1").await.unwrap().unwrap().state, State::Done);
+}
+
+/// A claim and a resend's claim stamp the attempt's grace on the row, and a
+/// claim without one leaves it empty (schema version 6).
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_stamp_the_attempts_grace() {
+    use crate::journal::AttemptTo;
+    let (_dir, j) = fresh();
+    let to = |grace_ms| AttemptTo {
+        url: "http://core",
+        grace_ms,
+    };
+    j.claim_to("g1", "TRF001", "fp", to(Some(38_000)), 100)
+        .await
+        .unwrap();
+    j.claim("g2", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
+    let grace = |g: &'static str| {
+        let j = j.clone();
+        async move { j.get(g).await.unwrap().unwrap().grace_ms }
+    };
+    assert_eq!((grace("g1").await, grace("g2").await), (Some(38_000), None));
+    let not_sent = Finish {
+        state: State::NotSent,
+        code: "E902".into(),
+        answer: None,
+        error: None,
+        note: "not sent".into(),
+        attempt: None,
+    };
+    j.finish("g1", not_sent, 200).await.unwrap();
+    assert!(
+        j.claim_resend_to("g1", 1, to(Some(90_000)), 300)
+            .await
+            .unwrap()
+    );
+    assert_eq!(grace("g1").await, Some(90_000));
 }

@@ -1,0 +1,8 @@
+-- Schema version 5: the wire grace (ms) of the hub that made the latest
+-- attempt, stamped by its claim. A "never received" proves nothing about the
+-- attempt before that much time has passed, whichever hub asks: a hub with a
+-- shorter late-answer window (a rolling config change, a restart, or
+-- `journal reconcile` with another config) must not settle an attempt made
+-- under a longer one while its request may still be on its way. NULL for rows
+-- claimed before this version.
+ALTER TABLE relayhub_journal ADD COLUMN grace_ms bigint CHECK (grace_ms IS NULL OR grace_ms >= 0);
