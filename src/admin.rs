@@ -271,8 +271,8 @@ async fn readyz(State(s): State<AdminState>) -> (StatusCode, String) {
             "journal failed: every transfer is refused until a restart (see the log)\n".into(),
         );
     }
-    // Draining: the telegram listener is closed, so a balancer's new
-    // connections already go elsewhere. Still 200: a balancer that marks a
+    // Draining: the telegram listener is closed, so its connects are
+    // refused and a balancer retries them elsewhere. Still 200: a balancer that marks a
     // server down on a failed check and cuts its sessions (HAProxy's
     // `on-marked-down shutdown-sessions`, docs/scale-out.md) would cut the
     // connections whose answers the drain is finishing. The body says so.

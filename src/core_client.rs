@@ -488,6 +488,10 @@ pub struct Target {
     late_window: Duration,
     /// How old an attempt must be before "never received" is proof.
     pub wire_grace: Duration,
+    /// `wire_grace` stands in for a grace not known here (an offline
+    /// reconcile without the hub's config): an attempt stamped with its own
+    /// grace is judged by that alone.
+    pub wire_grace_is_fallback: bool,
     bulkhead: Arc<Semaphore>,
     max_concurrency: usize,
     queue_wait: Duration,
@@ -588,6 +592,7 @@ impl Target {
             connect_timeout: cfg.effective_connect_timeout(budget),
             late_window: Duration::from_millis(cfg.late_answer_window_ms),
             wire_grace: cfg.effective_wire_grace(budget),
+            wire_grace_is_fallback: false,
             bulkhead: Arc::new(Semaphore::new(cfg.max_concurrency)),
             max_concurrency: cfg.max_concurrency,
             queue_wait: cfg.effective_queue_wait(budget),

@@ -80,10 +80,15 @@ pub struct Source {
 impl Source {
     /// Reads the file (or the defaults), applies the flags, checks the result.
     pub fn load(&self) -> Result<Config, ConfigError> {
-        let mut config = match &self.file {
+        let config = match &self.file {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),
         };
+        self.finish(config)
+    }
+
+    /// The flags applied to `config` (read from this source), then checked.
+    fn finish(&self, mut config: Config) -> Result<Config, ConfigError> {
         config.apply(&self.overrides);
         config.validate(&self.name())?;
         Ok(config)
@@ -95,10 +100,36 @@ impl Source {
     /// token.)
     pub fn load_to_serve(&self) -> Result<Config, ConfigError> {
         let config = self.load()?;
+        self.with_admin_token(config)
+    }
+
+    /// `config`, once the admin token it names (if it has an admin
+    /// listener) can be read.
+    fn with_admin_token(&self, config: Config) -> Result<Config, ConfigError> {
         if config.server.admin_listen.is_some() {
             self.admin_token(&config)?;
         }
         Ok(config)
+    }
+
+    /// [`Source::load_to_serve`] for a reload: the file is read once, and
+    /// refused when empty or blank before those same bytes are parsed (an
+    /// editor that truncates it between two reads cannot slip an empty file
+    /// in).
+    fn load_to_reload(&self) -> Result<Config, ReloadError> {
+        let Some(path) = &self.file else {
+            return Ok(self.load_to_serve()?);
+        };
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            file: name.clone(),
+            source,
+        })?;
+        if text.trim().is_empty() {
+            return Err(ReloadError::EmptyFile(path.clone()));
+        }
+        let config = self.finish(Config::from_toml(&name, &text)?)?;
+        Ok(self.with_admin_token(config)?)
     }
 
     /// The admin token `config` names (read from its file or variable), a
@@ -303,17 +334,6 @@ impl Daemon {
         &self.hub
     }
 
-    /// A reload refuses a config file that is empty or blank. (Unreadable:
-    /// the load says why.)
-    fn refuse_blank_file(&self) -> Result<(), ReloadError> {
-        match &self.source.file {
-            Some(path) if std::fs::read(path).is_ok_and(|b| b.trim_ascii().is_empty()) => {
-                Err(ReloadError::EmptyFile(path.clone()))
-            }
-            _ => Ok(()),
-        }
-    }
-
     /// Re-reads routes, layouts, channels, the code table, the TLS listener's
     /// certificate, key and client CA, and the targets' certificate files.
     /// All are read and checked before any is put in force: an invalid new
@@ -328,31 +348,28 @@ impl Daemon {
     /// are returned, and logged, with their running and new values. An empty
     /// or blank file is refused: most likely caught while being written.
     pub fn reload(&self) -> Result<Reloaded, ReloadError> {
-        let result = self
-            .refuse_blank_file()
-            .and_then(|()| self.source.load_to_serve().map_err(ReloadError::from))
-            .and_then(|config| {
-                let rules = Rules::build(&config, &self.target_names)?;
-                // The running listener takes the new files; a TLS listener
-                // added or removed waits for a restart (`tls_listen`).
-                let tls = match (&self.tls, &config.server.tls_listen) {
-                    (Some(_), Some(_)) => Some(channel_tls::server_config(&config.server)?),
-                    // A listener added waits for a restart, which must find
-                    // its files.
-                    (None, Some(_)) => {
-                        channel_tls::server_config(&config.server)?;
-                        None
-                    }
-                    _ => None,
-                };
-                let target_tls = read_tls(&config, self.hub.targets())?;
-                Ok((
-                    rules,
-                    tls,
-                    target_tls,
-                    restart_only_changes(&self.started, &config),
-                ))
-            });
+        let result = self.source.load_to_reload().and_then(|config| {
+            let rules = Rules::build(&config, &self.target_names)?;
+            // The running listener takes the new files; a TLS listener
+            // added or removed waits for a restart (`tls_listen`).
+            let tls = match (&self.tls, &config.server.tls_listen) {
+                (Some(_), Some(_)) => Some(channel_tls::server_config(&config.server)?),
+                // A listener added waits for a restart, which must find
+                // its files.
+                (None, Some(_)) => {
+                    channel_tls::server_config(&config.server)?;
+                    None
+                }
+                _ => None,
+            };
+            let target_tls = read_tls(&config, self.hub.targets())?;
+            Ok((
+                rules,
+                tls,
+                target_tls,
+                restart_only_changes(&self.started, &config),
+            ))
+        });
         match result {
             Ok((rules, tls, target_tls, restart_pending)) => {
                 for (target, material) in target_tls {
@@ -526,6 +543,8 @@ pub fn restart_only_changes(running: &Config, file: &Config) -> Vec<PendingKey> 
             let show = |v: Option<&String>| match v {
                 None => "unset".to_string(),
                 Some(_) if k.contains(".auth.") => "hidden".to_string(),
+                // A PostgreSQL URL may carry a password.
+                Some(v) if k == "journal.path" => crate::journal::postgres::redact(v),
                 Some(v) => v.clone(),
             };
             PendingKey {

@@ -703,13 +703,16 @@ async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
             // A fresh queue has room and a permit (the limit is at least
             // one); a writer that already stopped is seen by the caller's
             // next send.
-            if let Ok(permit) = queue.permits.clone().try_acquire_owned() {
-                let task = tokio::spawn(handling.in_current_span());
-                let _ = queue
-                    .tx
-                    .send(Answer::Telegram(task, echo, guard, permit))
-                    .await;
-            }
+            let permit = queue
+                .permits
+                .clone()
+                .try_acquire_owned()
+                .expect("a fresh queue has every permit, and the limit is at least one");
+            let task = tokio::spawn(handling.in_current_span());
+            let _ = queue
+                .tx
+                .send(Answer::Telegram(task, echo, guard, permit))
+                .await;
         }
     }
     queue.as_ref()
@@ -1113,7 +1116,12 @@ async fn write_answers<W: AsyncWrite + Unpin>(
                 drop(permit);
                 match then {
                     Then::GoOn => {}
-                    Then::Gone => break,
+                    // Closed first: the permit just freed must not let the
+                    // reader start a telegram nobody would answer.
+                    Then::Gone => {
+                        rx.close();
+                        break;
+                    }
                     // The reader queues no more; the telegrams it already
                     // queued (pipelined behind this one) are answered
                     // before the close, as the log counts them.

@@ -516,12 +516,16 @@ impl PgJournal {
         self.bounded(true, async |c| {
             // A final answer or "not sent" ends the owner's call: the lease
             // goes. "Unknown" keeps it: the call may go on for late answers.
+            // `updated_ms`, which the retention counts from on the
+            // database's clock, is never earlier than that clock: a hub
+            // whose own clock runs behind must not write rows that every
+            // hub's prune takes at once.
             let st = c
                 .prepare_cached(&format!(
                     "WITH up AS ( \
                        UPDATE relayhub_journal j SET state = $2::text, code = $3::text, \
                          answer = $4::bytea, last_error = coalesce($5::text, last_error), \
-                         answered_ms = $6::bigint, updated_ms = $6, \
+                         answered_ms = $6::bigint, updated_ms = GREATEST($6, {DB_NOW}), \
                          lease_until_ms = CASE WHEN $2 IN ('done', 'not_sent') THEN NULL \
                                                ELSE lease_until_ms END \
                        WHERE guid = $1::text \
@@ -797,8 +801,28 @@ pub fn check_url(url: &str, longest_call_ms: u64) -> Result<(), String> {
     lease_covers(s.lease_ms, longest_call_ms)
 }
 
-/// The URL without its password, for messages and logs.
+/// The URL without its password (in the user info, or a `password=` query
+/// parameter), for messages and logs.
 pub fn redact(url: &str) -> String {
+    match url.split_once('?') {
+        Some((base, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((key, _)) if key.eq_ignore_ascii_case("password") => {
+                        format!("{key}=***")
+                    }
+                    _ => pair.to_string(),
+                })
+                .collect();
+            format!("{}?{}", redact_userinfo(base), query.join("&"))
+        }
+        None => redact_userinfo(url),
+    }
+}
+
+/// `url` (no query) without the password of its user info.
+fn redact_userinfo(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -831,7 +855,21 @@ mod tests {
             "postgres://hub:***@db:5432/j?hub_id=a"
         );
         assert_eq!(redact("postgres://hub@db/j"), "postgres://hub@db/j");
+        assert_eq!(
+            redact("postgres://hub@db/j?password=s3cret&hub_id=a"),
+            "postgres://hub@db/j?password=***&hub_id=a"
+        );
+        assert_eq!(
+            redact("postgres://hub:pw@db/j?hub_id=a&Password=x"),
+            "postgres://hub:***@db/j?hub_id=a&Password=***"
+        );
         assert_eq!(redact("postgresql://db/j"), "postgresql://db/j");
+    }
+
+    /// The takeover's flag is read right after the row's columns.
+    #[test]
+    fn the_column_after_a_row_follows_the_row_columns() {
+        assert_eq!(ROW_COLUMNS.split(',').count(), AFTER_ROW);
     }
 
     #[test]

@@ -89,7 +89,9 @@ pub(super) fn ask_plan<'a>(
 /// route to another target since the attempt; then the target that still
 /// has that URL, so that its "never received" can be proof and its final
 /// answer settles the row (before, the new target was asked, and the row
-/// stayed unknown for as long as the route pointed there).
+/// stayed unknown for as long as the route pointed there). A row from before
+/// URLs were journaled names no URL to look for: the route's target is
+/// asked, as [`ask_plan`] says.
 pub(super) fn ask_where<'a>(
     hub: &'a Hub,
     route: &Route,
@@ -115,13 +117,19 @@ pub(super) fn ask_where<'a>(
 /// out: the asking target's, or the one the attempt was stamped with when
 /// longer (a hub or a reconcile with a shorter grace than the hub that made
 /// the attempt must not settle it while its request may still be on its way).
+/// Where the target's grace only stands in for one not known (an offline
+/// reconcile without the hub's config), a stamped attempt's own grace is
+/// enough: no call of this process can be running.
 pub(super) fn grace_for(target: &Target, row: &Row) -> Duration {
     let stamped = row
         .grace_ms
         .and_then(|ms| u64::try_from(ms).ok())
-        .map(Duration::from_millis)
-        .unwrap_or_default();
-    target.wire_grace.max(stamped)
+        .map(Duration::from_millis);
+    match stamped {
+        Some(stamped) if target.wire_grace_is_fallback => stamped,
+        Some(stamped) => target.wire_grace.max(stamped),
+        None => target.wire_grace,
+    }
 }
 
 /// How old the row's latest attempt is, on the clock the journal stamped it

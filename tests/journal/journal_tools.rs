@@ -433,6 +433,54 @@ async fn reconcile_without_the_config_does_not_guess_the_wire_grace() {
     assert_eq!(core.stats().post, 0);
 }
 
+/// Offline without the hub's config, an attempt that carries the grace it
+/// was made under is judged by that grace: settled E904 once it has passed,
+/// E901 while it has not (the hint on stderr says so). Only an attempt of an
+/// older build, with no grace on its row, waits the longest grace a config
+/// can give.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_without_the_config_takes_the_grace_an_attempt_carries() {
+    use relayhub::journal::{AttemptTo, Finish, Journal, State, now_ms};
+    let core = start_core().await;
+    let url = core.url();
+    let dir = TempDir::new("tools-stamped");
+    let file = dir.join("journal.db");
+    let (passed, running) = (guid("STAMPA"), guid("STAMPB"));
+    {
+        let j = Journal::open(path_str(&file), 8).await.expect("journal");
+        let attempt = now_ms() - 40_000;
+        for (g, grace_ms) in [(&passed, 30_000), (&running, 90_000)] {
+            let to = AttemptTo {
+                url: &url,
+                grace_ms: Some(grace_ms),
+            };
+            j.claim_to(g, "TRF001", "fp", to, attempt).await.unwrap();
+            let f = Finish {
+                state: State::Unknown,
+                code: "E901".into(),
+                answer: None,
+                error: Some("read timeout".into()),
+                note: "attempt 1: unknown".into(),
+                attempt: None,
+            };
+            j.finish(g, f, attempt + 3_000).await.unwrap();
+        }
+    }
+    let out = relayhub(&[
+        "journal",
+        "--journal",
+        path_str(&file),
+        "reconcile",
+        "--core-url",
+        &url,
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains(&format!("{passed}  E904")), "{out:?}");
+    assert!(out.stdout.contains(&format!("{running}  E901")), "{out:?}");
+    assert!(out.stderr.contains("without --config"), "{out:?}");
+    assert_eq!(core.stats().post, 0);
+}
+
 // ---- a first-time operator ----------------------------------------------
 
 /// A mistyped journal path is refused (naming the path and `--create`), not

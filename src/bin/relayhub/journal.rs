@@ -369,20 +369,23 @@ async fn reconcile(
     let mut config = source.load().map_err(|e| e.to_string())?;
     let spec = config.journal.path.clone();
     check_exists(&spec, create)?;
-    if args.config.is_none() {
+    let grace_unknown = args.config.is_none();
+    if grace_unknown {
         // The hub that made the attempts may have had a longer late-answer
-        // window (or wire grace) than the defaults: its "never received" is
-        // believed only past the longest grace a config can give (the
-        // longest budget and late-answer window, and 5 s), when nothing
-        // can still hold a POST.
+        // window (or wire grace) than the defaults: for an attempt that does
+        // not carry its own grace (claimed by a build before it was
+        // stamped), its "never received" is believed only past the longest
+        // grace a config can give (the longest budget and late-answer
+        // window, and 5 s), when nothing can still hold a POST.
         use relayhub::config::{MAX_BUDGET_MS, MAX_WINDOW_MS};
         for target in &mut config.targets {
             target.wire_grace_ms = Some(MAX_WINDOW_MS + MAX_BUDGET_MS + 5_000);
         }
         eprintln!(
-            "without --config, the hub's wire grace is not known: a \"never received\" settles \
-             a transfer (E904) only a day and 10 minutes after its attempt, E901 before; give \
-             the hub's config (--config) to settle sooner"
+            "without --config, the hub's wire grace is known only where an attempt carries it: \
+             a \"never received\" settles (E904) an attempt stamped with its grace once that \
+             has passed, and one from an older build only a day and 10 minutes after it, \
+             E901 before; give the hub's config (--config) to settle those sooner"
         );
     }
     let spec = spec.as_str();
@@ -415,7 +418,14 @@ async fn reconcile(
         Err(e) => return Err(e.to_string()),
     };
     eprintln!("{}", describe(spec));
-    let targets = build_targets(&config).map_err(|e| e.to_string())?;
+    let mut targets = build_targets(&config).map_err(|e| e.to_string())?;
+    if grace_unknown {
+        for target in &mut targets {
+            if let Some(target) = std::sync::Arc::get_mut(target) {
+                target.wire_grace_is_fallback = true;
+            }
+        }
+    }
     let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
     let rules = Rules::build(&config, &names).map_err(|e| e.to_string())?;
     let hub = relayhub::relay::Hub::new(
