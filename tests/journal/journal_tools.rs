@@ -481,6 +481,35 @@ async fn reconcile_without_the_config_takes_the_grace_an_attempt_carries() {
     assert_eq!(core.stats().post, 0);
 }
 
+/// An admin listener that takes the reconcile's request and closes the
+/// connection without an answer (a hub that stops while it reconciles) is
+/// named as such, not as unreachable (before, "cannot reach the hub's admin
+/// listener ... Peer disconnected"; found by a black-box probe).
+#[test]
+fn a_reconcile_cut_off_by_the_hub_says_so() {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let hub = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        // The whole head of the request, then a close with no answer.
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap() == 1 {
+            head.push(byte[0]);
+        }
+    });
+    let out = relayhub(&["journal", "reconcile", "--admin", &addr]);
+    hub.join().unwrap();
+    assert_ne!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("closed the connection before answering")
+            && out.stderr.contains("is the hub stopping?"),
+        "{out:?}"
+    );
+}
+
 // ---- a first-time operator ----------------------------------------------
 
 /// A mistyped journal path is refused (naming the path and `--create`), not

@@ -504,9 +504,16 @@ async fn through_hub(admin: &str, token: Option<&str>) -> Result<ExitCode, Strin
         if let Some(t) = &bearer {
             request = request.header("Authorization", t.as_str());
         }
-        let mut resp = request
-            .send_empty()
-            .map_err(|e| format!("cannot reach the hub's admin listener at {url}: {e}"))?;
+        let mut resp = request.send_empty().map_err(|e| match &e {
+            // Connected, then closed before an answer: a hub that stops (a
+            // drain) while it reconciles does that.
+            ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => format!(
+                "the hub's admin listener at {url} closed the connection before answering ({e}): \
+                 is the hub stopping? What it settled before is in the journal; run the \
+                 reconcile again once a hub runs"
+            ),
+            _ => format!("cannot reach the hub's admin listener at {url}: {e}"),
+        })?;
         let status = resp.status().as_u16();
         let body = resp
             .body_mut()
