@@ -352,6 +352,10 @@ fn default_late_answer_window_ms() -> u64 {
 fn default_max_concurrency() -> usize {
     1024
 }
+/// The most tries per telegram `connect_attempts` and `inquiry_attempts` may
+/// ask for.
+pub const MAX_ATTEMPTS: u32 = 100;
+
 /// The bulkhead wait of a target that does not set `queue_wait_ms`, before
 /// it is lowered to half the budget.
 pub const DEFAULT_QUEUE_WAIT_MS: u64 = 100;
@@ -881,6 +885,23 @@ impl Config {
                     "max_concurrency and attempts must be at least 1".into(),
                 ));
             }
+            // Each try is a request to the core within one telegram's
+            // budget: with a backoff of 0, thousands of them would hammer a
+            // core that is already failing.
+            for (name, n) in [
+                ("connect_attempts", t.connect_attempts),
+                ("inquiry_attempts", t.inquiry_attempts),
+            ] {
+                if n > MAX_ATTEMPTS {
+                    return Err(bad(
+                        &format!("{key}.{name}"),
+                        format!(
+                            "{n} is more than {MAX_ATTEMPTS} tries per telegram; each is a \
+                             request to the core within one budget"
+                        ),
+                    ));
+                }
+            }
             if let Some(auth) = &t.auth {
                 auth.header_value()
                     .map_err(|e| bad(&format!("{key}.auth"), e.to_string()))?;
@@ -1170,6 +1191,30 @@ mod tests {
             err.contains("queue_wait_ms") && err.contains("100 ms does not fit"),
             "{err}"
         );
+    }
+
+    /// Tries per telegram are capped: with a backoff of 0, an inquiry
+    /// allowed 100,000 tries made some 1,600 GETs in a 2 s budget against a
+    /// failing core (found by a black-box probe).
+    #[test]
+    fn attempts_beyond_the_cap_are_refused_with_their_key() {
+        for key in ["connect_attempts", "inquiry_attempts"] {
+            let mut c = with_core();
+            c.validate("t").unwrap();
+            let t = &mut c.targets[0];
+            match key {
+                "connect_attempts" => t.connect_attempts = MAX_ATTEMPTS + 1,
+                _ => t.inquiry_attempts = MAX_ATTEMPTS + 1,
+            }
+            let err = c.validate("t").unwrap_err().to_string();
+            assert!(
+                err.contains(key) && err.contains("101 is more than 100"),
+                "{err}"
+            );
+        }
+        let mut c = with_core();
+        c.targets[0].inquiry_attempts = MAX_ATTEMPTS;
+        c.validate("t").unwrap();
     }
 
     #[test]
