@@ -249,7 +249,17 @@ impl TlsArgs {
 }
 
 fn main() -> ExitCode {
+    // A SIGHUP (a reload) that comes before the hub's handler is in would
+    // kill it by default: it is ignored until `serve` installs the handler
+    // (which reads the config after that anyway); the other commands get
+    // the default back at once.
+    #[cfg(unix)]
+    set_sighup(libc::SIG_IGN);
     let cli = Cli::parse();
+    #[cfg(unix)]
+    if !matches!(cli.command, Command::Serve(_)) {
+        set_sighup(libc::SIG_DFL);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(4096)
@@ -281,6 +291,17 @@ fn main() -> ExitCode {
     }
 }
 
+/// Sets SIGHUP's disposition (`SIG_IGN` or `SIG_DFL`).
+#[cfg(unix)]
+fn set_sighup(disposition: libc::sighandler_t) {
+    // SAFETY: a disposition of SIG_IGN or SIG_DFL, set before any other
+    // thread exists, runs no code of this program and touches none of its
+    // memory.
+    unsafe {
+        libc::signal(libc::SIGHUP, disposition);
+    }
+}
+
 /// Writes a start-up line to stdout. A reader gone (a script's `grep -m1`
 /// has its line, stdout closed or full) must not stop a serving hub, as
 /// `println!` would by panicking: the error is logged instead.
@@ -305,13 +326,14 @@ fn init_logging(config: &Config, format: Option<LogFormat>) -> Result<logging::L
 }
 
 async fn serve(args: ServeArgs) -> Result<ExitCode, String> {
+    // Handlers go in first, before anything is announced: a SIGTERM or
+    // SIGHUP sent the moment the ready line appears must drain or reload,
+    // not kill the process.
+    let mut signals = Signals::install()?;
     let source = args.config.source();
     let config = source.load().map_err(|e| e.to_string())?;
     // Kept to the end of `serve`: dropping it flushes the lines still queued.
     let logging = init_logging(&config, args.log_format.map(LogFormat::from))?;
-    // Handlers go in before anything is announced: a SIGTERM or SIGHUP sent the
-    // moment the ready line appears must drain or reload, not kill the process.
-    let mut signals = Signals::install()?;
     let daemon = Daemon::start(source).await.map_err(|e| e.to_string())?;
     // The recorder is installed now: the dropped-lines counter can follow.
     let counting = tokio::spawn(logging.count_dropped());

@@ -272,6 +272,99 @@ async fn a_signal_sent_right_after_the_ready_line_is_handled() {
 
 // ---- SIGHUP ---------------------------------------------------------------------
 
+/// Whether process `pid` has `path` open (its descriptors in /proc).
+fn holds_open(pid: u32, path: &Path) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(Result::ok)
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
+}
+
+/// A SIGHUP that comes while the hub still reads its config (a named pipe
+/// that the test writes only once the hub has it open) is a reload asked
+/// for, not the end of the process: the handler is in before the config is
+/// read, and SIGHUP is ignored before that (before, a SIGHUP in the first
+/// milliseconds killed the hub; found by a black-box probe). The reload runs
+/// once the hub serves, and reads the config again.
+#[test]
+fn a_sighup_while_the_config_is_read_is_a_reload() {
+    use std::io::{BufRead, Write};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("relayhub.toml");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success(), "mkfifo failed");
+    let stderr_path = dir.path().join("stderr.log");
+    let mut child = Command::new(relayhub_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--journal", "memory"])
+        .args(["--core-url", "http://127.0.0.1:1", "--config"])
+        .arg(&fifo)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .expect("spawn relayhub");
+    let log = || std::fs::read_to_string(&stderr_path).unwrap_or_default();
+
+    // Each time the hub opens its config (opening the pipe to write returns
+    // once it has): the first time, SIGHUP while it waits for the bytes.
+    let pid = child.id();
+    let (reads_tx, reads) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for n in 0.. {
+            let Ok(mut pipe) = std::fs::OpenOptions::new().write(true).open(&fifo) else {
+                return;
+            };
+            if n == 0 {
+                send_signal(pid, "HUP");
+            }
+            let _ = pipe.write_all(b"[server]\nidle_timeout_ms = 60000\n");
+            drop(pipe);
+            // Until the hub has read to the end and closed the pipe: a
+            // writer opened before that would add to the same read.
+            let until = std::time::Instant::now() + PATIENCE;
+            while holds_open(pid, &fifo) && std::time::Instant::now() < until {
+                std::thread::yield_now();
+            }
+            if reads_tx.send(n).is_err() {
+                return;
+            }
+        }
+    });
+    let stdout = child.stdout.take().unwrap();
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains("listening on") {
+                let _ = ready_tx.send(line);
+            }
+        }
+    });
+    if ready.recv_timeout(PATIENCE).is_err() {
+        let status = child.try_wait().ok().flatten();
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("no ready line (ended: {status:?}); stderr:\n{}", log());
+    }
+    let until = std::time::Instant::now() + PATIENCE;
+    while !log().contains("reload") {
+        assert!(
+            std::time::Instant::now() < until,
+            "no reload logged; stderr:\n{}",
+            log()
+        );
+        std::thread::yield_now();
+    }
+    assert!(reads.try_iter().count() >= 2, "the config read once only");
+    send_signal(child.id(), "TERM");
+    let status = wait_exit_within(child, PATIENCE).expect("exit after SIGTERM");
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", log());
+}
+
 fn shipped_layout(tx: &str) -> String {
     std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR"))
