@@ -73,10 +73,10 @@ pub const PRUNE_BATCH: usize = 2_000;
 const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 const ROW_COLUMNS: &str = "guid, tx_code, fingerprint, state, code, answer, attempts, \
-     last_attempt_ms, answered_ms, last_error, created_ms, updated_ms, url, grace_ms";
+     last_attempt_ms, answered_ms, last_error, created_ms, updated_ms, url, grace_ms, grace_attempt";
 
 /// The column after [`ROW_COLUMNS`] in a statement that adds one.
-const AFTER_ROW: usize = 14;
+const AFTER_ROW: usize = 15;
 
 /// A handle on the shared journal; clones share one connection pool.
 #[derive(Clone)]
@@ -332,9 +332,9 @@ impl PgJournal {
                     "WITH ins AS ( \
                        INSERT INTO relayhub_journal (guid, tx_code, fingerprint, state, attempts, \
                          last_attempt_ms, created_ms, updated_ms, owner, lease_until_ms, url, \
-                         grace_ms) \
+                         grace_ms, grace_attempt) \
                        VALUES ($1::text, $2::text, $3::text, 'sending', 1, {DB_NOW}, $4::bigint, \
-                         $4, $5::text, {DB_NOW} + $6::bigint, $7::text, $8::bigint) \
+                         $4, $5::text, {DB_NOW} + $6::bigint, $7::text, $8::bigint, 1) \
                        ON CONFLICT (guid) DO NOTHING RETURNING guid), \
                      ev AS ( \
                        INSERT INTO relayhub_journal_events (guid, at_ms, state, code, note) \
@@ -441,7 +441,7 @@ impl PgJournal {
                        UPDATE relayhub_journal SET state = 'sending', attempts = attempts + 1, \
                          last_attempt_ms = {DB_NOW}, updated_ms = $2::bigint, owner = $4::text, \
                          lease_until_ms = {DB_NOW} + $5::bigint, url = $6::text, \
-                         grace_ms = $7::bigint \
+                         grace_ms = $7::bigint, grace_attempt = attempts + 1 \
                        WHERE guid = $1::text AND state = 'not_sent' AND attempts = $3::integer \
                        RETURNING guid, attempts), \
                      ev AS ( \
@@ -784,7 +784,11 @@ fn read_row(r: &PgRow) -> Result<Row, Fail> {
         created_ms: r.try_get(10)?,
         updated_ms: r.try_get(11)?,
         url: r.try_get(12)?,
-        grace_ms: r.try_get(13)?,
+        // Only a stamp of the latest attempt: a resend claimed by a build
+        // before the stamp leaves an earlier attempt's grace on the row.
+        grace_ms: r
+            .try_get::<_, Option<i64>>(13)?
+            .filter(|_| r.try_get::<_, Option<i32>>(14).ok().flatten() == Some(attempts)),
     })
 }
 

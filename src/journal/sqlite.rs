@@ -85,7 +85,7 @@ pub struct SqliteJournal {
 }
 
 const ROW_COLUMNS: &str = "guid, tx_code, fingerprint, state, code, answer, attempts, \
-     last_attempt_ms, answered_ms, last_error, created_ms, updated_ms, url, grace_ms";
+     last_attempt_ms, answered_ms, last_error, created_ms, updated_ms, url, grace_ms, grace_attempt";
 
 impl SqliteJournal {
     /// Opens (creating if absent) the journal at `path`, and starts its writer,
@@ -296,8 +296,8 @@ impl SqliteJournal {
             let inserted = c
                 .prepare_cached(
                     "INSERT INTO journal (guid, tx_code, fingerprint, state, attempts, \
-                     last_attempt_ms, created_ms, updated_ms, url, grace_ms) \
-                     VALUES (?1, ?2, ?3, 'sending', 1, ?4, ?4, ?4, ?5, ?6) \
+                     last_attempt_ms, created_ms, updated_ms, url, grace_ms, grace_attempt) \
+                     VALUES (?1, ?2, ?3, 'sending', 1, ?4, ?4, ?4, ?5, ?6, 1) \
                      ON CONFLICT (guid) DO NOTHING",
                 )?
                 .execute(params![guid, tx_code, fingerprint, now_ms, url, grace_ms])?;
@@ -344,7 +344,8 @@ impl SqliteJournal {
             let changed: Option<i64> = c
                 .prepare_cached(
                     "UPDATE journal SET state = 'sending', attempts = attempts + 1, \
-                     last_attempt_ms = ?2, updated_ms = ?2, url = ?4, grace_ms = ?5 \
+                     last_attempt_ms = ?2, updated_ms = ?2, url = ?4, grace_ms = ?5, \
+                     grace_attempt = attempts + 1 \
                      WHERE guid = ?1 AND state = 'not_sent' AND attempts = ?3 RETURNING id",
                 )?
                 .query_row(params![guid, now_ms, attempts, url, grace_ms], |r| r.get(0))
@@ -622,8 +623,19 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         created_ms: r.get(10)?,
         updated_ms: r.get(11)?,
         url: r.get(12)?,
-        grace_ms: r.get(13)?,
+        grace_ms: stamp_of_latest(r.get(13)?, r.get(14)?, r.get(6)?),
     })
+}
+
+/// A row's stamped grace, if it was stamped by its latest attempt's claim:
+/// a resend claimed by a build before the stamp leaves an earlier attempt's
+/// grace on the row, which says nothing about the latest attempt.
+fn stamp_of_latest(
+    grace_ms: Option<i64>,
+    grace_attempt: Option<i64>,
+    attempts: i64,
+) -> Option<i64> {
+    grace_ms.filter(|_| grace_attempt == Some(attempts))
 }
 
 /// A state column; the schema's CHECK makes a bad value a sign of tampering.

@@ -188,6 +188,19 @@ async fn claims_stamp_the_attempts_grace_for_every_hub() {
             .unwrap()
     );
     assert_eq!(a.get("g").await.unwrap().unwrap().grace_ms, Some(90_000));
+    // A resend claimed by a hub of a build before the stamp (attempts moved
+    // on, the grace columns left alone) reads as unstamped: the earlier
+    // attempt's grace says nothing about it.
+    raw_client(&url)
+        .await
+        .batch_execute(
+            "UPDATE relayhub_journal SET state = 'not_sent' WHERE guid = 'g'; \
+             UPDATE relayhub_journal SET state = 'sending', attempts = attempts + 1 \
+             WHERE guid = 'g';",
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.get("g").await.unwrap().unwrap().grace_ms, None);
     b.claim("plain", "TRF001", "fp", "http://core", 50)
         .await
         .unwrap();

@@ -2444,7 +2444,7 @@ async fn a_command_stashed_by_a_poll_that_ends_its_future_is_marked_to_run() {
 #[tokio::test(flavor = "multi_thread")]
 async fn claims_stamp_the_attempts_grace() {
     use crate::journal::AttemptTo;
-    let (_dir, j) = fresh();
+    let (dir, j) = fresh();
     let to = |grace_ms| AttemptTo {
         url: "http://core",
         grace_ms,
@@ -2475,4 +2475,16 @@ async fn claims_stamp_the_attempts_grace() {
             .unwrap()
     );
     assert_eq!(grace("g1").await, Some(90_000));
+
+    // A resend claimed the way a build before the stamp claims it (attempts
+    // moved on, the grace columns left alone): the earlier attempt's grace
+    // says nothing about the new attempt, so the row reads as unstamped.
+    let other = rusqlite::Connection::open(db(&dir)).unwrap();
+    other
+        .execute_batch(
+            "UPDATE journal SET state = 'not_sent' WHERE guid = 'g1';
+             UPDATE journal SET state = 'sending', attempts = attempts + 1 WHERE guid = 'g1';",
+        )
+        .unwrap();
+    assert_eq!(grace("g1").await, None);
 }
