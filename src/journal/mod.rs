@@ -317,12 +317,16 @@ impl Journal {
 
     /// Opens an existing journal to look at it: a SQLite file is opened
     /// read-only (never created, migrated or locked), so this is safe beside
-    /// a live hub. A shared journal is opened as usual (it has no owner).
+    /// a live hub. A shared journal's schema is neither created nor migrated
+    /// (older hubs may still share it); one of another version is refused.
     pub async fn open_read_only(spec: &str) -> Result<Journal, JournalError> {
         match file_of(spec) {
             Some(path) => Ok(Journal::Sqlite(sqlite::SqliteJournal::open_read_only(
                 path,
             )?)),
+            None if spec != "memory" => Ok(Journal::Postgres(
+                postgres::PgJournal::open_to_read(spec).await?,
+            )),
             None => Journal::open(spec, 1).await,
         }
     }

@@ -149,12 +149,23 @@ impl PgJournal {
     /// `hub_id` (default `HOST-PID-RANDOM`), `lease_ms` (default 60000),
     /// `pool_size` (default 16), `timeout_ms` (bound on one call, default 1000).
     pub async fn open(url: &str) -> Result<PgJournal, JournalError> {
+        PgJournal::open_schema(url, open::Schema::Migrate).await
+    }
+
+    /// [`PgJournal::open`] for tools that only look: the schema is not
+    /// created or migrated, and one of another version is refused (a look
+    /// from a newer build must not migrate a journal that older hubs share).
+    pub async fn open_to_read(url: &str) -> Result<PgJournal, JournalError> {
+        PgJournal::open_schema(url, open::Schema::Check).await
+    }
+
+    async fn open_schema(url: &str, schema: open::Schema) -> Result<PgJournal, JournalError> {
         let open_error = |reason: String| JournalError::Open {
             path: redact(url),
             reason,
         };
         let s = open::settings(url).map_err(open_error)?;
-        let pool = open::open(&s).await.map_err(open_error)?;
+        let pool = open::open(&s, schema).await.map_err(open_error)?;
         Ok(PgJournal {
             pool,
             hub_id: s.hub_id,

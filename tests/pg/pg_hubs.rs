@@ -275,6 +275,72 @@ fn cli(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// The journal tools that only look (`list`, `show`, `hubs`) neither
+/// create nor migrate a shared journal: a look from a newer build at a
+/// journal that older hubs share would otherwise migrate it under them, and
+/// an older hub that restarts would be refused (found by a black-box
+/// upgrade probe). They refuse an older schema, saying so; `--create`
+/// migrates it as a hub would.
+#[tokio::test(flavor = "multi_thread")]
+async fn tools_that_look_do_not_migrate_a_shared_journal() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "nomigrate").await;
+    let raw = raw_client(&url).await;
+    // The schema as the build before this one left it: version 4.
+    raw.batch_execute(
+        "CREATE TABLE relayhub_schema_version (version integer NOT NULL PRIMARY KEY, \
+         applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .await
+    .unwrap();
+    for (i, sql) in [
+        include_str!("../../migrations/postgres/0001_init.sql"),
+        include_str!("../../migrations/postgres/0002_attempt_url.sql"),
+        include_str!("../../migrations/postgres/0003_prune_index.sql"),
+        include_str!("../../migrations/postgres/0004_liveness.sql"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        raw.batch_execute(sql).await.unwrap();
+        let v = i as i32 + 1;
+        raw.execute(
+            "INSERT INTO relayhub_schema_version (version) VALUES ($1)",
+            &[&v],
+        )
+        .await
+        .unwrap();
+    }
+    let version = || async {
+        let row = raw_client(&url)
+            .await
+            .query_one("SELECT max(version) FROM relayhub_schema_version", &[])
+            .await
+            .unwrap();
+        row.get::<_, i32>(0)
+    };
+    let g = guid("LOOK");
+    for args in [
+        vec!["journal", "--journal", &url, "list"],
+        vec!["journal", "--journal", &url, "hubs"],
+        vec!["journal", "--journal", &url, "show", &g],
+    ] {
+        let (code, _, err) = cli(&args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(
+            err.contains("schema version 4 is older than this build's"),
+            "{err}"
+        );
+        assert!(err.contains("does not migrate"), "{err}");
+        assert_eq!(version().await, 4, "{args:?} migrated the journal");
+    }
+    let (code, _, err) = cli(&["journal", "--journal", &url, "list", "--create"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(version().await > 4, "--create migrates");
+    let (code, _, err) = cli(&["journal", "--journal", &url, "list"]);
+    assert_eq!(code, 0, "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn journal_commands_work_on_a_postgres_url() {
     let Some(base) = test_db() else { return };

@@ -333,7 +333,11 @@ fn shown(path: &Path) -> String {
 async fn open_to_look(spec: &str, create: bool) -> Result<Journal, String> {
     check_exists(spec, create)?;
     let missing = file_of(spec).is_some_and(|p| !p.exists());
-    let journal = if missing {
+    let shared = file_of(spec).is_none() && spec != "memory";
+    let journal = if shared && create {
+        // Its schema made or migrated as a hub would.
+        Journal::open(spec, 1).await.map_err(|e| e.to_string())?
+    } else if missing {
         // Only with --create: made and migrated as a hub would.
         let (journal, _owner) = Journal::open_owned(spec, 16, true)
             .await

@@ -154,8 +154,19 @@ fn random24() -> u64 {
     crate::random::random_u64() & 0xff_ffff
 }
 
-/// Builds the pool, checks the server and migrates the schema.
-pub(super) async fn open(s: &Settings) -> Result<Pool, String> {
+/// What opening does to the schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Schema {
+    /// Created or migrated to [`SCHEMA_VERSION`] (a hub, reconcile).
+    Migrate,
+    /// Only read: refused unless it is at [`SCHEMA_VERSION`] (tools that
+    /// look, so that a look from a newer build does not migrate a journal
+    /// that older hubs still share).
+    Check,
+}
+
+/// Builds the pool, checks the server and migrates (or checks) the schema.
+pub(super) async fn open(s: &Settings, schema: Schema) -> Result<Pool, String> {
     let manager = Manager::from_config(
         s.pg.clone(),
         NoTls,
@@ -173,7 +184,7 @@ pub(super) async fn open(s: &Settings) -> Result<Pool, String> {
         .runtime(Runtime::Tokio1)
         .build()
         .map_err(|e| format!("cannot build the connection pool: {e}"))?;
-    match tokio::time::timeout(OPEN_TIMEOUT, prepare(&pool)).await {
+    match tokio::time::timeout(OPEN_TIMEOUT, prepare(&pool, schema)).await {
         Ok(r) => r?,
         Err(_) => {
             return Err(format!(
@@ -184,7 +195,7 @@ pub(super) async fn open(s: &Settings) -> Result<Pool, String> {
     Ok(pool)
 }
 
-async fn prepare(pool: &Pool) -> Result<(), String> {
+async fn prepare(pool: &Pool, schema: Schema) -> Result<(), String> {
     let mut client = pool
         .get()
         .await
@@ -208,7 +219,49 @@ async fn prepare(pool: &Pool) -> Result<(), String> {
                 .into(),
         );
     }
-    migrate(&mut client).await
+    match schema {
+        Schema::Migrate => migrate(&mut client).await,
+        Schema::Check => check_version(&client).await,
+    }
+}
+
+/// Refuses a schema other than [`SCHEMA_VERSION`], changing nothing.
+async fn check_version(client: &deadpool_postgres::Client) -> Result<(), String> {
+    let exists: bool = client
+        .query_one(
+            "SELECT to_regclass('relayhub_schema_version') IS NOT NULL",
+            &[],
+        )
+        .await
+        .map_err(|e| format!("cannot read the schema version: {}", super::db_error(&e)))?
+        .get(0);
+    if !exists {
+        return Err(
+            "no relayhub journal in this database (a hub creates it at its first start; \
+             --create makes it now)"
+                .into(),
+        );
+    }
+    let version: i32 = client
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM relayhub_schema_version",
+            &[],
+        )
+        .await
+        .map_err(|e| format!("cannot read the schema version: {}", super::db_error(&e)))?
+        .get(0);
+    match version.cmp(&SCHEMA_VERSION) {
+        std::cmp::Ordering::Equal => Ok(()),
+        std::cmp::Ordering::Less => Err(format!(
+            "journal schema version {version} is older than this build's ({SCHEMA_VERSION}); \
+             this tool only looks and does not migrate it: a hub of this build migrates it \
+             at its start (or `relayhub journal reconcile`), or use the build the hubs run"
+        )),
+        std::cmp::Ordering::Greater => Err(format!(
+            "journal schema version {version} is newer than this build knows ({SCHEMA_VERSION}); \
+             run a newer relayhub"
+        )),
+    }
 }
 
 /// Brings the schema to [`SCHEMA_VERSION`] inside one transaction holding an
