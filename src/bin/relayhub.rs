@@ -254,11 +254,12 @@ fn main() -> ExitCode {
     // (which reads the config after that anyway); the other commands get
     // the default back at once.
     #[cfg(unix)]
-    set_sighup(libc::SIG_IGN);
+    let inherited = set_sighup(libc::SIG_IGN);
     let cli = Cli::parse();
     #[cfg(unix)]
     if !matches!(cli.command, Command::Serve(_)) {
-        set_sighup(libc::SIG_DFL);
+        // As the parent left it (`nohup` ignores it, for one).
+        set_sighup(inherited);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -291,15 +292,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// Sets SIGHUP's disposition (`SIG_IGN` or `SIG_DFL`).
+/// Sets SIGHUP's disposition; returns the one it replaces.
 #[cfg(unix)]
-fn set_sighup(disposition: libc::sighandler_t) {
-    // SAFETY: a disposition of SIG_IGN or SIG_DFL, set before any other
-    // thread exists, runs no code of this program and touches none of its
-    // memory.
-    unsafe {
-        libc::signal(libc::SIGHUP, disposition);
-    }
+fn set_sighup(disposition: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: called before any other thread exists, with SIG_IGN or the
+    // disposition the process started with (SIG_DFL or SIG_IGN: a handler
+    // of the parent's does not survive exec), so it runs no code of this
+    // program and touches none of its memory.
+    unsafe { libc::signal(libc::SIGHUP, disposition) }
 }
 
 /// Writes a start-up line to stdout. A reader gone (a script's `grep -m1`

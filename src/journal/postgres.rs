@@ -797,9 +797,11 @@ fn read_row(r: &PgRow) -> Result<Row, Fail> {
         url: r.try_get(12)?,
         // Only a stamp of the latest attempt: a resend claimed by a build
         // before the stamp leaves an earlier attempt's grace on the row.
-        grace_ms: r
-            .try_get::<_, Option<i64>>(13)?
-            .filter(|_| r.try_get::<_, Option<i32>>(14).ok().flatten() == Some(attempts)),
+        grace_ms: {
+            let (grace_ms, grace_attempt): (Option<i64>, Option<i32>) =
+                (r.try_get(13)?, r.try_get(14)?);
+            grace_ms.filter(|_| grace_attempt == Some(attempts))
+        },
     })
 }
 

@@ -510,6 +510,54 @@ fn a_reconcile_cut_off_by_the_hub_says_so() {
     );
 }
 
+/// A journal command started with SIGHUP ignored (`nohup`) keeps it
+/// ignored: only `serve` handles SIGHUP, and the others restore what they
+/// inherited, not the default (a review of the SIGHUP change found the
+/// default put back, so that a hangup killed a `nohup` reconcile).
+#[test]
+fn a_nohup_journal_command_survives_a_hangup() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (asked_tx, asked) = std::sync::mpsc::channel();
+    let (close_tx, close) = std::sync::mpsc::channel::<()>();
+    let hub = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap() == 1 {
+            head.push(byte[0]);
+        }
+        asked_tx.send(()).unwrap();
+        let _ = close.recv();
+    });
+    let child = Command::new("nohup")
+        .arg(relayhub_bin())
+        .args(["journal", "reconcile", "--admin", &addr])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nohup relayhub");
+    asked.recv_timeout(PATIENCE).expect("the reconcile asks");
+    send_signal(child.id(), "HUP");
+    close_tx.send(()).unwrap();
+    hub.join().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "ended by {:?}: {stderr}",
+        out.status
+    );
+    assert!(
+        stderr.contains("closed the connection before answering"),
+        "{stderr}"
+    );
+}
+
 // ---- a first-time operator ----------------------------------------------
 
 /// A mistyped journal path is refused (naming the path and `--create`), not

@@ -286,6 +286,12 @@ async fn tools_that_look_do_not_migrate_a_shared_journal() {
     let Some(base) = test_db() else { return };
     let url = fresh_schema(&base, "nomigrate").await;
     let raw = raw_client(&url).await;
+    let (code, _, err) = cli(&["journal", "--journal", &url, "list"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("no relayhub journal in this database"),
+        "{err}"
+    );
     // The schema as the build before this one left it: version 4.
     raw.batch_execute(
         "CREATE TABLE relayhub_schema_version (version integer NOT NULL PRIMARY KEY, \
@@ -331,7 +337,10 @@ async fn tools_that_look_do_not_migrate_a_shared_journal() {
             err.contains("schema version 4 is older than this build's"),
             "{err}"
         );
-        assert!(err.contains("does not migrate"), "{err}");
+        assert!(
+            err.contains("does not migrate") && err.contains("--create"),
+            "{err}"
+        );
         assert_eq!(version().await, 4, "{args:?} migrated the journal");
     }
     let (code, _, err) = cli(&["journal", "--journal", &url, "list", "--create"]);
@@ -339,6 +348,19 @@ async fn tools_that_look_do_not_migrate_a_shared_journal() {
     assert!(version().await > 4, "--create migrates");
     let (code, _, err) = cli(&["journal", "--journal", &url, "list"]);
     assert_eq!(code, 0, "{err}");
+    // A schema newer than this build knows is refused too.
+    raw.execute(
+        "INSERT INTO relayhub_schema_version (version) VALUES (99)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let (code, _, err) = cli(&["journal", "--journal", &url, "list"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("schema version 99 is newer than this build knows"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -254,8 +254,9 @@ async fn check_version(client: &deadpool_postgres::Client) -> Result<(), String>
         std::cmp::Ordering::Equal => Ok(()),
         std::cmp::Ordering::Less => Err(format!(
             "journal schema version {version} is older than this build's ({SCHEMA_VERSION}); \
-             this tool only looks and does not migrate it: a hub of this build migrates it \
-             at its start (or `relayhub journal reconcile`), or use the build the hubs run"
+             this tool only looks and does not migrate it: use the build the hubs run, or give \
+             --create to migrate it now as a hub of this build would at its start (hubs of an \
+             older build that share it are then refused when they restart)"
         )),
         std::cmp::Ordering::Greater => Err(format!(
             "journal schema version {version} is newer than this build knows ({SCHEMA_VERSION}); \
