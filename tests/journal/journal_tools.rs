@@ -381,6 +381,18 @@ async fn reconcile_without_a_hub_recovers_and_settles() {
     assert_eq!(posts(&core, &g), 1);
 }
 
+/// The outcome of an attempt whose answer did not come in time.
+fn unknown_after_a_read_timeout() -> relayhub::journal::Finish {
+    relayhub::journal::Finish {
+        state: relayhub::journal::State::Unknown,
+        code: "E901".into(),
+        answer: None,
+        error: Some("read timeout".into()),
+        note: "attempt 1: unknown".into(),
+        attempt: None,
+    }
+}
+
 /// Offline, without the hub's config, reconcile cannot know the hub's wire
 /// grace (a longer late-answer window makes it longer than the defaults'):
 /// a "never received" 40 s after the attempt stays E901, and the command
@@ -389,7 +401,7 @@ async fn reconcile_without_a_hub_recovers_and_settles() {
 /// probe: a hub with a 45 s window, its row settled E904 after 40 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_without_the_config_does_not_guess_the_wire_grace() {
-    use relayhub::journal::{Finish, Journal, State, now_ms};
+    use relayhub::journal::{Journal, now_ms};
     let core = start_core().await;
     let url = core.url();
     let config = TempFile::new(
@@ -404,15 +416,9 @@ async fn reconcile_without_the_config_does_not_guess_the_wire_grace() {
             let j = Journal::open(path_str(&file), 8).await.expect("journal");
             let attempt = now_ms() - 40_000;
             j.claim(&g, "TRF001", "fp", &url, attempt).await.unwrap();
-            let f = Finish {
-                state: State::Unknown,
-                code: "E901".into(),
-                answer: None,
-                error: Some("read timeout".into()),
-                note: "attempt 1: unknown".into(),
-                attempt: None,
-            };
-            j.finish(&g, f, attempt + 3_000).await.unwrap();
+            j.finish(&g, unknown_after_a_read_timeout(), attempt + 3_000)
+                .await
+                .unwrap();
         }
         let mut args = vec!["journal", "--journal", path_str(&file), "reconcile"];
         if with_config {
@@ -440,7 +446,7 @@ async fn reconcile_without_the_config_does_not_guess_the_wire_grace() {
 /// can give.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_without_the_config_takes_the_grace_an_attempt_carries() {
-    use relayhub::journal::{AttemptTo, Finish, Journal, State, now_ms};
+    use relayhub::journal::{AttemptTo, Journal, now_ms};
     let core = start_core().await;
     let url = core.url();
     let dir = TempDir::new("tools-stamped");
@@ -455,15 +461,9 @@ async fn reconcile_without_the_config_takes_the_grace_an_attempt_carries() {
                 grace_ms: Some(grace_ms),
             };
             j.claim_to(g, "TRF001", "fp", to, attempt).await.unwrap();
-            let f = Finish {
-                state: State::Unknown,
-                code: "E901".into(),
-                answer: None,
-                error: Some("read timeout".into()),
-                note: "attempt 1: unknown".into(),
-                attempt: None,
-            };
-            j.finish(g, f, attempt + 3_000).await.unwrap();
+            j.finish(g, unknown_after_a_read_timeout(), attempt + 3_000)
+                .await
+                .unwrap();
         }
     }
     let out = relayhub(&[
@@ -481,26 +481,48 @@ async fn reconcile_without_the_config_takes_the_grace_an_attempt_carries() {
     assert_eq!(core.stats().post, 0);
 }
 
+/// An admin listener for one request: its address; a receiver told once
+/// the request's head is in; a sender that makes it close the connection
+/// without an answer; its thread.
+fn admin_that_never_answers() -> (
+    String,
+    std::sync::mpsc::Receiver<()>,
+    std::sync::mpsc::Sender<()>,
+    std::thread::JoinHandle<()>,
+) {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (asked_tx, asked) = std::sync::mpsc::channel();
+    let (close_tx, close) = std::sync::mpsc::channel::<()>();
+    let hub = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap() == 1 {
+            head.push(byte[0]);
+        }
+        let _ = asked_tx.send(());
+        let _ = close.recv();
+    });
+    (addr, asked, close_tx, hub)
+}
+
 /// An admin listener that takes the reconcile's request and closes the
 /// connection without an answer (a hub that stops while it reconciles) is
 /// named as such, not as unreachable (before, "cannot reach the hub's admin
 /// listener ... Peer disconnected"; found by a black-box probe).
 #[test]
 fn a_reconcile_cut_off_by_the_hub_says_so() {
-    use std::io::Read;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let hub = std::thread::spawn(move || {
-        let (mut conn, _) = listener.accept().unwrap();
-        // The whole head of the request, then a close with no answer.
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap() == 1 {
-            head.push(byte[0]);
-        }
+    let (addr, asked, close, hub) = admin_that_never_answers();
+    let (answered, out) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = answered.send(relayhub(&["journal", "reconcile", "--admin", &addr]));
     });
-    let out = relayhub(&["journal", "reconcile", "--admin", &addr]);
+    asked.recv_timeout(PATIENCE).expect("the reconcile asks");
+    close.send(()).unwrap();
     hub.join().unwrap();
+    let out = out.recv_timeout(PATIENCE).expect("the reconcile ends");
     assert_ne!(out.code, Some(0), "{out:?}");
     assert!(
         out.stderr
@@ -516,22 +538,8 @@ fn a_reconcile_cut_off_by_the_hub_says_so() {
 /// default put back, so that a hangup killed a `nohup` reconcile).
 #[test]
 fn a_nohup_journal_command_survives_a_hangup() {
-    use std::io::Read;
     use std::process::{Command, Stdio};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (asked_tx, asked) = std::sync::mpsc::channel();
-    let (close_tx, close) = std::sync::mpsc::channel::<()>();
-    let hub = std::thread::spawn(move || {
-        let (mut conn, _) = listener.accept().unwrap();
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap() == 1 {
-            head.push(byte[0]);
-        }
-        asked_tx.send(()).unwrap();
-        let _ = close.recv();
-    });
+    let (addr, asked, close_tx, hub) = admin_that_never_answers();
     let child = Command::new("nohup")
         .arg(relayhub_bin())
         .args(["journal", "reconcile", "--admin", &addr])
