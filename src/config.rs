@@ -550,12 +550,15 @@ impl Config {
 
     /// Reads and parses a file, without the cross-checks of [`Config::validate`].
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-            file: file.clone(),
+        Config::from_toml(&path.display().to_string(), &Config::file_text(path)?)
+    }
+
+    /// The text of a config file, a failure to read it named with the file.
+    pub fn file_text(path: &Path) -> Result<String, ConfigError> {
+        std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            file: path.display().to_string(),
             source,
-        })?;
-        Config::from_toml(&file, &text)
+        })
     }
 
     /// Parses TOML text; unknown keys are errors.

@@ -120,15 +120,11 @@ impl Source {
         let Some(path) = &self.file else {
             return Ok(self.load_to_serve()?);
         };
-        let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-            file: name.clone(),
-            source,
-        })?;
+        let text = Config::file_text(path)?;
         if text.trim().is_empty() {
             return Err(ReloadError::EmptyFile(path.clone()));
         }
-        let config = self.finish(Config::from_toml(&name, &text)?)?;
+        let config = self.finish(Config::from_toml(&self.name(), &text)?)?;
         Ok(self.with_admin_token(config)?)
     }
 

@@ -242,14 +242,7 @@ async fn check_version(client: &deadpool_postgres::Client) -> Result<(), String>
                 .into(),
         );
     }
-    let version: i32 = client
-        .query_one(
-            "SELECT coalesce(max(version), 0) FROM relayhub_schema_version",
-            &[],
-        )
-        .await
-        .map_err(|e| format!("cannot read the schema version: {}", super::db_error(&e)))?
-        .get(0);
+    let version = schema_version(client).await?;
     match version.cmp(&SCHEMA_VERSION) {
         std::cmp::Ordering::Equal => Ok(()),
         std::cmp::Ordering::Less => Err(format!(
@@ -258,11 +251,28 @@ async fn check_version(client: &deadpool_postgres::Client) -> Result<(), String>
              --create to migrate it now as a hub of this build would at its start (hubs of an \
              older build that share it are then refused when they restart)"
         )),
-        std::cmp::Ordering::Greater => Err(format!(
-            "journal schema version {version} is newer than this build knows ({SCHEMA_VERSION}); \
-             run a newer relayhub"
-        )),
+        std::cmp::Ordering::Greater => Err(newer_schema(version)),
     }
+}
+
+/// The schema version the journal's table records (0: none yet).
+async fn schema_version(c: &impl deadpool_postgres::GenericClient) -> Result<i32, String> {
+    let row = c
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM relayhub_schema_version",
+            &[],
+        )
+        .await
+        .map_err(|e| format!("cannot read the schema version: {}", super::db_error(&e)))?;
+    Ok(row.get(0))
+}
+
+/// Why a journal of schema `version`, newer than this build, is refused.
+fn newer_schema(version: i32) -> String {
+    format!(
+        "journal schema version {version} is newer than this build knows ({SCHEMA_VERSION}); \
+         run a newer relayhub"
+    )
 }
 
 /// Brings the schema to [`SCHEMA_VERSION`] inside one transaction holding an
@@ -291,19 +301,9 @@ async fn migrate(client: &mut deadpool_postgres::Client) -> Result<(), String> {
     )
     .await
     .map_err(e("cannot create relayhub_schema_version"))?;
-    let version: i32 = tx
-        .query_one(
-            "SELECT coalesce(max(version), 0) FROM relayhub_schema_version",
-            &[],
-        )
-        .await
-        .map_err(e("cannot read the schema version"))?
-        .get(0);
+    let version = schema_version(&tx).await?;
     if version > SCHEMA_VERSION {
-        return Err(format!(
-            "journal schema version {version} is newer than this build knows ({SCHEMA_VERSION}); \
-             run a newer relayhub"
-        ));
+        return Err(newer_schema(version));
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         let to = i as i32 + 1;
