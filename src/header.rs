@@ -90,7 +90,7 @@ pub fn parse_header(telegram: &[u8]) -> Result<Header, HeaderError> {
     check_chars("guid", h, GUID, "0-9, A-Z, a-z, '_' or '-'", |b| {
         b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
     })?;
-    check_chars("channel_id", h, CHANNEL_ID, "printable ASCII", is_printable)?;
+    // A leading space is the field's first byte: checked before the rest.
     match h[CHANNEL_ID].iter().position(|&b| b != b' ') {
         None => return Err(HeaderError::new("channel_id", CHANNEL_ID.start, "is blank")),
         Some(0) => {}
@@ -102,6 +102,9 @@ pub fn parse_header(telegram: &[u8]) -> Result<Header, HeaderError> {
             ));
         }
     }
+    check_chars("channel_id", h, CHANNEL_ID, "printable ASCII", is_printable)?;
+    // The characters before what they mean: a date with a letter in it is
+    // refused at the letter.
     check_chars("sent_at", h, SENT_AT, "an ASCII digit", |b| {
         b.is_ascii_digit()
     })?;
@@ -457,6 +460,13 @@ mod tests {
         assert_eq!(e.reason, "byte 0x00 is not printable ASCII");
         let e = err(&with(45, b"\xB0"));
         assert_eq!((e.field, e.offset), ("channel_id", 45));
+        // The first bad byte is reported: a leading space before a bad byte.
+        let e = err(&with(38, b" IB\x00ANK "));
+        assert_eq!((e.field, e.offset), ("channel_id", 38));
+        assert!(e.reason.contains("left-aligned"), "{e}");
+        let e = err(&with(38, b"\x00IBANK  "));
+        assert_eq!((e.field, e.offset), ("channel_id", 38));
+        assert_eq!(e.reason, "byte 0x00 is not printable ASCII");
         // Full width and inner spaces are fine; trailing spaces are trimmed.
         assert_eq!(
             parse_header(&with(38, b"AB CD_12")).unwrap().channel_id,

@@ -146,17 +146,8 @@ fn decode_h(raw: &[u8]) -> Result<Cow<'_, str>, (usize, String)> {
     let Some(text) = EUC_KR.decode_without_bom_handling_and_without_replacement(raw) else {
         return Err(find_malformed(raw));
     };
-    // Every non-ASCII character of EUC-KR is two bytes, so the byte offset of a
-    // character is recoverable from the decoded text.
-    let mut pos = 0;
-    for c in text.chars() {
-        if c < ' ' || c == '\x7F' {
-            return Err((
-                pos,
-                format!("control character U+{:04X} is not allowed", u32::from(c)),
-            ));
-        }
-        pos += if c.is_ascii() { 1 } else { 2 };
+    if let Some(control) = first_control(&text) {
+        return Err(control);
     }
     let keep = text.trim_end_matches(' ').len();
     Ok(match text {
@@ -168,7 +159,25 @@ fn decode_h(raw: &[u8]) -> Result<Cow<'_, str>, (usize, String)> {
     })
 }
 
-/// Slow path, only for bytes that do not decode: finds the first malformed byte.
+/// The first control character of decoded `H` text, at its byte offset: every
+/// non-ASCII character of EUC-KR is two bytes, so the offset is recoverable
+/// from the text.
+fn first_control(text: &str) -> Option<(usize, String)> {
+    let mut pos = 0;
+    for c in text.chars() {
+        if c < ' ' || c == '\x7F' {
+            return Some((
+                pos,
+                format!("control character U+{:04X} is not allowed", u32::from(c)),
+            ));
+        }
+        pos += if c.is_ascii() { 1 } else { 2 };
+    }
+    None
+}
+
+/// Slow path, only for bytes that do not decode: finds the first bad byte, a
+/// control character before the first malformed one included.
 fn find_malformed(raw: &[u8]) -> (usize, String) {
     let mut decoder = EUC_KR.new_decoder_without_bom_handling();
     let cap = decoder
@@ -183,6 +192,10 @@ fn find_malformed(raw: &[u8]) -> (usize, String) {
         // Cannot happen: the fast path said the bytes do not decode.
         DecoderResult::InputEmpty | DecoderResult::OutputFull => 0,
     };
+    // `sink` holds the text before the malformed bytes.
+    if let Some(control) = first_control(&sink) {
+        return control;
+    }
     let byte = raw.get(at).copied().unwrap_or(0);
     let reason = if at + 1 == raw.len() && (0x81..=0xFE).contains(&byte) {
         format!(

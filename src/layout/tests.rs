@@ -535,6 +535,59 @@ fn decode_h_control_characters() {
         (e.offset, e.reason.as_str()),
         (67, "control character U+007F is not allowed")
     );
+    // A control character before bytes that do not decode is the first bad byte.
+    let e = decode_err(&f, b"\x01AB\xb0  ");
+    assert_eq!(
+        (e.offset, e.reason.as_str()),
+        (64, "control character U+0001 is not allowed")
+    );
+    let e = decode_err(&f, b"\xb0\xa1\x1f\xff  ");
+    assert_eq!(e.offset, 66, "{e}");
+}
+
+/// The first bad byte of an `H` field by a scan one character at a time: a
+/// control character, or a byte that starts no valid character.
+fn first_bad_h_byte(raw: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    while at < raw.len() {
+        let b = raw[at];
+        if b < 0x80 {
+            if b < b' ' || b == 0x7F {
+                return Some(at);
+            }
+            at += 1;
+            continue;
+        }
+        // A lead byte cut by the field's end is bad too.
+        let Some(pair) = raw.get(at..at + 2) else {
+            return Some(at);
+        };
+        match encoding_rs::EUC_KR.decode_without_bom_handling_and_without_replacement(pair) {
+            Some(text) if text.chars().count() == 1 => at += 2,
+            _ => return Some(at),
+        }
+    }
+    None
+}
+
+proptest::proptest! {
+    /// An `H` field is refused at its first bad byte, whatever else follows.
+    #[test]
+    fn an_h_field_is_refused_at_its_first_bad_byte(
+        raw in proptest::collection::vec(
+            proptest::prop_oneof![
+                3 => 0x20u8..0x7F,
+                1 => 0u8..0x20,
+                3 => 0xA1u8..0xFF,
+                1 => proptest::prelude::any::<u8>(),
+            ],
+            1..12,
+        )
+    ) {
+        let f = [field("memo", FieldType::H, raw.len())];
+        let got = decode_fields(&f, &raw, 64).err().map(|e| e.offset - 64);
+        proptest::prop_assert_eq!(got, first_bad_h_byte(&raw));
+    }
 }
 
 #[test]
