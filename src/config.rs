@@ -785,11 +785,10 @@ impl Config {
                 ));
             }
             for u in &t.urls {
-                if !(u.starts_with("http://") || u.starts_with("https://")) {
-                    return Err(bad(
-                        &format!("{key}.urls"),
-                        format!("{u:?} is not an http:// or https:// URL"),
-                    ));
+                if let Err(why) = check_base_url(u) {
+                    // Redacted: the URL may carry the password it is refused for.
+                    let shown = crate::journal::postgres::redact(u);
+                    return Err(bad(&format!("{key}.urls"), format!("{shown:?} {why}")));
                 }
             }
             match (&t.client_cert_file, &t.client_key_file) {
@@ -1060,6 +1059,49 @@ impl Cidr {
             _ => false,
         }
     }
+}
+
+/// Why `url` cannot be a target's base URL, if it cannot. The hub appends the
+/// core API's paths to it (`/v1/transfers`, `/v1/transfers/{guid}`), so a
+/// query or a fragment would swallow them: every inquiry would ask the same
+/// URL whatever the GUID, and take its answer for each one. Credentials in
+/// the URL would be sent, shown on the console and stored in the journal with
+/// every attempt's URL: they belong in the target's `auth`.
+pub fn check_base_url(url: &str) -> Result<(), String> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err("is not an http:// or https:// URL".into());
+    }
+    let uri = match url.parse::<ureq::http::Uri>() {
+        Ok(uri) => uri,
+        Err(e) => return Err(format!("is not a valid URL: {e}")),
+    };
+    let Some(authority) = uri.authority() else {
+        return Err("names no host".into());
+    };
+    if authority.as_str().contains('@') {
+        return Err(
+            "carries credentials: give them in the target's auth (bearer_env, header_env), \
+             which is never shown or stored"
+                .into(),
+        );
+    }
+    if authority.host().is_empty() {
+        return Err("names no host".into());
+    }
+    // What follows the host: nothing, or `:` and a port (empty: the default).
+    let port = &authority.as_str()[authority.host().len()..];
+    let port = port.strip_prefix(':').unwrap_or(port);
+    if !port.is_empty() && !port.parse::<u16>().is_ok_and(|p| p != 0) {
+        return Err(format!("has port {port:?}: a port is 1-65535"));
+    }
+    if url.contains('?') || url.contains('#') {
+        return Err(
+            "has a query or a fragment: the hub appends /v1/transfers to the base URL, \
+             so give the base alone (a path is fine)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1371,6 +1413,44 @@ mod tests {
         c.targets[0].urls = vec!["ftp://core".into()];
         let err = c.validate("t").unwrap_err().to_string();
         assert!(err.contains("not an http:// or https:// URL"), "{err}");
+    }
+
+    #[test]
+    fn a_base_url_the_api_paths_cannot_follow_is_refused() {
+        for (url, why) in [
+            ("http://core:8080/api?x=1", "query or a fragment"),
+            ("http://core:8080/api#part", "query or a fragment"),
+            ("http://core/?", "query or a fragment"),
+            ("http://alice:pw@core:8080", "carries credentials"),
+            ("http://alice@core", "carries credentials"),
+            ("http://127.0.0.1:99999", "a port is 1-65535"),
+            ("http://127.0.0.1:0", "a port is 1-65535"),
+            ("http://core:http", "a port is 1-65535"),
+            ("http://core/a b", "not a valid URL"),
+            ("http://:80", "names no host"),
+            ("https://", "not a valid URL"),
+        ] {
+            let mut c = with_core();
+            c.targets[0].urls = vec![url.into()];
+            let err = c.validate("t").unwrap_err().to_string();
+            assert!(
+                err.contains("target.core.urls") && err.contains(why),
+                "{url}: {err}"
+            );
+            // The refusal shows no password.
+            assert!(!err.contains(":pw@"), "{err}");
+        }
+        for url in [
+            "http://core:8080",
+            "https://core.bank.internal:8443/core/",
+            "http://[::1]:8080/x",
+            "http://[::1]",
+            "http://core:/x",
+        ] {
+            let mut c = with_core();
+            c.targets[0].urls = vec![url.into()];
+            c.validate("t").unwrap_or_else(|e| panic!("{url}: {e}"));
+        }
     }
 
     #[test]

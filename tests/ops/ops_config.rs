@@ -171,3 +171,30 @@ fn check_refuses_a_lease_shorter_than_the_longest_call() {
     );
     assert!(!stderr.contains("s3cret"), "{stderr}");
 }
+
+/// A core URL whose query or fragment would swallow the API's paths, or that
+/// carries credentials, is refused at start with the key and without the
+/// password (before, the hub started and every inquiry asked the same URL;
+/// found by a black-box probe).
+#[test]
+fn serve_refuses_a_core_url_the_api_paths_cannot_follow() {
+    for (url, why) in [
+        ("http://127.0.0.1:1/api?x=1#frag", "query or a fragment"),
+        ("http://alice:s3cretPW@127.0.0.1:1", "carries credentials"),
+        ("http://127.0.0.1:99999", "a port is 1-65535"),
+    ] {
+        let out = Command::new(relayhub_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--journal", "memory"])
+            .args(["--core-url", url])
+            .output()
+            .expect("run relayhub serve");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{url}: {stderr}");
+        assert!(
+            stderr.contains("target.core.urls") && stderr.contains(why),
+            "{url}: {stderr}"
+        );
+        assert!(!stderr.contains("s3cretPW"), "{stderr}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
+    }
+}
