@@ -161,7 +161,12 @@ impl Transfer<'_> {
             // Attempt 1 (and every resend) starts at the first URL.
             let url = self.target.url_for(0);
             let grace_ms = Some(self.target.grace_ms());
-            let claim = if let Some(store) = self.hub.journal.at_once() {
+            let claim = if let Some(why) = self.hub.journal.refusal() {
+                match Box::pin(self.read_while_refused(why)).await {
+                    Ok(row) => Bounded::Done(Ok(Claim::Existing(row))),
+                    Err(answer) => return answer,
+                }
+            } else if let Some(store) = self.hub.journal.at_once() {
                 let (g, tx, fp) = (self.guid(), &self.header.tx_code, self.fingerprint);
                 let to = AttemptTo { url, grace_ms };
                 match bounded::at_once(|| store.claim_to(g, tx, fp, to, now)) {
@@ -243,6 +248,31 @@ impl Transfer<'_> {
             Reply::code(Code::UNKNOWN),
             "GUID is being resent elsewhere".into(),
         )
+    }
+
+    /// The GUID's row, read instead of claimed while the journal refuses
+    /// durable writes (until a restart: a failed fsync, a journal file gone).
+    /// A GUID it holds is still answered from its row: a replay, an inquiry
+    /// (a claim there waits for an fsync that fails, and answered E903, "not
+    /// sent", for a transfer that had moved money). A GUID it does not hold
+    /// gets E903 with nothing written, so no row is left that a later resend
+    /// would find `sending` and inquire about.
+    async fn read_while_refused(&self, why: String) -> Result<Row, (Reply, String)> {
+        let (journal, guid) = (self.hub.journal.clone(), self.guid().to_string());
+        let read = bounded::within(self.deadline.work, async move { journal.get(&guid).await });
+        match read.await {
+            Bounded::Done(Ok(Some(row))) => Ok(row),
+            Bounded::Done(Ok(None)) => Err((bounded::claim_failed(), format!("not sent: {why}"))),
+            Bounded::Done(Err(e)) => Err((
+                bounded::claim_failed(),
+                format!("not sent: {why}; reading the GUID's row failed too: {e}"),
+            )),
+            Bounded::Failed(e) => Err((bounded::claim_failed(), format!("not sent: {e}"))),
+            Bounded::Late(_) => Err((
+                bounded::claim_failed(),
+                format!("not sent: {why}; the journal did not answer within the budget"),
+            )),
+        }
     }
 
     /// Asks the core about the row's transfer instead of posting (E901 before).

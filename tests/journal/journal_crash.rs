@@ -495,3 +495,68 @@ async fn a_journal_deleted_under_a_running_hub_stops_the_posts() {
     assert!(!file.exists(), "no empty journal made");
     assert_eq!(posts(&core, &before), 1);
 }
+
+/// A journal that refuses durable writes until a restart (here its files
+/// deleted under the hub; a failed fsync does the same) still answers the
+/// GUIDs it holds from their rows: a transfer answered 0000 is replayed, an
+/// unknown one is asked about, and a new GUID gets E903 with nothing written,
+/// so its resend is E903 again, not an inquiry. (Before, every resend got
+/// E903, "not sent", a transfer that had moved money included, because the
+/// claim that found the row waited for the fsync that failed; found by a
+/// black-box probe.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_that_refuses_writes_still_answers_the_guids_it_holds() {
+    let core = start_core().await;
+    let dir = TempDir::new("journal-refusing");
+    let file = dir.join("journal.db");
+    let mut hub = start_hub_process(&core.url(), &file, 3_000);
+    let mut ch = hub.channel().await;
+    let done = guid("REFDONE");
+    let first_done = within(ch.exchange(&transfer(&done, 1_000))).await.unwrap();
+    assert_eq!(first_done.code, "0000", "{first_done:?}");
+    // Applied, then the connection closed with no answer: unknown.
+    let unknown = guid("REFUNK");
+    core.add_fault(
+        FaultRule::guid(&unknown)
+            .method(FaultMethod::Post)
+            .phase(Phase::AfterApply)
+            .close(),
+    );
+    let answer = within(ch.exchange(&transfer(&unknown, 1_000)))
+        .await
+        .unwrap();
+    assert_eq!(answer.code, "E901", "{answer:?}");
+
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = file.clone().into_os_string();
+        name.push(suffix);
+        let _ = std::fs::remove_file(name);
+    }
+    // The write that finds the file gone refuses the journal from then on.
+    let first = guid("REFNEW1");
+    let answer = within(ch.exchange(&transfer(&first, 1_000))).await.unwrap();
+    assert_eq!(answer.code, "E903", "{answer:?}");
+
+    let replay = within(ch.exchange(&transfer(&done, 1_000))).await.unwrap();
+    assert_eq!(replay.code, "0000", "the stored answer: {replay:?}");
+    assert_eq!(replay.body, first_done.body, "{replay:?}");
+    let asked = within(ch.exchange(&transfer(&unknown, 1_000)))
+        .await
+        .unwrap();
+    assert_eq!(asked.code, "0000", "the inquiry's answer: {asked:?}");
+    assert_eq!(
+        (posts(&core, &unknown), gets(&core, &unknown)),
+        (1, 1),
+        "asked, not posted again"
+    );
+    assert_eq!(posts(&core, &done), 1);
+
+    // A new GUID: E903, and nothing written, so its resend is E903 too.
+    let new = guid("REFNEW2");
+    for _ in 0..2 {
+        let answer = within(ch.exchange(&transfer(&new, 1_000))).await.unwrap();
+        assert_eq!(answer.code, "E903", "{answer:?}");
+    }
+    assert_eq!(posts(&core, &new), 0, "nothing sent");
+    hub.sigkill();
+}
