@@ -220,7 +220,17 @@ impl SqliteJournal {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
-        self.queue(writes, writes, f).await
+        self.queue(writes, writes, writer::always, f).await
+    }
+
+    /// A durable write whose result says whether it wrote (`wrote`): one
+    /// that did not is answered at the commit, with no fsync to wait for.
+    async fn write_if<T, F>(&self, wrote: fn(&T) -> bool, f: F) -> Result<T, JournalError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        self.queue(true, true, wrote, f).await
     }
 
     /// A write whose commit need not be fsynced before its answer (an
@@ -230,10 +240,16 @@ impl SqliteJournal {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
-        self.queue(true, false, f).await
+        self.queue(true, false, writer::always, f).await
     }
 
-    async fn queue<T, F>(&self, writes: bool, durable: bool, f: F) -> Result<T, JournalError>
+    async fn queue<T, F>(
+        &self,
+        writes: bool,
+        durable: bool,
+        wrote: fn(&T) -> bool,
+        f: F,
+    ) -> Result<T, JournalError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
@@ -243,6 +259,7 @@ impl SqliteJournal {
         let task: Box<dyn Task> = Box::new(FnTask {
             writes,
             durable,
+            wrote,
             f,
             reply,
         });
@@ -292,7 +309,10 @@ impl SqliteJournal {
             to.url.to_owned(),
             to.grace_ms,
         );
-        self.call(true, move |c| {
+        // A GUID already journaled is answered with its row at the commit:
+        // nothing was written for it to wait on.
+        let wrote = |claim: &Claim| matches!(claim, Claim::New);
+        self.write_if(wrote, move |c| {
             let inserted = c
                 .prepare_cached(
                     "INSERT INTO journal (guid, tx_code, fingerprint, state, attempts, \

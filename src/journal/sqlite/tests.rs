@@ -2002,6 +2002,38 @@ async fn a_failed_fsync_fails_its_claim_and_every_durable_write_after_it() {
     let done = finish(State::Done, "0000", Some(b"ok"), None, "processed");
     j.finish("g1", done, 140).await.unwrap();
     assert_eq!(j.get("g1").await.unwrap().unwrap().state, State::Done);
+    // A claim that finds the GUID's row wrote nothing: it answers with the
+    // row, with no fsync to fail (a resend gets the stored answer, not E903).
+    match j.claim("g1", "TRF001", "fp", "http://core", 150).await {
+        Ok(Claim::Existing(row)) => assert_eq!(row.state, State::Done),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        j.claim("g4", "TRF001", "fp", "http://core", 160)
+            .await
+            .is_err()
+    );
+}
+
+/// A claim that finds its GUID's row does not wait for an fsync: while one
+/// is held (a slow disk), it answers at its commit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_that_finds_its_row_does_not_wait_for_an_fsync() {
+    let (_dir, j) = fresh();
+    j.claim("g1", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
+    let (go, held) = hold_next_fsync(&j).await;
+    let found = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        j.claim("g1", "TRF001", "fp", "http://core", 110),
+    )
+    .await
+    .expect("answered while the fsync is held");
+    assert!(matches!(found, Ok(Claim::Existing(_))), "{found:?}");
+    assert!(!held.is_finished(), "the held claim still waits");
+    drop(go);
+    assert!(matches!(held.await.unwrap(), Ok(Claim::New)));
 }
 
 /// Claims the GUID `held` and holds the fsync it waits for until the
@@ -2336,6 +2368,7 @@ async fn a_command_that_finds_the_queue_filled_since_waits_for_the_lock_and_runs
     let task: Box<dyn Task> = Box::new(FnTask {
         writes: true,
         durable: true,
+        wrote: writer::always,
         f: |_: &Connection| Ok(std::thread::current().name().unwrap_or("?").to_owned()),
         reply,
     });

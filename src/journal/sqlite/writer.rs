@@ -91,18 +91,33 @@ pub(super) trait Reply: Send {
     /// `commit` is `Err` when the batch was not committed: a command that itself
     /// succeeded must then not report success.
     fn send(self: Box<Self>, commit: Result<(), String>);
+    /// Whether the command changed what a durable write must have on disk
+    /// before its answer: a claim that found the GUID's row wrote nothing,
+    /// and answers at the commit, without waiting for an fsync (which a
+    /// journal that refuses durable writes would fail).
+    fn wrote(&self) -> bool {
+        true
+    }
 }
 
 /// A command built from a closure; its result goes back through a oneshot.
 pub(super) struct FnTask<T, F> {
     pub writes: bool,
     pub durable: bool,
+    /// Whether a result changed the database ([`Reply::wrote`]).
+    pub wrote: fn(&T) -> bool,
     pub f: F,
     pub reply: oneshot::Sender<Result<T, JournalError>>,
 }
 
+/// [`FnTask::wrote`] of a command whose every success writes.
+pub(super) fn always<T>(_: &T) -> bool {
+    true
+}
+
 struct FnReply<T> {
     writes: bool,
+    wrote: bool,
     result: rusqlite::Result<T>,
     reply: oneshot::Sender<Result<T, JournalError>>,
 }
@@ -133,6 +148,7 @@ where
         let ok = result.is_ok();
         let reply = FnReply {
             writes: self.writes,
+            wrote: result.as_ref().map_or(true, self.wrote),
             result,
             reply: self.reply,
         };
@@ -153,6 +169,10 @@ impl<T: Send> Reply for FnReply<T> {
             (Ok(v), Ok(())) => Ok(v),
         };
         let _ = self.reply.send(out);
+    }
+
+    fn wrote(&self) -> bool {
+        self.wrote
     }
 }
 
@@ -396,8 +416,9 @@ fn run_writes(
     if writes.len() == 1
         && let Some(task) = writes.pop()
     {
-        let durable = fsync_all || task.durable();
+        let may_wait = fsync_all || task.durable();
         let (ok, reply) = task.run(conn);
+        let durable = may_wait && reply.wrote();
         if !ok {
             // The reply carries the command's own error.
             lost = Some("the command failed; its transaction is rolled back".into());
@@ -416,8 +437,9 @@ fn run_writes(
             task.fail(lost.clone().unwrap_or_default());
             continue;
         }
-        let durable = fsync_all || task.durable();
+        let may_wait = fsync_all || task.durable();
         let (ok, reply) = task.run(conn);
+        let durable = may_wait && reply.wrote();
         let end = if ok {
             control(conn, "RELEASE cmd")
         } else {
