@@ -295,6 +295,7 @@ impl Journal {
                 reason,
             })?;
         }
+        let left = file_of(spec).and_then(sqlite::lock::left_by_an_owner);
         let lock = match file_of(spec) {
             Some(path) => Some(sqlite::lock::FileLock::acquire(path).map_err(|e| match e {
                 // Absolute, so the operator can tell which file whatever the
@@ -311,6 +312,25 @@ impl Journal {
             })?),
             None => None,
         };
+        // Owned now, so nobody is making it: a journal an earlier owner had
+        // open and that holds nothing lost its content (truncated, or a new
+        // journal's WAL deleted before its first checkpoint). Taken for a
+        // new one, it would post again every GUID it held.
+        if let (Some(path), Some(left)) = (file_of(spec), left)
+            && sqlite::open::holds_nothing(path)
+        {
+            return Err(JournalError::Open {
+                path: path.display().to_string(),
+                reason: format!(
+                    "the file holds no journal (empty, or its tables were only in a -wal file \
+                     that is gone), but its lock file {lock} is there: a hub had it open, so its \
+                     content was lost since. Put the journal back (with its -wal file); to start \
+                     with an empty journal instead, remove {lock} (a resend of any GUID the old \
+                     one held would then be posted again)",
+                    lock = left.display()
+                ),
+            });
+        }
         let journal = Journal::open_with(spec, max_batch, fsync_outcomes).await?;
         Ok((journal, Ownership { lock }))
     }

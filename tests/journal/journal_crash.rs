@@ -560,3 +560,45 @@ async fn a_journal_that_refuses_writes_still_answers_the_guids_it_holds() {
     assert_eq!(posts(&core, &new), 0, "nothing sent");
     hub.sigkill();
 }
+
+/// A journal file found empty (here truncated to 0 bytes, its -wal gone)
+/// where an earlier hub left its lock file lost what it held: a start is
+/// refused, as for a deleted one, instead of taking it for a new journal
+/// and posting every resend again (before: accepted, 2 POSTs for a GUID
+/// answered 0000; found by a black-box probe). The file is left as found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_found_empty_beside_its_lock_file_is_refused() {
+    let core = start_core().await;
+    let dir = TempDir::new("journal-emptied");
+    let file = dir.join("journal.db");
+    let mut hub = start_hub_process(&core.url(), &file, 3_000);
+    let mut ch = hub.channel().await;
+    let g = guid("EMPTIED");
+    let answer = within(ch.exchange(&transfer(&g, 1_000))).await.unwrap();
+    assert_eq!(answer.code, "0000", "{answer:?}");
+    hub.sigkill();
+
+    std::fs::File::create(&file).unwrap(); // truncated to 0 bytes
+    for suffix in ["-wal", "-shm"] {
+        let mut name = file.clone().into_os_string();
+        name.push(suffix);
+        let _ = std::fs::remove_file(name);
+    }
+    let refused = relayhub(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--core-url",
+        &core.url(),
+        "--journal",
+        file.to_str().unwrap(),
+    ]);
+    assert!(
+        refused.code != Some(0)
+            && refused.stderr.contains("the file holds no journal")
+            && refused.stderr.contains("its lock file"),
+        "{refused:?}"
+    );
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 0, "left as found");
+    assert_eq!(posts(&core, &g), 1);
+}

@@ -52,6 +52,12 @@ pub fn left_without_its_journal(db: &Path) -> Option<PathBuf> {
     if db.exists() {
         return None;
     }
+    left_by_an_owner(db)
+}
+
+/// The lock file an earlier owner left beside the journal at `db`, under
+/// the name given or under the file's one name, if there is one.
+pub fn left_by_an_owner(db: &Path) -> Option<PathBuf> {
     [lock_path(db), lock_path(&one_name(db))]
         .into_iter()
         .find(|lock| lock.exists())

@@ -96,6 +96,32 @@ pub(super) fn open(path: &Path) -> Result<Connection, String> {
     Ok(conn)
 }
 
+/// Whether the database file at `path` is there and holds nothing: no
+/// schema, no version (what SQLite makes of a file of 0 bytes, or of a new
+/// journal's header page without the WAL that held its tables). Read as a
+/// reader would, the WAL included; nothing is written. A file of a few
+/// pages at most is read (a journal whose tables are in the file is larger);
+/// a file that cannot be read is left to the open that follows to report.
+pub(crate) fn holds_nothing(path: &Path) -> bool {
+    const AT_MOST: u64 = 8 * 1024;
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() < AT_MOST) {
+        return false;
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let Ok(conn) = Connection::open_with_flags(file_name(path), flags) else {
+        return false;
+    };
+    let _ = conn.busy_timeout(BUSY_TIMEOUT);
+    let read = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0));
+    matches!(
+        (
+            read("PRAGMA user_version"),
+            read("SELECT count(*) FROM sqlite_schema")
+        ),
+        (Ok(0), Ok(0))
+    )
+}
+
 /// Opens an existing journal for reading only (`relayhub journal list` and
 /// `show`, which may run beside a live hub): nothing is created, migrated or
 /// written. A journal of an older schema is read as it is; the hub migrates

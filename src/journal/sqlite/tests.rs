@@ -2521,3 +2521,38 @@ async fn claims_stamp_the_attempts_grace() {
         .unwrap();
     assert_eq!(grace("g1").await, None);
 }
+
+/// What a start beside an earlier owner's lock file takes for a journal
+/// whose content was lost: a file of 0 bytes, or a new journal's header page
+/// whose tables were only in its -wal; never a journal, whether its tables
+/// are in the file or still in its WAL.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_that_holds_nothing_is_told_from_a_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    assert!(!open::holds_nothing(&path), "no file");
+    std::fs::File::create(&path).unwrap();
+    assert!(open::holds_nothing(&path), "0 bytes");
+    std::fs::remove_file(&path).unwrap();
+
+    // A new journal: its tables in the WAL until a checkpoint.
+    let j = SqliteJournal::open(&path, 64).unwrap();
+    j.claim("g1", "TRF001", "fp", "http://core", 1)
+        .await
+        .unwrap();
+    assert!(!open::holds_nothing(&path), "a journal, tables in the WAL");
+    let header_only = dir.path().join("header-only.db");
+    {
+        let c = rusqlite::Connection::open(&header_only).unwrap();
+        c.pragma_update(None, "page_size", open::PAGE_SIZE).unwrap();
+        let _: String = c
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .unwrap();
+    }
+    assert!(open::holds_nothing(&header_only), "a header page alone");
+    drop(j);
+    assert!(
+        !open::holds_nothing(&path),
+        "a journal, checkpointed at close"
+    );
+}
