@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::bounded::{self, Bounded};
-use super::reply::{describe, error_of, reply_for};
+use super::reply::{describe, error_of, finish_of, reply_for};
 use super::settle::{self, AttemptFacts, Verdict, ask_where, attempt_age};
 use super::{Deadline, Hub, Reply};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target, parse_retry_after};
@@ -97,16 +97,19 @@ pub(super) async fn run(
             outcome = Outcome::Unknown(format!("inquiry says never received, but {why}"));
         }
     }
-    let (reply, outcome) = reply_for(outcome, &route.layout, &rules.codes);
-    // An answer that settles an unknown (or orphaned) transfer is journaled too.
-    if reply.code.is_final()
-        && let Record::Known(Some(row)) = &record
+    let (mut reply, mut outcome) = reply_for(outcome, &route.layout, &rules.codes);
+    // An answer that settles an unknown (or orphaned) transfer is journaled
+    // too: a final answer, or a "never received" (the row then says
+    // `not_sent`, so the channel's resend posts, as E904 tells it).
+    if let Record::Known(Some(row)) = &record
+        && (row.state == State::Unknown || orphaned(hub, row, orig))
     {
-        let orphaned = row.state == State::Sending
-            && !hub.journal.is_shared()
-            && !hub.flights.contains(orig)
-            && !hub.late_calls.running(orig);
-        if row.state == State::Unknown || orphaned {
+        let from: &'static [State] = if row.state == State::Sending {
+            &[State::Sending]
+        } else {
+            &[State::Unknown]
+        };
+        if reply.code.is_final() {
             let body = rules.route(&row.tx_code).and_then(|r| match &outcome {
                 Outcome::Processed(answer) => {
                     encode_fields(&r.layout.response, &answer.fields(), HEADER_LEN).ok()
@@ -122,12 +125,17 @@ pub(super) async fn run(
                     note: "settled by an inquiry telegram".into(),
                     attempt: None,
                 };
-                let from: &'static [State] = if orphaned {
-                    &[State::Sending]
-                } else {
-                    &[State::Unknown]
-                };
                 settle::settle_write(&hub.journal, orig, from, finish, deadline).await;
+            }
+        } else if reply.code == Code::NEVER_RECEIVED {
+            let mut finish = finish_of(&reply, &outcome, "settled by an inquiry telegram".into());
+            // Judged from `row`: only if the row is still at that attempt.
+            finish.attempt = Some(row.attempts);
+            let settled = settle::settle_write(&hub.journal, orig, from, finish, deadline).await;
+            if settled != settle::Settled::Written {
+                // E904 says the next resend posts: only once the row says so.
+                (reply, outcome) =
+                    reply_for(settle::not_journaled(settled), &route.layout, &rules.codes);
             }
         }
     }
@@ -218,6 +226,15 @@ pub(super) fn fits(pause: Duration, deadline: Instant) -> bool {
         .checked_add(Duration::from_millis(5))
         .and_then(|p| Instant::now().checked_add(p))
         .is_some_and(|end| end < deadline)
+}
+
+/// A `sending` row no one works on: in a journal of one hub, left by an
+/// outcome write that failed (no call of it runs in this process).
+fn orphaned(hub: &Hub, row: &Row, guid: &str) -> bool {
+    row.state == State::Sending
+        && !hub.journal.is_shared()
+        && !hub.flights.contains(guid)
+        && !hub.late_calls.running(guid)
 }
 
 #[cfg(test)]

@@ -237,23 +237,25 @@ pub(super) async fn after_unknown(
         // tells the channel the next resend posts: only once the row says
         // `not_sent`. Since the read, another hub may have posted the
         // transfer, or own it within its lease.
-        let why = match settled {
-            Settled::Changed => {
-                "the journal's row changed while the core was asked, or another hub's lease holds it"
-            }
-            _ => "it could not be journaled as not sent",
-        };
-        let (reply, outcome) = reply_for(
-            Outcome::Unknown(format!("inquiry says never received, but {why}")),
-            &route.layout,
-            &rules.codes,
-        );
+        let (reply, outcome) = reply_for(not_journaled(settled), &route.layout, &rules.codes);
         return (
             reply,
             format!("inquiry after unknown: {}", describe(&outcome, 0)),
         );
     }
     (reply, note)
+}
+
+/// A "never received" that is not journaled as `not_sent` (`settled`): still
+/// unknown, since E904 tells the channel its next resend posts.
+pub(super) fn not_journaled(settled: Settled) -> Outcome {
+    let why = match settled {
+        Settled::Changed => {
+            "the journal's row changed while the core was asked, or another hub's lease holds it"
+        }
+        _ => "it could not be journaled as not sent",
+    };
+    Outcome::Unknown(format!("inquiry says never received, but {why}"))
 }
 
 /// What became of an inquiry's answer in the journal.

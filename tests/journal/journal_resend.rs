@@ -298,6 +298,48 @@ async fn resend_after_e904_posts_again_after_the_cooldown() {
     assert_eq!(core.balance(ACC1), Some(1_000_000 - 17_000), "one debit");
 }
 
+/// The same "never received", heard by an INQ001 past the wire grace: E904,
+/// and the row says `not_sent`, so the channel's TRF001 resend (after the
+/// cooldown) posts, as E904 tells it. Before, the row stayed `unknown`: the
+/// resend asked again and got E904 a second time, which also restarted the
+/// cooldown (found by a black-box probe). Money moves once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inquiry_telegram_s_e904_lets_the_next_resend_post() {
+    const COOLDOWN: u64 = 300;
+    const GRACE: u64 = 400;
+    let core = start_core().await;
+    let hub = HubSpec::new(&core.url())
+        .budget_ms(GRACE)
+        .toml(&format!(
+            "{}[[target]]\nname = \"core\"\nlate_answer_window_ms = 0\nwire_grace_ms = {GRACE}\n",
+            resend_policy(3, COOLDOWN)
+        ))
+        .start()
+        .await;
+    let g = guid("Q904");
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .status(502)
+            .times(1),
+    );
+    let telegram = transfer(&g, 18_000);
+    assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E901");
+
+    cooldown_passes(GRACE).await;
+    let q = guid("Q904ASK");
+    assert_header_only(&hub.send(&inquiry(&q, &g)).await, "INQ001", &q, "E904");
+    assert_eq!(hub.row(&g).await.map(|r| r.state), Some(State::NotSent));
+    assert_eq!((posts(&core, &g), gets(&core, &g)), (1, 1));
+
+    cooldown_passes(COOLDOWN).await;
+    let resend = hub.send(&telegram).await;
+    let (_, _, balance) = ok_body(&resend);
+    assert_eq!(balance, 1_000_000 - 18_000);
+    assert_eq!((posts(&core, &g), gets(&core, &g)), (2, 1));
+    assert_eq!(core.balance(ACC1), Some(1_000_000 - 18_000), "one debit");
+}
+
 /// 50 concurrent resends of a GUID left unknown (E901) share one inquiry:
 /// one GET, no second POST, 50 identical 0000 answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
