@@ -690,6 +690,12 @@ impl Target {
         &self.urls
     }
 
+    /// How long a transfer's call may go on after the budget for a late
+    /// answer (`late_answer_window_ms`; zero: it ends with the budget).
+    pub fn late_window(&self) -> Duration {
+        self.late_window
+    }
+
     /// [`Target::wire_grace`] in ms, as a claim stamps it on the row.
     pub fn grace_ms(&self) -> i64 {
         i64::try_from(self.wire_grace.as_millis()).unwrap_or(i64::MAX)
@@ -905,8 +911,9 @@ impl Job {
                         .as_ref()
                         .and_then(|h| h.to_str().ok())
                         .unwrap_or("?"),
-                    "the core's answer is not HTTP as the hub reads it ({reason}): check the \
-                     target's urls (a TLS core needs https://); {}",
+                    "the core's answer is not HTTP as the hub reads it ({reason}): a TLS core \
+                     named http:// in the target's urls (it needs https://), or a core or \
+                     gateway that frames its answers wrongly; {}",
                     if sent {
                         "the outcome is unknown (E901)"
                     } else {

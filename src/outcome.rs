@@ -235,6 +235,14 @@ fn result_of<'a>(m: &'a BorrowedObject<'_>) -> Option<&'a str> {
     m.sole_text("result")
 }
 
+/// Why a 200's body (read as an object) is not a processed transfer.
+fn not_ok(m: &BorrowedObject<'_>) -> &'static str {
+    match (m.text("result"), result_of(m)) {
+        (Some(_), None) => "200 whose result is given more than once",
+        _ => "200 whose result is not OK",
+    }
+}
+
 /// Reads the core's answer to `POST /v1/transfers` (the request was sent).
 pub fn classify_transfer(status: u16, body: &[u8], table: &CodeTable) -> Outcome {
     read_transfer(status, body, table).0
@@ -253,7 +261,7 @@ pub fn read_transfer<'b>(
                 Some(m) if result_of(&m) == Some("OK") => {
                     (Outcome::Processed(Answer(body.to_vec())), Some(m))
                 }
-                Some(_) => (Outcome::Unknown("200 whose result is not OK".into()), None),
+                Some(m) => (Outcome::Unknown(not_ok(&m).into()), None),
                 None => (Outcome::Unknown(unreadable("200", body)), None),
             };
         }
@@ -412,8 +420,13 @@ mod tests {
         assert_eq!(t().code(&classify_inquiry(404, twice, &t())), Code::UNKNOWN);
         let ok_twice = br#"{"result":"OK","txn_id":"T1","balance":1,"processed_at":"20261129132001","result":"OK"}"#;
         assert_eq!(
-            t().code(&classify_transfer(200, ok_twice, &t())),
-            Code::UNKNOWN
+            classify_transfer(200, ok_twice, &t()),
+            Outcome::Unknown("200 whose result is given more than once".into()),
+            "the note says why"
+        );
+        assert_eq!(
+            classify_transfer(200, br#"{"result":"FAILED"}"#, &t()),
+            Outcome::Unknown("200 whose result is not OK".into())
         );
         let status_twice = br#"{"status":"PROCESSING","status":"DONE","result":"OK"}"#;
         assert_eq!(

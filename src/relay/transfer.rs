@@ -512,9 +512,12 @@ impl Transfer<'_> {
                         self.rules.codes.clone(),
                         late,
                     );
-                    break ended(Outcome::Unknown(
-                        "no answer within the budget; the call goes on for late answers".into(),
-                    ));
+                    let note = if target.late_window().is_zero() {
+                        "no answer within the budget; the call ends with it (late_answer_window_ms = 0)"
+                    } else {
+                        "no answer within the budget; the call goes on for late answers"
+                    };
+                    break ended(Outcome::Unknown(note.into()));
                 }
             }
         };

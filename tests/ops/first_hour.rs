@@ -934,7 +934,7 @@ async fn an_answer_that_is_not_http_is_logged_as_a_configuration_error() {
     assert_eq!(answer.code, "E901", "{answer:?}");
     let line = log_line(&hub, "the core's answer is not HTTP", 0);
     assert!(
-        line.contains("ERROR") && line.contains("a TLS core needs https://"),
+        line.contains("ERROR") && line.contains("a TLS core named http://"),
         "{line}"
     );
 }
