@@ -129,6 +129,18 @@ pub enum RulesError {
         file: String,
         source: Box<core_api::ApiMismatch>,
     },
+    #[error(
+        "route.{tx_code}: its telegram is {need} bytes (the 64-byte header and layout \
+         {layout}'s {body}-byte body), longer than server.max_telegram_len ({max}): every one \
+         would be refused E102; raise server.max_telegram_len"
+    )]
+    TooLong {
+        tx_code: String,
+        layout: String,
+        body: usize,
+        need: usize,
+        max: usize,
+    },
     #[error("channel.{channel}.allow_from: {source}")]
     AllowFrom { channel: String, source: CidrError },
     #[error("channel.{channel}.tx_codes: {code:?} has no route")]
@@ -186,6 +198,16 @@ impl Rules {
                 file: layout.source.clone(),
                 source: Box::new(source),
             })?;
+            let need = crate::header::HEADER_LEN + layout.request_len();
+            if need > cfg.server.max_telegram_len {
+                return Err(RulesError::TooLong {
+                    tx_code: r.tx_code.clone(),
+                    layout: layout_name.to_string(),
+                    body: layout.request_len(),
+                    need,
+                    max: cfg.server.max_telegram_len,
+                });
+            }
             routes.insert(
                 r.tx_code.clone(),
                 Route {
@@ -331,6 +353,31 @@ mod tests {
         });
         cfg.channels = channels;
         Rules::build(&cfg, &["core".to_string()]).expect("rules")
+    }
+
+    /// A route whose telegram is longer than the hub reads could never be
+    /// answered but E102: refused with the numbers (found by a black-box
+    /// probe: `check` said the config was OK).
+    #[test]
+    fn a_route_longer_than_the_longest_telegram_is_refused() {
+        let mut cfg = Config::default();
+        cfg.apply(&Overrides {
+            core_url: Some("http://127.0.0.1:9".into()),
+            ..Overrides::default()
+        });
+        // INQ001's 96 bytes fit, TRF001's 132 do not.
+        cfg.server.max_telegram_len = 100;
+        let Err(err) = Rules::build(&cfg, &["core".to_string()]) else {
+            panic!("a route longer than max_telegram_len was taken");
+        };
+        let err = err.to_string();
+        assert!(
+            err.starts_with("route.TRF001: its telegram is 132 bytes")
+                && err.contains("max_telegram_len (100)"),
+            "{err}"
+        );
+        cfg.server.max_telegram_len = 132;
+        assert!(Rules::build(&cfg, &["core".to_string()]).is_ok());
     }
 
     fn channel(id: &str, cert_names: &[&str]) -> ChannelConfig {
