@@ -345,7 +345,10 @@ impl Daemon {
     /// or blank file is refused: most likely caught while being written.
     pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let result = self.source.load_to_reload().and_then(|config| {
-            let rules = Rules::build(&config, &self.target_names)?;
+            // A route must fit the limit the listener reads by now, and the
+            // file's, which the next start puts in force.
+            let limit = (self.started.server.max_telegram_len).min(config.server.max_telegram_len);
+            let rules = Rules::build_to_read(&config, &self.target_names, limit)?;
             // The running listener takes the new files; a TLS listener
             // added or removed waits for a restart (`tls_listen`).
             let tls = match (&self.tls, &config.server.tls_listen) {

@@ -131,8 +131,9 @@ pub enum RulesError {
     },
     #[error(
         "route.{tx_code}: its telegram is {need} bytes (the 64-byte header and layout \
-         {layout}'s {body}-byte body), longer than server.max_telegram_len ({max}): every one \
-         would be refused E102; raise server.max_telegram_len"
+         {layout}'s {body}-byte body), longer than server.max_telegram_len ({max}, the running \
+         hub's on a reload if lower): every one would be refused E102; raise \
+         server.max_telegram_len (a restart puts it in force)"
     )]
     TooLong {
         tx_code: String,
@@ -166,6 +167,17 @@ impl Rules {
     /// Builds and checks the rules; `target_names` are the hub's targets in order.
     /// The error names the file or key and the reason.
     pub fn build(cfg: &Config, target_names: &[String]) -> Result<Rules, RulesError> {
+        Rules::build_to_read(cfg, target_names, cfg.server.max_telegram_len)
+    }
+
+    /// [`Rules::build`], every route's telegram checked against
+    /// `max_telegram_len` (a reload: the running hub's limit and the file's,
+    /// which a restart puts in force, whichever is lower).
+    pub fn build_to_read(
+        cfg: &Config,
+        target_names: &[String],
+        max_telegram_len: usize,
+    ) -> Result<Rules, RulesError> {
         // The folder adds to the built-in layouts (and replaces one by tx code).
         let layouts = layout::with_dir(cfg.server.layouts_dir.as_deref())?;
         let layouts: BTreeMap<String, Arc<Layout>> =
@@ -199,13 +211,13 @@ impl Rules {
                 source: Box::new(source),
             })?;
             let need = crate::header::HEADER_LEN + layout.request_len();
-            if need > cfg.server.max_telegram_len {
+            if need > max_telegram_len {
                 return Err(RulesError::TooLong {
                     tx_code: r.tx_code.clone(),
                     layout: layout_name.to_string(),
                     body: layout.request_len(),
                     need,
-                    max: cfg.server.max_telegram_len,
+                    max: max_telegram_len,
                 });
             }
             routes.insert(
@@ -373,7 +385,7 @@ mod tests {
         let err = err.to_string();
         assert!(
             err.starts_with("route.TRF001: its telegram is 132 bytes")
-                && err.contains("max_telegram_len (100)"),
+                && err.contains("max_telegram_len (100,"),
             "{err}"
         );
         cfg.server.max_telegram_len = 132;

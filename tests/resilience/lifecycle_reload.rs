@@ -266,3 +266,32 @@ async fn a_reload_refuses_an_empty_file() {
     }
     assert_eq!(code(&hub, &t("IBANK")).await, "0000");
 }
+
+/// A route a reload adds must fit the limit the running listener reads,
+/// not only the file's: max_telegram_len takes effect at a restart, so a
+/// longer route taken by the reload would be E102 until then. Refused, with
+/// the numbers; a restart with the file's limit takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_refuses_a_route_longer_than_the_running_hub_reads() {
+    let core = start_core().await;
+    // INQ001's telegram is 96 bytes, TRF001's 132.
+    let inquiries = route_toml("INQ001", "inquiry", "core", None);
+    let hub = start_file_hub(&format!(
+        "[server]\nmax_telegram_len = 100\n{}",
+        config(&core.url(), &inquiries, "")
+    ))
+    .await;
+    hub.rewrite(&format!(
+        "[server]\nmax_telegram_len = 4096\n{}",
+        config(&core.url(), &default_routes_toml("core"), "")
+    ));
+    let err = hub
+        .daemon
+        .reload()
+        .expect_err("a route the listener cannot read was taken")
+        .to_string();
+    assert!(
+        err.contains("route.TRF001: its telegram is 132 bytes") && err.contains("(100, "),
+        "{err}"
+    );
+}
