@@ -102,6 +102,19 @@ pub(super) async fn run(
     // too: a final answer, or a "never received" (the row then says
     // `not_sent`, so the channel's resend posts, as E904 tells it).
     if let Record::Known(Some(row)) = &record
+        && row.state == State::Sending
+        && !orphaned(hub, row, orig)
+        && reply.code == Code::NEVER_RECEIVED
+    {
+        // Another hub's attempt (a shared journal), or one of this hub's
+        // that began meanwhile, holds the row: it is not settled here, so
+        // the channel's next resend would not post, as E904 would tell it.
+        (reply, outcome) = reply_for(
+            settle::not_journaled(settle::Settled::Changed),
+            &route.layout,
+            &rules.codes,
+        );
+    } else if let Record::Known(Some(row)) = &record
         && (row.state == State::Unknown || orphaned(hub, row, orig))
     {
         let from: &'static [State] = if row.state == State::Sending {

@@ -237,11 +237,19 @@ impl Transfer<'_> {
                     return Box::pin(self.settle(&row, &[State::Sending])).await;
                 }
                 State::Sending => return Box::pin(self.other_hubs_attempt(&row)).await,
-                State::NotSent => match Box::pin(self.resend(&row, now)).await {
-                    Resend::Post(attempt) => return Box::pin(self.post(attempt)).await,
-                    Resend::Answer(reply, note) => return (reply, note),
-                    Resend::LostRace => continue,
-                },
+                State::NotSent => {
+                    // A resend's claim is a durable write: a journal that
+                    // refuses them would take an attempt (and its place
+                    // under the maximum) for a POST it then does not allow.
+                    if let Some(why) = self.hub.journal.refusal() {
+                        return (bounded::claim_failed(), format!("not sent: {why}"));
+                    }
+                    match Box::pin(self.resend(&row, now)).await {
+                        Resend::Post(attempt) => return Box::pin(self.post(attempt)).await,
+                        Resend::Answer(reply, note) => return (reply, note),
+                        Resend::LostRace => continue,
+                    }
+                }
             }
         }
         (

@@ -509,6 +509,17 @@ async fn a_journal_that_refuses_writes_still_answers_the_guids_it_holds() {
     let core = start_core().await;
     let dir = TempDir::new("journal-refusing");
     let file = dir.join("journal.db");
+    // A GUID certainly not sent (E902: no core listening), by an earlier hub.
+    let not_sent = guid("REFNOTSENT");
+    let mut first = start_hub_process("http://127.0.0.1:1", &file, 3_000);
+    let mut ch = first.channel().await;
+    let answer = within(ch.exchange(&transfer(&not_sent, 1_000)))
+        .await
+        .unwrap();
+    assert_eq!(answer.code, "E902", "{answer:?}");
+    let answered = std::time::Instant::now();
+    assert!(first.terminate().success());
+
     let mut hub = start_hub_process(&core.url(), &file, 3_000);
     let mut ch = hub.channel().await;
     let done = guid("REFDONE");
@@ -558,6 +569,20 @@ async fn a_journal_that_refuses_writes_still_answers_the_guids_it_holds() {
         assert_eq!(answer.code, "E903", "{answer:?}");
     }
     assert_eq!(posts(&core, &new), 0, "nothing sent");
+
+    // Not sent before: its resends are E903 with nothing written (before,
+    // the first one's claim took an attempt that was never posted, and the
+    // next resend found it `sending` and asked the core: E901). Past the
+    // resend cooldown (1 s by default), which would answer E905 first.
+    let cooldown = std::time::Duration::from_millis(1_100);
+    tokio::time::sleep(cooldown.saturating_sub(answered.elapsed())).await;
+    for _ in 0..2 {
+        let answer = within(ch.exchange(&transfer(&not_sent, 1_000)))
+            .await
+            .unwrap();
+        assert_eq!(answer.code, "E903", "{answer:?}");
+    }
+    assert_eq!((posts(&core, &not_sent), gets(&core, &not_sent)), (0, 0));
     hub.sigkill();
 }
 
