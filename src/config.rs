@@ -356,6 +356,19 @@ fn default_max_concurrency() -> usize {
 /// ask for.
 pub const MAX_ATTEMPTS: u32 = 100;
 
+/// The longest of any duration in the config (30 days).
+pub const MAX_DURATION_MS: u64 = 30 * 24 * 3_600_000;
+/// Channel connections at once, at most.
+pub const MAX_CONNECTIONS: u64 = 1_000_000;
+/// Pipelined telegrams of one connection at once, at most.
+pub const MAX_IN_FLIGHT_PER_CONNECTION: u64 = 10_000;
+/// Calls in flight to one target, at most: each holds a thread.
+pub const MAX_CONCURRENCY: u64 = 100_000;
+/// Journal commands in one transaction, at most.
+pub const MAX_BATCH: u64 = 100_000;
+/// Ten years.
+pub const MAX_RETENTION_HOURS: u64 = 87_600;
+
 /// The bulkhead wait of a target that does not set `queue_wait_ms`, before
 /// it is lowered to half the budget.
 pub const DEFAULT_QUEUE_WAIT_MS: u64 = 100;
@@ -445,16 +458,31 @@ impl AuthConfig {
                 source,
             })
         };
-        if let Some(token) = &self.bearer {
-            return Ok(format!("Bearer {token}"));
+        let given = [&self.bearer, &self.bearer_env, &self.header_env]
+            .iter()
+            .filter(|k| k.is_some())
+            .count();
+        if given > 1 {
+            return Err(AuthError::Several);
         }
-        if let Some(var) = &self.bearer_env {
-            return env(var).map(|t| format!("Bearer {t}"));
+        let (value, from) = if let Some(token) = &self.bearer {
+            (format!("Bearer {token}"), "bearer".to_string())
+        } else if let Some(var) = &self.bearer_env {
+            (
+                format!("Bearer {}", env(var)?),
+                format!("bearer_env ({var})"),
+            )
+        } else if let Some(var) = &self.header_env {
+            (env(var)?, format!("header_env ({var})"))
+        } else {
+            return Err(AuthError::Empty);
+        };
+        // A newline or a control character would make every request
+        // unsendable (E902); the value itself is never shown.
+        if ureq::http::HeaderValue::from_str(&value).is_err() {
+            return Err(AuthError::NotAHeader { from });
         }
-        if let Some(var) = &self.header_env {
-            return env(var);
-        }
-        Err(AuthError::Empty)
+        Ok(value)
     }
 }
 
@@ -470,6 +498,14 @@ pub enum AuthError {
     /// None of the keys is given.
     #[error("auth needs one of bearer, bearer_env, header_env")]
     Empty,
+    /// More than one key is given: which one would be sent is not obvious.
+    #[error("auth takes exactly one of bearer, bearer_env, header_env")]
+    Several,
+    /// The value cannot be an HTTP header's (a newline, a control character).
+    #[error(
+        "the value from {from} cannot be an HTTP header (a newline or a control character in it)"
+    )]
+    NotAHeader { from: String },
 }
 
 /// An address block that does not parse.
@@ -670,6 +706,97 @@ impl Config {
 
     /// Cross-checks: budgets and timeouts fit, routes name real targets, addresses
     /// parse. `file` names the source in messages.
+    /// Upper bounds on every count and duration, checked first: far above
+    /// any sensible setting, far below where a value would overflow a
+    /// clock's sum, a semaphore's permits or an allocation (a
+    /// `max_connections` of 2^62 made the listener's task panic after the
+    /// ready line; a cooldown of 2^63 ms wrapped to none).
+    fn check_magnitudes(&self) -> Result<(), (String, String)> {
+        let (s, j) = (&self.server, &self.journal);
+        let mut ms: Vec<(String, Option<u64>)> = vec![
+            ("server.idle_timeout_ms".into(), Some(s.idle_timeout_ms)),
+            ("server.read_timeout_ms".into(), Some(s.read_timeout_ms)),
+            ("server.write_timeout_ms".into(), Some(s.write_timeout_ms)),
+            (
+                "server.tls_handshake_timeout_ms".into(),
+                Some(s.tls_handshake_timeout_ms),
+            ),
+            (
+                "journal.resend_cooldown_ms".into(),
+                Some(j.resend_cooldown_ms),
+            ),
+            ("journal.retention_ms".into(), j.retention_ms),
+            (
+                "journal.prune_interval_ms".into(),
+                Some(j.prune_interval_ms),
+            ),
+            (
+                "journal.liveness_renew_ms".into(),
+                Some(j.liveness_renew_ms),
+            ),
+            (
+                "journal.liveness_fence_ms".into(),
+                Some(j.liveness_fence_ms),
+            ),
+            (
+                "journal.liveness_dead_after_ms".into(),
+                Some(j.liveness_dead_after_ms),
+            ),
+        ];
+        for t in &self.targets {
+            let key = |name: &str| format!("target.{}.{name}", t.name);
+            ms.extend([
+                (key("connect_timeout_ms"), t.connect_timeout_ms),
+                (key("resolve_refresh_ms"), Some(t.resolve_refresh_ms)),
+                (key("late_answer_window_ms"), Some(t.late_answer_window_ms)),
+                (key("wire_grace_ms"), t.wire_grace_ms),
+                (key("queue_wait_ms"), t.queue_wait_ms),
+                (key("backoff_ms"), Some(t.backoff_ms)),
+            ]);
+        }
+        for (key, value) in ms {
+            if let Some(v) = value
+                && v > MAX_DURATION_MS
+            {
+                return Err((
+                    key,
+                    format!("{v} is out of range: at most {MAX_DURATION_MS} (30 days)"),
+                ));
+            }
+        }
+        let mut counts: Vec<(String, u64, u64)> = vec![
+            (
+                "server.max_connections".into(),
+                s.max_connections as u64,
+                MAX_CONNECTIONS,
+            ),
+            (
+                "server.max_in_flight_per_connection".into(),
+                s.max_in_flight_per_connection as u64,
+                MAX_IN_FLIGHT_PER_CONNECTION,
+            ),
+            ("journal.max_batch".into(), j.max_batch as u64, MAX_BATCH),
+            (
+                "journal.retention_hours".into(),
+                j.retention_hours,
+                MAX_RETENTION_HOURS,
+            ),
+        ];
+        for t in &self.targets {
+            counts.push((
+                format!("target.{}.max_concurrency", t.name),
+                t.max_concurrency as u64,
+                MAX_CONCURRENCY,
+            ));
+        }
+        for (key, value, max) in counts {
+            if value > max {
+                return Err((key, format!("{value} is out of range: at most {max}")));
+            }
+        }
+        Ok(())
+    }
+
     pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
         let bad = |key: &str, reason: String| ConfigError::Invalid {
             file: file.into(),
@@ -677,6 +804,8 @@ impl Config {
             reason,
         };
         let s = &self.server;
+        self.check_magnitudes()
+            .map_err(|(key, reason)| bad(&key, reason))?;
         if s.budget_ms == 0 || s.budget_ms > MAX_BUDGET_MS {
             return Err(bad(
                 "server.budget_ms",
@@ -930,8 +1059,14 @@ impl Config {
                 ));
             }
         }
+        let mut ids = std::collections::HashSet::new();
         for c in &self.channels {
             let key = format!("channel.{}", c.id);
+            // The last of two would win, and the first's restrictions
+            // (allow_from, tx_codes) would silently go.
+            if !ids.insert(c.id.as_str()) {
+                return Err(bad(&key, "channel id given twice".into()));
+            }
             if c.id.trim().is_empty()
                 || c.id.len() > 8
                 || !c.id.bytes().all(|b| (0x21..=0x7e).contains(&b))
@@ -1413,6 +1548,97 @@ mod tests {
         c.targets[0].urls = vec!["ftp://core".into()];
         let err = c.validate("t").unwrap_err().to_string();
         assert!(err.contains("not an http:// or https:// URL"), "{err}");
+    }
+
+    /// Every count and duration has an upper bound, named with its key
+    /// (found by a black-box probe: a max_connections of 2^62 passed check
+    /// and made the listener's task panic after the ready line; a
+    /// max_concurrency of 2^62 panicked at start; a max_batch of 2^40 asked
+    /// for 16 TB; a resend cooldown of 2^63 ms wrapped to none).
+    #[test]
+    fn counts_and_durations_past_their_bounds_are_refused_with_their_key() {
+        type Set = fn(&mut Config);
+        let cases: [(&str, Set); 7] = [
+            ("server.max_connections", |c| {
+                c.server.max_connections = 1 << 62
+            }),
+            ("server.max_in_flight_per_connection", |c| {
+                c.server.max_in_flight_per_connection = usize::MAX
+            }),
+            ("target.core.max_concurrency", |c| {
+                c.targets[0].max_concurrency = 1 << 62
+            }),
+            ("journal.max_batch", |c| c.journal.max_batch = 1 << 40),
+            ("journal.resend_cooldown_ms", |c| {
+                c.journal.resend_cooldown_ms = 1 << 63
+            }),
+            ("server.idle_timeout_ms", |c| {
+                c.server.idle_timeout_ms = u64::MAX
+            }),
+            ("target.core.backoff_ms", |c| {
+                c.targets[0].backoff_ms = MAX_DURATION_MS + 1
+            }),
+        ];
+        for (key, set) in cases {
+            let mut c = with_core();
+            set(&mut c);
+            let err = c.validate("t").unwrap_err().to_string();
+            assert!(
+                err.contains(key) && err.contains("out of range"),
+                "{key}: {err}"
+            );
+        }
+        let mut c = with_core();
+        c.journal.resend_cooldown_ms = MAX_DURATION_MS;
+        c.server.max_connections = MAX_CONNECTIONS as usize;
+        c.validate("t").unwrap();
+    }
+
+    /// A channel id given twice is refused: the last would win, and the
+    /// first's restrictions would go (found by a black-box probe).
+    #[test]
+    fn a_channel_id_given_twice_is_refused() {
+        let mut c = with_core();
+        let channel = |allow: &[&str]| ChannelConfig {
+            id: "IBANK".into(),
+            allow_from: allow.iter().map(|a| a.to_string()).collect(),
+            tx_codes: vec![],
+            cert_names: vec![],
+        };
+        c.channels = vec![channel(&["10.0.0.0/8"]), channel(&[])];
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(
+            err.contains("channel.IBANK") && err.contains("given twice"),
+            "{err}"
+        );
+    }
+
+    /// An auth table takes one key, and its value must be sendable as a
+    /// header; the value is never shown (found by a black-box probe: two
+    /// keys were taken, and a token with a newline made every transfer E902
+    /// with no ERROR).
+    #[test]
+    fn an_auth_table_takes_one_key_and_a_sendable_value() {
+        let auth = |bearer: Option<&str>, header_env: Option<&str>| AuthConfig {
+            bearer: bearer.map(String::from),
+            bearer_env: None,
+            header_env: header_env.map(String::from),
+        };
+        let mut c = with_core();
+        c.targets[0].auth = Some(auth(Some("abc"), Some("PATH")));
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(
+            err.contains("target.core.auth") && err.contains("exactly one"),
+            "{err}"
+        );
+        c.targets[0].auth = Some(auth(Some("s3cret\nX-Evil: 1"), None));
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(
+            err.contains("cannot be an HTTP header") && !err.contains("s3cret"),
+            "{err}"
+        );
+        c.targets[0].auth = Some(auth(Some("abc"), None));
+        c.validate("t").unwrap();
     }
 
     #[test]
