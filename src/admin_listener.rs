@@ -6,9 +6,11 @@
 //! never closes, a port scanner) could use them all up, and channels' new
 //! connections would then wait on `EMFILE`. So a connection past
 //! [`MAX_ADMIN_CONNECTIONS`] waits in the kernel's backlog until one closes,
-//! and one with no progress for [`ADMIN_IDLE`] is closed, unless a request of
-//! it is being answered ([`Busy`]: a reconcile of many rows may take longer,
-//! and closing the connection would cut it short).
+//! and one with no answer written for [`ADMIN_IDLE`] (since it was accepted
+//! or last written to) is closed, unless a request of it is being answered
+//! ([`Busy`]: a reconcile of many rows may take longer, and closing the
+//! connection would cut it short). Bytes read do not count: a request sent
+//! a byte at a time is closed like an idle connection.
 
 use std::future::Future;
 use std::io;
@@ -173,8 +175,14 @@ impl AsyncRead for AdminStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
-        this.after(cx, polled)
+        // Bytes read do not restart the idle time: a client that sends a
+        // request a byte at a time would otherwise hold its slot for as
+        // long as it likes (64 of them starved /healthz and /metrics; found
+        // by a black-box probe). The time starts again once it is answered.
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Ready(r) => Poll::Ready(r),
+            Poll::Pending => this.waiting(cx),
+        }
     }
 }
 
@@ -323,6 +331,33 @@ mod tests {
         let text = String::from_utf8_lossy(&seen).to_string();
         assert!(text.ends_with("done\n"), "answered first: {text}");
         assert!(closed.is_ok(), "still open 10 s after the answer");
+    }
+
+    /// A request sent a byte at a time, each byte within the idle time, is
+    /// closed once the idle time has passed with nothing answered: it does
+    /// not hold its slot for as long as it trickles.
+    #[tokio::test]
+    async fn a_request_trickled_a_byte_at_a_time_is_closed() {
+        let idle = Duration::from_millis(300);
+        let addr = served(1, idle).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            for byte in b"GET /healthz HTTP/1.1\r\nX-Slow: "
+                .iter()
+                .chain([b'a'; 200].iter())
+            {
+                if s.write_all(&[*byte]).await.is_err() {
+                    return;
+                }
+                // Pacing the sender well inside the idle time.
+                tokio::time::sleep(idle / 3).await;
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "still open after 10 s of trickling");
+        let mut rest = Vec::new();
+        let n = s.read_to_end(&mut rest).await.unwrap_or(0);
+        assert_eq!(n, 0, "closed without an answer: {rest:?}");
     }
 
     #[tokio::test]
