@@ -368,6 +368,8 @@ pub const MAX_CONCURRENCY: u64 = 100_000;
 pub const MAX_BATCH: u64 = 100_000;
 /// Ten years.
 pub const MAX_RETENTION_HOURS: u64 = 87_600;
+/// The longest telegram any prefix may announce (the ascii prefix stops at 9999).
+pub const MAX_TELEGRAM_LEN: u64 = 16 * 1024 * 1024;
 
 /// The bulkhead wait of a target that does not set `queue_wait_ms`, before
 /// it is lowered to half the budget.
@@ -776,6 +778,11 @@ impl Config {
                 MAX_IN_FLIGHT_PER_CONNECTION,
             ),
             ("journal.max_batch".into(), j.max_batch as u64, MAX_BATCH),
+            (
+                "server.max_telegram_len".into(),
+                s.max_telegram_len as u64,
+                MAX_TELEGRAM_LEN,
+            ),
             (
                 "journal.retention_hours".into(),
                 j.retention_hours,
@@ -1558,7 +1565,11 @@ mod tests {
     #[test]
     fn counts_and_durations_past_their_bounds_are_refused_with_their_key() {
         type Set = fn(&mut Config);
-        let cases: [(&str, Set); 7] = [
+        let cases: [(&str, Set); 8] = [
+            ("server.max_telegram_len", |c| {
+                c.server.prefix = PrefixMode::Binary;
+                c.server.max_telegram_len = usize::MAX
+            }),
             ("server.max_connections", |c| {
                 c.server.max_connections = 1 << 62
             }),
