@@ -295,8 +295,8 @@ impl Journal {
                 reason,
             })?;
         }
-        let left = file_of(spec).and_then(sqlite::lock::left_by_an_owner);
-        let lock = match file_of(spec) {
+        let left = file_of(spec).and_then(sqlite::lock::left_by_an_opener);
+        let mut lock = match file_of(spec) {
             Some(path) => Some(sqlite::lock::FileLock::acquire(path).map_err(|e| match e {
                 // Absolute, so the operator can tell which file whatever the
                 // working directory of either process.
@@ -313,7 +313,7 @@ impl Journal {
             None => None,
         };
         // Owned now, so nobody is making it: a journal an earlier owner had
-        // open and that holds nothing lost its content (truncated, or a new
+        // opened (its lock file says so) that holds nothing lost its content (truncated, or a new
         // journal's WAL deleted before its first checkpoint). Taken for a
         // new one, it would post again every GUID it held.
         if let (Some(path), Some(left)) = (file_of(spec), left)
@@ -332,6 +332,12 @@ impl Journal {
             });
         }
         let journal = Journal::open_with(spec, max_batch, fsync_outcomes).await?;
+        if let (Some(lock), Some(path)) = (lock.as_mut(), file_of(spec)) {
+            lock.mark_opened().map_err(|e| JournalError::Open {
+                path: path.display().to_string(),
+                reason: format!("cannot write to {}: {e}", lock.path().display()),
+            })?;
+        }
         Ok((journal, Ownership { lock }))
     }
 

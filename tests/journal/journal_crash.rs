@@ -626,4 +626,17 @@ async fn a_journal_found_empty_beside_its_lock_file_is_refused() {
     );
     assert_eq!(std::fs::metadata(&file).unwrap().len(), 0, "left as found");
     assert_eq!(posts(&core, &g), 1);
+
+    // A lock file whose owner never opened the journal (a first start that
+    // failed before making it) does not stop the next start.
+    let mut lock = file.clone().into_os_string();
+    lock.push(".lock");
+    std::fs::write(&lock, "pid 1: relayhub serve\n").unwrap();
+    let mut hub = start_hub_process(&core.url(), &file, 3_000);
+    let mut ch = hub.channel().await;
+    let answer = within(ch.exchange(&transfer(&guid("EMPTIED2"), 1_000)))
+        .await
+        .unwrap();
+    assert_eq!(answer.code, "0000", "{answer:?}");
+    hub.sigkill();
 }

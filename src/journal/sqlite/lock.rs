@@ -57,10 +57,23 @@ pub fn left_without_its_journal(db: &Path) -> Option<PathBuf> {
 
 /// The lock file an earlier owner left beside the journal at `db`, under
 /// the name given or under the file's one name, if there is one.
-pub fn left_by_an_owner(db: &Path) -> Option<PathBuf> {
+fn left_by_an_owner(db: &Path) -> Option<PathBuf> {
     [lock_path(db), lock_path(&one_name(db))]
         .into_iter()
         .find(|lock| lock.exists())
+}
+
+/// The line an owner adds to its lock file once the journal is open: a
+/// journal found holding nothing beside such a file lost what it held,
+/// while one beside a file without it may be from a first start that
+/// failed before the journal was made (or from a build before the line).
+const OPENED: &str = "opened the journal";
+
+/// [`left_by_an_owner`], for an owner that had opened the journal.
+pub fn left_by_an_opener(db: &Path) -> Option<PathBuf> {
+    [lock_path(db), lock_path(&one_name(db))]
+        .into_iter()
+        .find(|lock| std::fs::read_to_string(lock).is_ok_and(|t| t.lines().any(|l| l == OPENED)))
 }
 
 /// `<db>.lock`, beside the database file.
@@ -120,6 +133,22 @@ impl FileLock {
         })
     }
 
+    /// Notes in the lock file (both names) that the journal was opened.
+    pub fn mark_opened(&mut self) -> std::io::Result<()> {
+        for file in std::iter::once(&mut self._file).chain(self._given.as_mut()) {
+            let mut text = String::new();
+            file.rewind()?;
+            file.read_to_string(&mut text)?;
+            if text.lines().any(|l| l == OPENED) {
+                continue;
+            }
+            file.seek(std::io::SeekFrom::End(0))?;
+            file.write_all(format!("{OPENED}\n").as_bytes())?;
+            file.flush()?;
+        }
+        Ok(())
+    }
+
     /// The lock file's path.
     pub fn path(&self) -> &Path {
         &self.path
@@ -145,7 +174,8 @@ fn take(path: &Path) -> Result<File, LockError> {
         Err(TryLockError::WouldBlock) => {
             let mut holder = String::new();
             let _ = file.read_to_string(&mut holder);
-            let holder = holder.trim();
+            // Its first line: who; the rest is not for the message.
+            let holder = holder.lines().next().unwrap_or("").trim();
             return Err(LockError::Held {
                 lock: path.to_path_buf(),
                 holder: if holder.is_empty() {
@@ -157,8 +187,16 @@ fn take(path: &Path) -> Result<File, LockError> {
         }
         Err(TryLockError::Error(e)) => return Err(io(e)),
     }
-    // Who holds it, for the message of the next one refused.
-    let me = holder_name();
+    // Who holds it, for the message of the next one refused; an earlier
+    // owner's note that the journal was opened stays (a start refused before
+    // it opens the journal must not wipe it for the next one).
+    let mut before = String::new();
+    let _ = file.read_to_string(&mut before);
+    let mut me = holder_name();
+    if before.lines().any(|l| l == OPENED) {
+        me.push_str(OPENED);
+        me.push('\n');
+    }
     file.set_len(0)
         .and_then(|()| file.rewind())
         .and_then(|()| file.write_all(me.as_bytes()))
@@ -206,6 +244,41 @@ mod tests {
         assert_eq!(left_without_its_journal(&real), Some(lock.clone()));
         // Given through a link whose target is gone: the target's lock.
         assert_eq!(left_without_its_journal(&link), Some(lock));
+    }
+
+    /// The note that the journal was opened is found only once written,
+    /// and outlives the next owner's taking of the lock (a start refused
+    /// before it opens the journal must not wipe it for the next one).
+    #[test]
+    fn the_opened_note_is_kept_across_owners() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("journal.db");
+        let mut first = FileLock::acquire(&db).unwrap();
+        assert_eq!(
+            left_by_an_opener(&db),
+            None,
+            "a first start, not opened yet"
+        );
+        first.mark_opened().unwrap();
+        first.mark_opened().unwrap();
+        assert_eq!(left_by_an_opener(&db), Some(lock_path(&db)));
+        drop(first);
+        let second = FileLock::acquire(&db).unwrap();
+        assert_eq!(left_by_an_opener(&db), Some(lock_path(&db)), "kept");
+        let text = std::fs::read_to_string(lock_path(&db)).unwrap();
+        assert_eq!(text.matches(OPENED).count(), 1, "{text}");
+        drop(second);
+        // The holder's message names who, not the note.
+        let _held = FileLock::acquire(&db).unwrap();
+        match FileLock::acquire(&db) {
+            Err(LockError::Held { holder, .. }) => {
+                assert!(
+                    holder.starts_with("pid ") && !holder.contains(OPENED),
+                    "{holder}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
