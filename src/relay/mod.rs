@@ -205,7 +205,14 @@ impl Hub {
         let log = TelegramLog::new(echo, peer, trace.text());
         let reply = log
             .scope(trace.scope(async {
-                let (reply, note) = self.dispatch(telegram, peer, cert, &rules, deadline).await;
+                let (mut reply, note) = self.dispatch(telegram, peer, cert, &rules, deadline).await;
+                // While the hub drains, a telegram refused before the drain's
+                // own E903 (E101, E102, E103) closes its connection too.
+                if matches!(reply.code, Code::FORMAT | Code::NOT_ROUTED | Code::CHANNEL)
+                    && self.is_draining()
+                {
+                    reply.close = true;
+                }
                 let elapsed = read_at.elapsed();
                 let (tx, meters) = rules.telegram_meters(rules.route(echo.tx_code_str()));
                 meters.record(tx, reply.code, elapsed);

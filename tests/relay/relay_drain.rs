@@ -115,6 +115,14 @@ async fn draining_answers_in_flight_telegrams_and_refuses_new_ones_with_e903() {
     t[99..112].copy_from_slice(b"00000000000X0");
     let a = exchange(&mut idle2, &t).await;
     assert_header_only(&a, "TRF001", &bad, "E102");
+    // ... and closes its connection too, as the contract says of every
+    // telegram during a drain (before, it stayed open until the drain
+    // ended; found by a black-box probe).
+    assert!(
+        within(idle2.recv()).await.expect("read").is_none(),
+        "the connection stays open after E102 during the drain"
+    );
+    assert!(!in_flight.is_finished(), "closed before the drain's end");
 
     // ... a valid one gets E903, and the connection is closed.
     let late = guid("LATE");
