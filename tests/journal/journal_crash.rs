@@ -458,11 +458,7 @@ async fn a_journal_deleted_under_a_running_hub_stops_the_posts() {
         .unwrap();
     assert_eq!(answer.code, "0000", "{answer:?}");
 
-    for suffix in ["", "-wal", "-shm"] {
-        let mut name = file.clone().into_os_string();
-        name.push(suffix);
-        let _ = std::fs::remove_file(name);
-    }
+    remove_journal_files(&file, &["", "-wal", "-shm"]);
     let after = guid("GONE2");
     let answer = within(ch.exchange(&transfer(&after, 1_000))).await.unwrap();
     assert_eq!(answer.code, "E903", "{answer:?}");
@@ -538,11 +534,7 @@ async fn a_journal_that_refuses_writes_still_answers_the_guids_it_holds() {
         .unwrap();
     assert_eq!(answer.code, "E901", "{answer:?}");
 
-    for suffix in ["", "-wal", "-shm"] {
-        let mut name = file.clone().into_os_string();
-        name.push(suffix);
-        let _ = std::fs::remove_file(name);
-    }
+    remove_journal_files(&file, &["", "-wal", "-shm"]);
     // The write that finds the file gone refuses the journal from then on.
     let first = guid("REFNEW1");
     let answer = within(ch.exchange(&transfer(&first, 1_000))).await.unwrap();
@@ -604,11 +596,7 @@ async fn a_journal_found_empty_beside_its_lock_file_is_refused() {
     hub.sigkill();
 
     std::fs::File::create(&file).unwrap(); // truncated to 0 bytes
-    for suffix in ["-wal", "-shm"] {
-        let mut name = file.clone().into_os_string();
-        name.push(suffix);
-        let _ = std::fs::remove_file(name);
-    }
+    remove_journal_files(&file, &["-wal", "-shm"]);
     let refused = relayhub(&[
         "serve",
         "--listen",
@@ -639,4 +627,14 @@ async fn a_journal_found_empty_beside_its_lock_file_is_refused() {
         .unwrap();
     assert_eq!(answer.code, "0000", "{answer:?}");
     hub.sigkill();
+}
+
+/// Removes the journal `file`'s files with these suffixes ("" the file
+/// itself), those that are there.
+fn remove_journal_files(file: &std::path::Path, suffixes: &[&str]) {
+    for suffix in suffixes {
+        let mut name = file.as_os_str().to_owned();
+        name.push(suffix);
+        let _ = std::fs::remove_file(name);
+    }
 }

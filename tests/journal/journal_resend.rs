@@ -246,6 +246,33 @@ async fn e905_does_not_restart_the_cooldown() {
     );
 }
 
+/// The resend cooldown and the wire grace of [`unknown_behind_a_502`]'s hub.
+const GATEWAY_COOLDOWN: u64 = 300;
+const GATEWAY_GRACE: u64 = 400;
+
+/// A hub (budget and wire grace [`GATEWAY_GRACE`], resend cooldown [`GATEWAY_COOLDOWN`], no
+/// late answers) and a GUID tagged `tag` whose first POST a gateway answers
+/// 502: nothing reaches the core, and the hub holds the transfer unknown.
+async fn unknown_behind_a_502(tag: &str) -> (corebank::CoreBank, Hub, String) {
+    let core = start_core().await;
+    let hub = HubSpec::new(&core.url())
+        .budget_ms(GATEWAY_GRACE)
+        .toml(&format!(
+            "{}[[target]]\nname = \"core\"\nlate_answer_window_ms = 0\nwire_grace_ms = {GATEWAY_GRACE}\n",
+            resend_policy(3, GATEWAY_COOLDOWN)
+        ))
+        .start()
+        .await;
+    let g = guid(tag);
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .status(502)
+            .times(1),
+    );
+    (core, hub, g)
+}
+
 /// E901 from a 502 that stood in front of the core (nothing recorded): the
 /// resend asks and hears "never received". While the attempt is younger than
 /// the wire grace that proves nothing (the POST may still be on its way): E901.
@@ -253,24 +280,7 @@ async fn e905_does_not_restart_the_cooldown() {
 /// Money moves once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resend_after_e904_posts_again_after_the_cooldown() {
-    const COOLDOWN: u64 = 300;
-    const GRACE: u64 = 400;
-    let core = start_core().await;
-    let hub = HubSpec::new(&core.url())
-        .budget_ms(GRACE)
-        .toml(&format!(
-            "{}[[target]]\nname = \"core\"\nlate_answer_window_ms = 0\nwire_grace_ms = {GRACE}\n",
-            resend_policy(3, COOLDOWN)
-        ))
-        .start()
-        .await;
-    let g = guid("N904");
-    core.add_fault(
-        FaultRule::guid(&g)
-            .method(FaultMethod::Post)
-            .status(502)
-            .times(1),
-    );
+    let (core, hub, g) = unknown_behind_a_502("N904").await;
     let telegram = transfer(&g, 17_000);
     assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E901");
     assert!(!core.applied(&g));
@@ -280,13 +290,13 @@ async fn resend_after_e904_posts_again_after_the_cooldown() {
     assert_eq!((posts(&core, &g), gets(&core, &g)), (1, 1));
     assert_eq!(hub.row(&g).await.map(|r| r.state), Some(State::Unknown));
 
-    cooldown_passes(GRACE).await;
+    cooldown_passes(GATEWAY_GRACE).await;
     assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E904");
     assert_eq!((posts(&core, &g), gets(&core, &g)), (1, 2));
     assert_eq!(hub.row(&g).await.map(|r| r.state), Some(State::NotSent));
     assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E905");
 
-    cooldown_passes(COOLDOWN).await;
+    cooldown_passes(GATEWAY_COOLDOWN).await;
     let resend = hub.send(&telegram).await;
     let (_, _, balance) = ok_body(&resend);
     assert_eq!(balance, 1_000_000 - 17_000);
@@ -305,34 +315,17 @@ async fn resend_after_e904_posts_again_after_the_cooldown() {
 /// cooldown (found by a black-box probe). Money moves once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inquiry_telegram_s_e904_lets_the_next_resend_post() {
-    const COOLDOWN: u64 = 300;
-    const GRACE: u64 = 400;
-    let core = start_core().await;
-    let hub = HubSpec::new(&core.url())
-        .budget_ms(GRACE)
-        .toml(&format!(
-            "{}[[target]]\nname = \"core\"\nlate_answer_window_ms = 0\nwire_grace_ms = {GRACE}\n",
-            resend_policy(3, COOLDOWN)
-        ))
-        .start()
-        .await;
-    let g = guid("Q904");
-    core.add_fault(
-        FaultRule::guid(&g)
-            .method(FaultMethod::Post)
-            .status(502)
-            .times(1),
-    );
+    let (core, hub, g) = unknown_behind_a_502("Q904").await;
     let telegram = transfer(&g, 18_000);
     assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E901");
 
-    cooldown_passes(GRACE).await;
+    cooldown_passes(GATEWAY_GRACE).await;
     let q = guid("Q904ASK");
     assert_header_only(&hub.send(&inquiry(&q, &g)).await, "INQ001", &q, "E904");
     assert_eq!(hub.row(&g).await.map(|r| r.state), Some(State::NotSent));
     assert_eq!((posts(&core, &g), gets(&core, &g)), (1, 1));
 
-    cooldown_passes(COOLDOWN).await;
+    cooldown_passes(GATEWAY_COOLDOWN).await;
     let resend = hub.send(&telegram).await;
     let (_, _, balance) = ok_body(&resend);
     assert_eq!(balance, 1_000_000 - 18_000);
