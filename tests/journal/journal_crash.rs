@@ -472,15 +472,7 @@ async fn a_journal_deleted_under_a_running_hub_stops_the_posts() {
     }
     hub.sigkill();
 
-    let refused = relayhub(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--core-url",
-        &core.url(),
-        "--journal",
-        file.to_str().unwrap(),
-    ]);
+    let refused = serve_on(&core.url(), &file);
     assert!(
         refused.code != Some(0)
             && refused
@@ -597,15 +589,7 @@ async fn a_journal_found_empty_beside_its_lock_file_is_refused() {
 
     std::fs::File::create(&file).unwrap(); // truncated to 0 bytes
     remove_journal_files(&file, &["-wal", "-shm"]);
-    let refused = relayhub(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--core-url",
-        &core.url(),
-        "--journal",
-        file.to_str().unwrap(),
-    ]);
+    let refused = serve_on(&core.url(), &file);
     assert!(
         refused.code != Some(0)
             && refused.stderr.contains("the file holds no journal")
@@ -637,4 +621,17 @@ fn remove_journal_files(file: &std::path::Path, suffixes: &[&str]) {
         name.push(suffix);
         let _ = std::fs::remove_file(name);
     }
+}
+
+/// `relayhub serve` on the journal `file`, for a start that is refused.
+fn serve_on(core_url: &str, file: &std::path::Path) -> Output {
+    relayhub(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--core-url",
+        core_url,
+        "--journal",
+        file.to_str().unwrap(),
+    ])
 }
