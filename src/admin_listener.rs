@@ -6,11 +6,12 @@
 //! never closes, a port scanner) could use them all up, and channels' new
 //! connections would then wait on `EMFILE`. So a connection past
 //! [`MAX_ADMIN_CONNECTIONS`] waits in the kernel's backlog until one closes,
-//! and one with no answer written for [`ADMIN_IDLE`] (since it was accepted
-//! or last written to) is closed, unless a request of it is being answered
-//! ([`Busy`]: a reconcile of many rows may take longer, and closing the
-//! connection would cut it short). Bytes read do not count: a request sent
-//! a byte at a time is closed like an idle connection.
+//! and one idle for [`ADMIN_IDLE`] is closed, unless a request of it is
+//! being answered ([`Busy`]: a reconcile of many rows may take longer, and
+//! closing the connection would cut it short). The idle time starts again
+//! when an answer is written and when a request's first bytes arrive, not
+//! with every byte: a request sent a byte at a time is closed like an idle
+//! connection.
 
 use std::future::Future;
 use std::io;
@@ -30,9 +31,9 @@ use tokio::time::{Instant, Sleep};
 /// consoles need a handful.
 pub const MAX_ADMIN_CONNECTIONS: usize = 64;
 
-/// An admin connection with neither a byte read nor a byte written for this
-/// long is closed (an idle keep-alive, a request that stopped half-way, a
-/// reader that stopped reading).
+/// An admin connection idle this long is closed: nothing written to it, and
+/// no request begun, for this long (an idle keep-alive, a request that
+/// stopped half-way or trickles, a reader that stopped reading).
 pub const ADMIN_IDLE: Duration = Duration::from_secs(30);
 
 /// A TCP listener that hands out at most `limit` connections at once, each
@@ -82,6 +83,9 @@ pub struct AdminStream {
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
     busy: Busy,
+    /// Nothing read since the connection was accepted or last written to:
+    /// the first bytes of a request start its idle time again, once.
+    fresh: bool,
 }
 
 /// Requests of one admin connection being answered now: a connection that
@@ -124,6 +128,7 @@ impl AdminStream {
             idle,
             deadline: Box::pin(tokio::time::sleep(idle)),
             busy: Busy::default(),
+            fresh: true,
         }
     }
 
@@ -152,7 +157,8 @@ impl AdminStream {
         self.deadline.as_mut().reset(next);
     }
 
-    /// A read's or write's result: progress restarts the idle time.
+    /// A write's result: progress restarts the idle time, and the next
+    /// request's first bytes will again.
     fn after<T>(
         &mut self,
         cx: &mut Context<'_>,
@@ -161,6 +167,7 @@ impl AdminStream {
         match polled {
             Poll::Ready(r) => {
                 self.restart();
+                self.fresh = true;
                 Poll::Ready(r)
             }
             Poll::Pending => self.waiting(cx),
@@ -175,12 +182,20 @@ impl AsyncRead for AdminStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        // Bytes read do not restart the idle time: a client that sends a
-        // request a byte at a time would otherwise hold its slot for as
-        // long as it likes (64 of them starved /healthz and /metrics; found
-        // by a black-box probe). The time starts again once it is answered.
+        // Only a request's first bytes restart the idle time, so a request
+        // has the whole idle time from its start: one sent a byte at a time
+        // would otherwise hold its slot for as long as it likes (64 of them
+        // starved /healthz and /metrics; found by a black-box probe). The
+        // time starts again once it is answered.
+        let filled = buf.filled().len();
         match Pin::new(&mut this.stream).poll_read(cx, buf) {
-            Poll::Ready(r) => Poll::Ready(r),
+            Poll::Ready(r) => {
+                if this.fresh && buf.filled().len() > filled {
+                    this.fresh = false;
+                    this.restart();
+                }
+                Poll::Ready(r)
+            }
             Poll::Pending => this.waiting(cx),
         }
     }
@@ -358,6 +373,33 @@ mod tests {
         let mut rest = Vec::new();
         let n = s.read_to_end(&mut rest).await.unwrap_or(0);
         assert_eq!(n, 0, "closed without an answer: {rest:?}");
+    }
+
+    /// A keep-alive request begun just before the idle time runs out has
+    /// the whole idle time from its first bytes: it is answered.
+    #[tokio::test]
+    async fn a_request_begun_late_in_the_idle_time_is_answered() {
+        let idle = Duration::from_secs(1);
+        let addr = served(1, idle).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 512];
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        // Over half the idle time after the answer, half a request; the rest
+        // half the idle time later, past the answer's idle time.
+        tokio::time::sleep(idle * 3 / 5).await;
+        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        tokio::time::sleep(idle / 2).await;
+        s.write_all(b"Host: x\r\n\r\n").await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("an answer or a close")
+            .unwrap_or(0);
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert!(text.starts_with("HTTP/1.1 200"), "answered: {text:?}");
     }
 
     #[tokio::test]

@@ -455,9 +455,14 @@ impl AuthConfig {
     /// The `Authorization` header value, read now (env vars at start-up/reload).
     pub fn header_value(&self) -> Result<String, AuthError> {
         let env = |var: &String| {
-            std::env::var(var).map_err(|source| AuthError::Env {
+            std::env::var(var).map_err(|e| AuthError::Env {
                 var: var.clone(),
-                source,
+                // Not the error's own text: a value that is not Unicode
+                // would be shown in it.
+                why: match e {
+                    std::env::VarError::NotPresent => "is not set",
+                    std::env::VarError::NotUnicode(_) => "is not valid UTF-8",
+                },
             })
         };
         let given = [&self.bearer, &self.bearer_env, &self.header_env]
@@ -492,11 +497,8 @@ impl AuthConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
     /// The named environment variable is unset or not Unicode.
-    #[error("environment variable {var}: {source}")]
-    Env {
-        var: String,
-        source: std::env::VarError,
-    },
+    #[error("environment variable {var} {why}")]
+    Env { var: String, why: &'static str },
     /// None of the keys is given.
     #[error("auth needs one of bearer, bearer_env, header_env")]
     Empty,
@@ -603,7 +605,7 @@ impl Config {
     pub fn from_toml(file: &str, text: &str) -> Result<Config, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::Parse {
             file: file.into(),
-            message: e.to_string(),
+            message: parse_message(&e, text),
         })
     }
 
@@ -706,8 +708,6 @@ impl Config {
         Ok(())
     }
 
-    /// Cross-checks: budgets and timeouts fit, routes name real targets, addresses
-    /// parse. `file` names the source in messages.
     /// Upper bounds on every count and duration, checked first: far above
     /// any sensible setting, far below where a value would overflow a
     /// clock's sum, a semaphore's permits or an allocation (a
@@ -804,6 +804,8 @@ impl Config {
         Ok(())
     }
 
+    /// Cross-checks: budgets and timeouts fit, routes name real targets, addresses
+    /// parse. `file` names the source in messages.
     pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
         let bad = |key: &str, reason: String| ConfigError::Invalid {
             file: file.into(),
@@ -1200,6 +1202,30 @@ impl Cidr {
             }
             _ => false,
         }
+    }
+}
+
+/// A TOML error as the parser shows it (the message, the line quoted and
+/// marked), but for an error on a line that may carry a credential (an
+/// `auth` table, a token, a password): then the line is named, not quoted.
+fn parse_message(e: &toml::de::Error, text: &str) -> String {
+    let Some(span) = e.span() else {
+        return e.to_string();
+    };
+    let start = span.start.min(text.len());
+    let line_no = text[..start].matches('\n').count() + 1;
+    let line = text.lines().nth(line_no - 1).unwrap_or("");
+    let lower = line.to_ascii_lowercase();
+    if ["auth", "bearer", "token", "password", "secret"]
+        .iter()
+        .any(|word| lower.contains(word))
+    {
+        format!(
+            "TOML parse error at line {line_no} (not shown: it may hold a credential): {}",
+            e.message()
+        )
+    } else {
+        e.to_string()
     }
 }
 
@@ -1650,6 +1676,27 @@ mod tests {
         );
         c.targets[0].auth = Some(auth(Some("abc"), None));
         c.validate("t").unwrap();
+    }
+
+    /// A TOML error on a line that may hold a credential names the line and
+    /// does not quote it (the parser's message quotes the line it fails on;
+    /// found by a review); other errors keep the quote.
+    #[test]
+    fn a_parse_error_on_a_credential_s_line_does_not_quote_it() {
+        let text = "[[target]]\nname = \"core\"\nurls = [\"http://c\"]\nauth = { bearer = \"s3cr\\qet\" }\n";
+        let err = Config::from_toml("t", text)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("line 4") && err.contains("not shown") && !err.contains("s3cr"),
+            "{err}"
+        );
+        let err = Config::from_toml("t", "[server]\nbudget_ms = \"x\"\n")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("budget_ms = \"x\""), "quoted: {err}");
     }
 
     #[test]
