@@ -273,20 +273,6 @@ impl Journal {
         max_batch: usize,
         fsync_outcomes: bool,
     ) -> Result<(Journal, Ownership), JournalError> {
-        if let Some(path) = file_of(spec)
-            && let Some(lock) = sqlite::lock::left_without_its_journal(path)
-        {
-            return Err(JournalError::Open {
-                path: path.display().to_string(),
-                reason: format!(
-                    "the file is gone, but its lock file {lock} is there: a hub had it open, so \
-                     it was deleted or moved since. Put it back (with its -wal file); to start \
-                     with an empty journal instead, remove {lock} (a resend of any GUID the \
-                     old one held would then be posted again)",
-                    lock = lock.display()
-                ),
-            });
-        }
         if let Some(path) = file_of(spec) {
             // Before the lock file is made beside it: a directory or a
             // missing parent leaves nothing behind.
@@ -295,7 +281,6 @@ impl Journal {
                 reason,
             })?;
         }
-        let left = file_of(spec).and_then(sqlite::lock::left_by_an_opener);
         let mut lock = match file_of(spec) {
             Some(path) => Some(sqlite::lock::FileLock::acquire(path).map_err(|e| match e {
                 // Absolute, so the operator can tell which file whatever the
@@ -312,24 +297,39 @@ impl Journal {
             })?),
             None => None,
         };
-        // Owned now, so nobody is making it: a journal an earlier owner had
-        // opened (its lock file says so) that holds nothing lost its content (truncated, or a new
-        // journal's WAL deleted before its first checkpoint). Taken for a
-        // new one, it would post again every GUID it held.
-        if let (Some(path), Some(left)) = (file_of(spec), left)
-            && sqlite::open::holds_nothing(path)
+        // Owned now, so nobody is making it. A journal an earlier owner had
+        // opened (its lock file says so) that is gone, or holds nothing, lost
+        // what it held (deleted, moved, truncated, or a new journal's WAL
+        // deleted before its first checkpoint): taken for a new one, it
+        // would post again every GUID it held.
+        if let (Some(path), Some(held)) = (file_of(spec), &lock)
+            && held.opened_before()
         {
-            return Err(JournalError::Open {
-                path: path.display().to_string(),
-                reason: format!(
+            let lock = held.path().display();
+            let lost = if !path.exists() {
+                Some(format!(
+                    "the file is gone, but its lock file {lock} is there: a hub had it open, \
+                     so it was deleted or moved since"
+                ))
+            } else if sqlite::open::holds_nothing(path) {
+                Some(format!(
                     "the file holds no journal (empty, or its tables were only in a -wal file \
                      that is gone), but its lock file {lock} is there: a hub had it open, so its \
-                     content was lost since. Put the journal back (with its -wal file); to start \
-                     with an empty journal instead, remove {lock} (a resend of any GUID the old \
-                     one held would then be posted again)",
-                    lock = left.display()
-                ),
-            });
+                     content was lost since"
+                ))
+            } else {
+                None
+            };
+            if let Some(what) = lost {
+                return Err(JournalError::Open {
+                    path: path.display().to_string(),
+                    reason: format!(
+                        "{what}. Put the journal back (with its -wal file); to start with an \
+                         empty journal instead, remove {lock} (a resend of any GUID the old one \
+                         held would then be posted again)"
+                    ),
+                });
+            }
         }
         let journal = Journal::open_with(spec, max_batch, fsync_outcomes).await?;
         if let (Some(lock), Some(path)) = (lock.as_mut(), file_of(spec)) {

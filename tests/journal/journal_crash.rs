@@ -600,10 +600,11 @@ async fn a_journal_found_empty_beside_its_lock_file_is_refused() {
     assert_eq!(posts(&core, &g), 1);
 
     // A lock file whose owner never opened the journal (a first start that
-    // failed before making it) does not stop the next start.
+    // failed before making it: no `opened the journal` line) does not stop
+    // the next start.
     let mut lock = file.clone().into_os_string();
     lock.push(".lock");
-    std::fs::write(&lock, "pid 1: relayhub serve\n").unwrap();
+    std::fs::write(&lock, "pid 1: relayhub serve\nrelayhub journal lock 2\n").unwrap();
     let mut hub = start_hub_process(&core.url(), &file, 3_000);
     let mut ch = hub.channel().await;
     let answer = within(ch.exchange(&transfer(&guid("EMPTIED2"), 1_000)))

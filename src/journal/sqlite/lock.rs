@@ -33,6 +33,8 @@ pub struct FileLock {
     /// The lock under the name the journal was given, where that is another
     /// file (a link's): builds before the one name locked only that one.
     _given: Option<File>,
+    /// An earlier owner had opened the journal (its lock file said so).
+    opened_before: bool,
 }
 
 /// Why the lock was not taken.
@@ -44,36 +46,22 @@ pub enum LockError {
     Io { lock: PathBuf, reason: String },
 }
 
-/// The lock file of a journal file that is not there, under the name given
-/// or under the file's one name (a link's target). Every owner leaves its
-/// lock file beside the journal, so the journal was deleted or moved since an
-/// owner opened it: a new, empty one would forget every GUID it held.
-pub fn left_without_its_journal(db: &Path) -> Option<PathBuf> {
-    if db.exists() {
-        return None;
-    }
-    left_by_an_owner(db)
-}
-
-/// The lock file an earlier owner left beside the journal at `db`, under
-/// the name given or under the file's one name, if there is one.
-fn left_by_an_owner(db: &Path) -> Option<PathBuf> {
-    [lock_path(db), lock_path(&one_name(db))]
-        .into_iter()
-        .find(|lock| lock.exists())
-}
-
-/// The line an owner adds to its lock file once the journal is open: a
-/// journal found holding nothing beside such a file lost what it held,
-/// while one beside a file without it may be from a first start that
-/// failed before the journal was made (or from a build before the line).
+/// The line an owner adds to its lock file once the journal is open. A
+/// journal found missing, or holding nothing, beside a lock file that says
+/// so lost what it held (deleted, moved, truncated); beside one that does
+/// not, it may be from a first start that failed before making the journal.
 const OPENED: &str = "opened the journal";
 
-/// [`left_by_an_owner`], for an owner that had opened the journal.
-pub fn left_by_an_opener(db: &Path) -> Option<PathBuf> {
-    [lock_path(db), lock_path(&one_name(db))]
-        .into_iter()
-        .find(|lock| std::fs::read_to_string(lock).is_ok_and(|t| t.lines().any(|l| l == OPENED)))
+/// The line every lock file of this format carries. A lock file without
+/// it, not empty, is from a build before the [`OPENED`] line, whose owners
+/// all count as having opened the journal.
+const FORMAT: &str = "relayhub journal lock 2";
+
+/// Whether the text of a lock file found when taking it says an earlier
+/// owner had opened the journal.
+fn says_opened(text: &str) -> bool {
+    let has = |line: &str| text.lines().any(|l| l == line);
+    has(OPENED) || (!text.trim().is_empty() && !has(FORMAT))
 }
 
 /// `<db>.lock`, beside the database file.
@@ -120,20 +108,31 @@ impl FileLock {
     /// name, and under the name given too where that is another file.
     pub fn acquire(db: &Path) -> Result<FileLock, LockError> {
         let path = lock_path(&one_name(db));
-        let file = take(&path)?;
+        let (file, opened) = take(&path)?;
         let given = lock_path(db);
-        let given = match one_name(&given) == path {
-            true => None,
-            false => Some(take(&given)?),
+        let (given, given_opened) = match one_name(&given) == path {
+            true => (None, false),
+            false => {
+                let (file, opened) = take(&given)?;
+                (Some(file), opened)
+            }
         };
         Ok(FileLock {
             _file: file,
             path,
             _given: given,
+            opened_before: opened || given_opened,
         })
     }
 
-    /// Notes in the lock file (both names) that the journal was opened.
+    /// Whether an earlier owner had opened the journal: then a journal
+    /// missing or holding nothing lost what it held.
+    pub fn opened_before(&self) -> bool {
+        self.opened_before
+    }
+
+    /// Notes in the lock file (both names) that the journal was opened, on
+    /// disk before the journal takes a transfer.
     pub fn mark_opened(&mut self) -> std::io::Result<()> {
         for file in std::iter::once(&mut self._file).chain(self._given.as_mut()) {
             let mut text = String::new();
@@ -144,7 +143,7 @@ impl FileLock {
             }
             file.seek(std::io::SeekFrom::End(0))?;
             file.write_all(format!("{OPENED}\n").as_bytes())?;
-            file.flush()?;
+            file.sync_all()?;
         }
         Ok(())
     }
@@ -155,8 +154,9 @@ impl FileLock {
     }
 }
 
-/// Takes the lock file at `path`, and writes this process's name in it.
-fn take(path: &Path) -> Result<File, LockError> {
+/// Takes the lock file at `path`, and writes this process's name in it;
+/// with whether an earlier owner had opened the journal, which it keeps.
+fn take(path: &Path) -> Result<(File, bool), LockError> {
     let io = |e: std::io::Error| LockError::Io {
         lock: path.to_path_buf(),
         reason: e.to_string(),
@@ -192,8 +192,11 @@ fn take(path: &Path) -> Result<File, LockError> {
     // it opens the journal must not wipe it for the next one).
     let mut before = String::new();
     let _ = file.read_to_string(&mut before);
+    let opened = says_opened(&before);
     let mut me = holder_name();
-    if before.lines().any(|l| l == OPENED) {
+    me.push_str(FORMAT);
+    me.push('\n');
+    if opened {
         me.push_str(OPENED);
         me.push('\n');
     }
@@ -202,7 +205,7 @@ fn take(path: &Path) -> Result<File, LockError> {
         .and_then(|()| file.write_all(me.as_bytes()))
         .and_then(|()| file.flush())
         .map_err(io)?;
-    Ok(file)
+    Ok((file, opened))
 }
 
 /// `pid 1234: relayhub serve`.
@@ -225,58 +228,56 @@ fn holder_name() -> String {
 mod tests {
     use super::*;
 
+    /// Whether an earlier owner had opened the journal is read from the lock
+    /// file under either name (a link's target included), and kept by the
+    /// next owner's taking of the lock; a lock file of a build before the
+    /// note counts as opened, an empty one (its owner's write failed) not.
     #[test]
-    fn a_lock_file_without_its_journal_is_found_under_either_name() {
+    fn an_earlier_opening_is_read_under_either_name_and_kept() {
         let dir = tempfile::tempdir().unwrap();
         let real = dir.path().join("real.db");
-        assert_eq!(left_without_its_journal(&real), None, "a first start");
-        std::fs::write(&real, b"pages").unwrap();
-        drop(FileLock::acquire(&real).unwrap());
-        assert_eq!(
-            left_without_its_journal(&real),
-            None,
-            "the journal is there"
-        );
+        let mut first = FileLock::acquire(&real).unwrap();
+        assert!(!first.opened_before(), "a first start");
+        drop(first);
+        first = FileLock::acquire(&real).unwrap();
+        assert!(!first.opened_before(), "never opened: no note");
+        first.mark_opened().unwrap();
+        first.mark_opened().unwrap();
+        drop(first);
         let link = dir.path().join("link.db");
         std::os::unix::fs::symlink(&real, &link).unwrap();
-        std::fs::remove_file(&real).unwrap();
-        let lock = lock_path(&one_name(&real));
-        assert_eq!(left_without_its_journal(&real), Some(lock.clone()));
-        // Given through a link whose target is gone: the target's lock.
-        assert_eq!(left_without_its_journal(&link), Some(lock));
+        let second = FileLock::acquire(&link).unwrap();
+        assert!(second.opened_before(), "through a link");
+        drop(second);
+        let text = std::fs::read_to_string(lock_path(&real)).unwrap();
+        assert_eq!(text.matches(OPENED).count(), 1, "kept once: {text}");
+
+        let older = dir.path().join("older.db");
+        std::fs::write(lock_path(&older), "pid 7: relayhub serve\n").unwrap();
+        assert!(
+            FileLock::acquire(&older).unwrap().opened_before(),
+            "an older build's"
+        );
+        let emptied = dir.path().join("emptied.db");
+        std::fs::write(lock_path(&emptied), "").unwrap();
+        assert!(
+            !FileLock::acquire(&emptied).unwrap().opened_before(),
+            "empty"
+        );
     }
 
-    /// The note that the journal was opened is found only once written,
-    /// and outlives the next owner's taking of the lock (a start refused
-    /// before it opens the journal must not wipe it for the next one).
+    /// The holder's message names who, not the lock file's notes.
     #[test]
-    fn the_opened_note_is_kept_across_owners() {
+    fn the_holder_is_named_by_the_first_line() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("journal.db");
         let mut first = FileLock::acquire(&db).unwrap();
-        assert_eq!(
-            left_by_an_opener(&db),
-            None,
-            "a first start, not opened yet"
-        );
         first.mark_opened().unwrap();
-        first.mark_opened().unwrap();
-        assert_eq!(left_by_an_opener(&db), Some(lock_path(&db)));
-        drop(first);
-        let second = FileLock::acquire(&db).unwrap();
-        assert_eq!(left_by_an_opener(&db), Some(lock_path(&db)), "kept");
-        let text = std::fs::read_to_string(lock_path(&db)).unwrap();
-        assert_eq!(text.matches(OPENED).count(), 1, "{text}");
-        drop(second);
-        // The holder's message names who, not the note.
-        let _held = FileLock::acquire(&db).unwrap();
         match FileLock::acquire(&db) {
-            Err(LockError::Held { holder, .. }) => {
-                assert!(
-                    holder.starts_with("pid ") && !holder.contains(OPENED),
-                    "{holder}"
-                )
-            }
+            Err(LockError::Held { holder, .. }) => assert!(
+                holder.starts_with("pid ") && !holder.contains(OPENED) && !holder.contains(FORMAT),
+                "{holder}"
+            ),
             other => panic!("{other:?}"),
         }
     }
