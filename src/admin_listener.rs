@@ -6,12 +6,12 @@
 //! never closes, a port scanner) could use them all up, and channels' new
 //! connections would then wait on `EMFILE`. So a connection past
 //! [`MAX_ADMIN_CONNECTIONS`] waits in the kernel's backlog until one closes,
-//! and one idle for [`ADMIN_IDLE`] is closed, unless a request of it is
-//! being answered ([`Busy`]: a reconcile of many rows may take longer, and
-//! closing the connection would cut it short). The idle time starts again
-//! when an answer is written and when a request's first bytes arrive, not
-//! with every byte: a request sent a byte at a time is closed like an idle
-//! connection.
+//! and one idle for [`ADMIN_IDLE`] after an answer, or whose request does not
+//! arrive whole within a third of that (from the accept, or from its first
+//! bytes), is closed, unless a request of it is being answered ([`Busy`]: a
+//! reconcile of many rows may take longer, and closing the connection would
+//! cut it short). Bytes read do not restart the clock: a request sent a byte
+//! at a time is closed like an idle connection.
 
 use std::future::Future;
 use std::io;
@@ -35,6 +35,14 @@ pub const MAX_ADMIN_CONNECTIONS: usize = 64;
 /// no request begun, for this long (an idle keep-alive, a request that
 /// stopped half-way or trickles, a reader that stopped reading).
 pub const ADMIN_IDLE: Duration = Duration::from_secs(30);
+
+/// How long a request may take to arrive whole, from its first bytes (or
+/// from the connection's accept): a third of the idle time, 10 s for the
+/// listener's; the idle time is the wait for the next request on a kept-alive
+/// connection.
+fn request_time(idle: Duration) -> Duration {
+    idle / 3
+}
 
 /// A TCP listener that hands out at most `limit` connections at once, each
 /// closed after `idle` without progress.
@@ -126,7 +134,8 @@ impl AdminStream {
             stream,
             _slot: slot,
             idle,
-            deadline: Box::pin(tokio::time::sleep(idle)),
+            // A new connection's request is due at once.
+            deadline: Box::pin(tokio::time::sleep(request_time(idle))),
             busy: Busy::default(),
             fresh: true,
         }
@@ -182,17 +191,18 @@ impl AsyncRead for AdminStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        // Only a request's first bytes restart the idle time, so a request
-        // has the whole idle time from its start: one sent a byte at a time
-        // would otherwise hold its slot for as long as it likes (64 of them
+        // Only a request's first bytes restart the clock, and then for a
+        // third of the idle time: a request sent a byte at a time would
+        // otherwise hold its slot for as long as it likes (64 of them
         // starved /healthz and /metrics; found by a black-box probe). The
-        // time starts again once it is answered.
+        // idle time starts again once it is answered.
         let filled = buf.filled().len();
         match Pin::new(&mut this.stream).poll_read(cx, buf) {
             Poll::Ready(r) => {
                 if this.fresh && buf.filled().len() > filled {
                     this.fresh = false;
-                    this.restart();
+                    let next = Instant::now() + request_time(this.idle);
+                    this.deadline.as_mut().reset(next);
                 }
                 Poll::Ready(r)
             }
@@ -375,11 +385,28 @@ mod tests {
         assert_eq!(n, 0, "closed without an answer: {rest:?}");
     }
 
+    /// A connection that sends nothing after its accept is closed once a
+    /// request's time has passed, well before the idle time.
+    #[tokio::test]
+    async fn a_connection_that_sends_nothing_is_closed_at_the_request_time() {
+        let idle = Duration::from_secs(3);
+        let addr = served(1, idle).await;
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let started = std::time::Instant::now();
+        let mut rest = Vec::new();
+        let n = tokio::time::timeout(idle, silent.read_to_end(&mut rest))
+            .await
+            .expect("closed before the idle time")
+            .unwrap_or(0);
+        assert_eq!(n, 0, "closed without an answer");
+        assert!(started.elapsed() < idle / 2, "{:?}", started.elapsed());
+    }
+
     /// A keep-alive request begun just before the idle time runs out has
     /// the whole idle time from its first bytes: it is answered.
     #[tokio::test]
     async fn a_request_begun_late_in_the_idle_time_is_answered() {
-        let idle = Duration::from_secs(1);
+        let idle = Duration::from_secs(3);
         let addr = served(1, idle).await;
         let mut s = TcpStream::connect(addr).await.unwrap();
         let mut buf = [0u8; 512];
@@ -388,11 +415,12 @@ mod tests {
             .unwrap();
         let n = s.read(&mut buf).await.unwrap();
         assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
-        // Over half the idle time after the answer, half a request; the rest
-        // half the idle time later, past the answer's idle time.
-        tokio::time::sleep(idle * 3 / 5).await;
+        // Nine tenths of the idle time after the answer, half a request; the
+        // rest a sixth of the idle time later (within the third a request
+        // has), past the answer's idle time.
+        tokio::time::sleep(idle * 9 / 10).await;
         s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
-        tokio::time::sleep(idle / 2).await;
+        tokio::time::sleep(idle / 6).await;
         s.write_all(b"Host: x\r\n\r\n").await.unwrap();
         let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
             .await
