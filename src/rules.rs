@@ -343,7 +343,9 @@ impl Rules {
             return Err(ChannelRefusal::CertificateMissing);
         }
         if !rule.allow_from.is_empty() && !rule.allow_from.iter().any(|c| c.contains(peer)) {
-            return Err(ChannelRefusal::PeerNotAllowed(peer));
+            // As `allow_from` compares it: an IPv4 channel on an IPv6
+            // listener by its IPv4 address, which is what to list.
+            return Err(ChannelRefusal::PeerNotAllowed(peer.to_canonical()));
         }
         if !rule.tx_codes.is_empty() && !rule.tx_codes.contains(tx_code) {
             return Err(ChannelRefusal::TxNotAllowed(tx_code.to_string()));
@@ -365,6 +367,24 @@ mod tests {
         });
         cfg.channels = channels;
         Rules::build(&cfg, &["core".to_string()]).expect("rules")
+    }
+
+    /// An IPv4 channel on an IPv6 listener (`::ffff:a.b.c.d`) is refused
+    /// naming its IPv4 address, the one `allow_from` matches (found by a
+    /// black-box probe: the mapped form, copied into allow_from, never
+    /// matched).
+    #[test]
+    fn a_mapped_ipv4_peer_is_named_by_its_ipv4_address() {
+        let mut c = channel("IBANK", &[]);
+        c.allow_from = vec!["10.0.0.0/8".into()];
+        let r = rules(vec![c]);
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        let err = r
+            .check_channel("IBANK", mapped, None, "TRF001")
+            .unwrap_err();
+        assert_eq!(err.to_string(), "channel not allowed from 127.0.0.1");
+        let inside: IpAddr = "::ffff:10.1.2.3".parse().unwrap();
+        assert!(r.check_channel("IBANK", inside, None, "TRF001").is_ok());
     }
 
     /// A route whose telegram is longer than the hub reads could never be

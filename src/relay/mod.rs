@@ -198,6 +198,9 @@ impl Hub {
         read_at: Instant,
     ) -> (Echo, Reply) {
         let deadline = Deadline::new(read_at, self.budget);
+        // An IPv4 channel on an IPv6 listener by its IPv4 address, in the
+        // log lines as in `allow_from`.
+        let peer = peer.to_canonical();
         let echo = Echo::from_telegram(telegram);
         let trace = crate::core_client::TraceId::new();
         // One version of the rules for the whole telegram, its metrics included.
