@@ -82,8 +82,9 @@ enum Command {
 /// overrides the config file.
 #[derive(Args, Clone)]
 struct ConfigArgs {
-    /// Telegram listener address (HOST:PORT; port 0 picks a free one).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Telegram listener address (an IP address and a port, e.g. 0.0.0.0:9100;
+    /// port 0 picks a free one).
+    #[arg(long, value_name = "IP:PORT")]
     listen: Option<String>,
     /// Base URL (http://HOST:PORT, or https://HOST:PORT with the target's TLS
     /// files in the config) of the target `core`, which the default routes
@@ -107,8 +108,8 @@ struct ConfigArgs {
     #[arg(long, value_name = "PATH|memory|URL")]
     journal: Option<String>,
     /// Address of the admin HTTP endpoints: /metrics, /healthz, /readyz
-    /// (HOST:PORT; off when absent).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// (IP:PORT; off when absent).
+    #[arg(long, value_name = "IP:PORT")]
     admin_listen: Option<String>,
 }
 
