@@ -102,27 +102,25 @@ pub(super) async fn run(
     // too: a final answer, or a "never received" (the row then says
     // `not_sent`, so the channel's resend posts, as E904 tells it).
     if let Record::Known(Some(row)) = &record
-        && row.state == State::Sending
-        && !orphaned(hub, row, orig)
-        && reply.code == Code::NEVER_RECEIVED
-    {
-        // Another hub's attempt (a shared journal), or one of this hub's
-        // that began meanwhile, holds the row: it is not settled here, so
-        // the channel's next resend would not post, as E904 would tell it.
-        (reply, outcome) = reply_for(
-            settle::not_journaled(settle::Settled::Changed),
-            &route.layout,
-            &rules.codes,
-        );
-    } else if let Record::Known(Some(row)) = &record
-        && (row.state == State::Unknown || orphaned(hub, row, orig))
+        && matches!(row.state, State::Unknown | State::Sending)
     {
         let from: &'static [State] = if row.state == State::Sending {
             &[State::Sending]
         } else {
             &[State::Unknown]
         };
-        if reply.code.is_final() {
+        if row.state == State::Sending && !orphaned(hub, row, orig) {
+            // Another hub's attempt (a shared journal), or one of this hub's
+            // that began meanwhile, holds the row: it is not settled here, so
+            // the channel's next resend would not post, as E904 would tell it.
+            if reply.code == Code::NEVER_RECEIVED {
+                (reply, outcome) = reply_for(
+                    settle::not_journaled(settle::Settled::Changed),
+                    &route.layout,
+                    &rules.codes,
+                );
+            }
+        } else if reply.code.is_final() {
             let body = rules.route(&row.tx_code).and_then(|r| match &outcome {
                 Outcome::Processed(answer) => {
                     encode_fields(&r.layout.response, &answer.fields(), HEADER_LEN).ok()
