@@ -672,6 +672,20 @@ impl Config {
                 key,
                 "set without server.tls_listen: there is no TLS listener to use it".into(),
             ));
+        } else if s.tls_handshake_timeout_ms != ServerConfig::default().tls_handshake_timeout_ms {
+            return Err(bad(
+                "server.tls_handshake_timeout_ms",
+                "set without server.tls_listen: there is no TLS listener to use it".into(),
+            ));
+        }
+        // `optional` loosens what the client CA asks for; without a CA no
+        // certificate is asked for at all, so the setting would mean nothing.
+        if s.tls_client_auth == ClientAuth::Optional && s.tls_client_ca_file.is_none() {
+            return Err(bad(
+                "server.tls_client_auth",
+                "\"optional\" without server.tls_client_ca_file: no client certificate is asked for"
+                    .into(),
+            ));
         }
         let mut owner: std::collections::HashMap<String, &str> = Default::default();
         for c in &self.channels {
@@ -903,6 +917,20 @@ impl Config {
             listeners.push((key, parsed));
         }
         self.validate_tls(&bad)?;
+        if s.admin_listen.is_none()
+            && let Some(key) = [
+                ("server.admin_token_env", s.admin_token_env.is_some()),
+                ("server.admin_token_file", s.admin_token_file.is_some()),
+            ]
+            .into_iter()
+            .find_map(|(key, set)| set.then_some(key))
+        {
+            return Err(bad(
+                key,
+                "set without server.admin_listen: there is no admin listener for it to guard"
+                    .into(),
+            ));
+        }
         let budget = Duration::from_millis(s.budget_ms);
         if self.targets.is_empty() {
             return Err(bad(
@@ -1509,6 +1537,44 @@ mod tests {
         assert_eq!(j.retention(), Duration::from_secs(72 * 3600));
         j.retention_ms = Some(4_000);
         assert_eq!(j.retention(), Duration::from_millis(4_000));
+    }
+
+    #[test]
+    fn settings_that_could_not_take_effect_are_refused() {
+        let err = |c: &Config| c.validate("t").unwrap_err().to_string();
+        // A handshake timeout with no TLS listener.
+        let mut c = with_core();
+        c.server.tls_handshake_timeout_ms = 2_000;
+        let e = err(&c);
+        assert!(
+            e.contains("server.tls_handshake_timeout_ms")
+                && e.contains("without server.tls_listen"),
+            "{e}"
+        );
+        c.server.tls_listen = Some("127.0.0.1:0".into());
+        c.server.tls_cert_file = Some("/c.pem".into());
+        c.server.tls_key_file = Some("/c.key".into());
+        c.validate("t").unwrap();
+        // `optional` client certificates with no CA to ask for them.
+        c.server.tls_client_auth = ClientAuth::Optional;
+        let e = err(&c);
+        assert!(
+            e.contains("server.tls_client_auth") && e.contains("tls_client_ca_file"),
+            "{e}"
+        );
+        // An admin token with no admin listener, from either source.
+        let mut c = with_core();
+        c.server.admin_token_file = Some("/token".into());
+        let e = err(&c);
+        assert!(
+            e.contains("server.admin_token_file") && e.contains("without server.admin_listen"),
+            "{e}"
+        );
+        c.server.admin_token_file = None;
+        c.server.admin_token_env = Some("TOKEN".into());
+        assert!(err(&c).contains("server.admin_token_env"), "{}", err(&c));
+        c.server.admin_listen = Some("127.0.0.1:0".into());
+        c.validate("t").unwrap();
     }
 
     #[test]
