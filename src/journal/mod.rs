@@ -301,33 +301,53 @@ impl Journal {
         // opened (its lock file says so) that is gone, or holds nothing, lost
         // what it held (deleted, moved, truncated, or a new journal's WAL
         // deleted before its first checkpoint): taken for a new one, it
-        // would post again every GUID it held.
+        // would post again every GUID it held. One whose -wal is gone, where
+        // that owner kept it at close, lost its latest rows the same way.
         if let (Some(path), Some(held)) = (file_of(spec), &lock)
             && held.opened_before()
         {
             let lock = held.path().display();
+            let empty = format!(
+                "to start with an empty journal instead, remove {lock} (a resend of any GUID \
+                 the old one held would then be posted again)"
+            );
             let lost = if !path.exists() {
-                Some(format!(
-                    "the file is gone, but its lock file {lock} is there: a hub had it open, \
-                     so it was deleted or moved since"
+                Some((
+                    format!(
+                        "the file is gone, but its lock file {lock} is there: a hub had it open, \
+                         so it was deleted or moved since"
+                    ),
+                    empty,
                 ))
             } else if sqlite::open::holds_nothing(path) {
-                Some(format!(
-                    "the file holds no journal (empty, or its tables were only in a -wal file \
-                     that is gone), but its lock file {lock} is there: a hub had it open, so its \
-                     content was lost since"
+                Some((
+                    format!(
+                        "the file holds no journal (empty, or its tables were only in a -wal file \
+                         that is gone), but its lock file {lock} is there: a hub had it open, so \
+                         its content was lost since"
+                    ),
+                    empty,
+                ))
+            } else if held.wal_kept_before() && !sqlite::open::wal_of(path).exists() {
+                Some((
+                    format!(
+                        "its -wal file is gone, but its lock file {lock} is there: a hub had \
+                         the journal open, and it keeps the -wal file, so the -wal was deleted, \
+                         moved or not copied with the file since, and the rows only it held \
+                         (the latest transfers) are lost"
+                    ),
+                    format!(
+                        "to start with what the file alone holds instead, remove {lock} (a \
+                         resend of a GUID only the -wal held would then be posted again)"
+                    ),
                 ))
             } else {
                 None
             };
-            if let Some(what) = lost {
+            if let Some((what, instead)) = lost {
                 return Err(JournalError::Open {
                     path: path.display().to_string(),
-                    reason: format!(
-                        "{what}. Put the journal back (with its -wal file); to start with an \
-                         empty journal instead, remove {lock} (a resend of any GUID the old one \
-                         held would then be posted again)"
-                    ),
+                    reason: format!("{what}. Put the journal back (with its -wal file); {instead}"),
                 });
             }
         }

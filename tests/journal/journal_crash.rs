@@ -614,6 +614,68 @@ async fn a_journal_found_empty_beside_its_lock_file_is_refused() {
     hub.sigkill();
 }
 
+/// A journal whose `-wal` was lost between runs (deleted after a crash or a
+/// stop, or the file copied without it) lost its latest rows: a start is
+/// refused, naming the `-wal`, instead of posting their GUIDs again (before:
+/// accepted silently, and every resend of those GUIDs was posted a second
+/// time; found by a black-box probe). The hub keeps its `-wal` at a clean
+/// stop as after a crash, so a missing one is always a lost one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_whose_wal_was_lost_between_runs_is_refused() {
+    let core = start_core().await;
+    let dir = TempDir::new("journal-wal-lost");
+    for (name, stop_cleanly) in [("crashed.db", false), ("stopped.db", true)] {
+        let file = dir.join(name);
+        let mut wal = file.clone().into_os_string();
+        wal.push("-wal");
+        let wal = std::path::PathBuf::from(wal);
+        // A journal with its tables in the file, as after the hub's first
+        // checkpoints, and a transfer since, in the -wal alone.
+        let mut hub = start_hub_process(&core.url(), &file, 3_000);
+        let mut ch = hub.channel().await;
+        let answer = within(ch.exchange(&transfer(&guid("WALOLD"), 1_000)))
+            .await
+            .unwrap();
+        assert_eq!(answer.code, "0000", "{answer:?}");
+        checkpoint_keeping_the_wal(&file);
+        let g = guid("WALLOST");
+        let answer = within(ch.exchange(&transfer(&g, 1_000))).await.unwrap();
+        assert_eq!(answer.code, "0000", "{answer:?}");
+        if stop_cleanly {
+            assert!(hub.terminate().success());
+        } else {
+            hub.sigkill();
+        }
+        assert!(wal.exists(), "{name}: the -wal is kept");
+
+        remove_journal_files(&file, &["-wal", "-shm"]);
+        let refused = serve_on(&core.url(), &file);
+        assert!(
+            refused.code != Some(0)
+                && refused.stderr.contains("its -wal file is gone")
+                && refused.stderr.contains("its lock file"),
+            "{name}: {refused:?}"
+        );
+        assert!(!wal.exists(), "{name}: left as found");
+        assert_eq!(posts(&core, &g), 1);
+    }
+}
+
+/// Copies what the journal's -wal holds into its file, as the hub's own
+/// checkpoints do in time, and leaves the -wal in place.
+fn checkpoint_keeping_the_wal(file: &std::path::Path) {
+    let conn = rusqlite::Connection::open(file).unwrap();
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+        true,
+    )
+    .unwrap();
+    let busy: i64 = conn
+        .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(busy, 0, "checkpointed");
+}
+
 /// Removes the journal `file`'s files with these suffixes ("" the file
 /// itself), those that are there.
 fn remove_journal_files(file: &std::path::Path, suffixes: &[&str]) {

@@ -253,6 +253,7 @@ impl Checkpointer {
             .map_err(|e| format!("cannot open the checkpoint connection: {e}"))?;
         conn.busy_timeout(super::open::BUSY_TIMEOUT)
             .map_err(|e| format!("cannot set busy timeout: {e}"))?;
+        super::open::keep_wal_file(&conn)?;
         // Only for `write_back`; without it the passes run as before.
         let file = descriptor(path);
         let (stop, stopped) = mpsc::channel::<()>();

@@ -35,6 +35,8 @@ pub struct FileLock {
     _given: Option<File>,
     /// An earlier owner had opened the journal (its lock file said so).
     opened_before: bool,
+    /// And it was a build that keeps the journal's `-wal` file at close.
+    wal_kept_before: bool,
 }
 
 /// Why the lock was not taken.
@@ -51,6 +53,13 @@ pub enum LockError {
 /// so lost what it held (deleted, moved, truncated); beside one that does
 /// not, it may be from a first start that failed before making the journal.
 const OPENED: &str = "opened the journal";
+
+/// The line an owner that keeps the journal's `-wal` file at close (SQLite
+/// would delete it after the last connection's checkpoint) adds with
+/// [`OPENED`]. Beside it, a journal without its `-wal` lost it (deleted,
+/// moved, not copied with the file); an owner of a build before it may have
+/// had SQLite delete it.
+const KEEPS_WAL: &str = "keeps the journal's -wal file";
 
 /// The line every lock file of this format carries. A lock file without
 /// it, not empty, is from a build before the [`OPENED`] line, whose owners
@@ -111,7 +120,7 @@ impl FileLock {
         let (file, opened) = take(&path)?;
         let given = lock_path(db);
         let (given, given_opened) = match one_name(&given) == path {
-            true => (None, false),
+            true => (None, Found::default()),
             false => {
                 let (file, opened) = take(&given)?;
                 (Some(file), opened)
@@ -121,7 +130,8 @@ impl FileLock {
             _file: file,
             path,
             _given: given,
-            opened_before: opened || given_opened,
+            opened_before: opened.opened || given_opened.opened,
+            wal_kept_before: opened.wal_kept || given_opened.wal_kept,
         })
     }
 
@@ -131,6 +141,12 @@ impl FileLock {
         self.opened_before
     }
 
+    /// Whether that earlier owner kept the journal's `-wal` file, so that
+    /// the file must still be there.
+    pub fn wal_kept_before(&self) -> bool {
+        self.wal_kept_before
+    }
+
     /// Notes in the lock file (both names) that the journal was opened, on
     /// disk before the journal takes a transfer.
     pub fn mark_opened(&mut self) -> std::io::Result<()> {
@@ -138,11 +154,16 @@ impl FileLock {
             let mut text = String::new();
             file.rewind()?;
             file.read_to_string(&mut text)?;
-            if text.lines().any(|l| l == OPENED) {
+            let missing: String = [OPENED, KEEPS_WAL]
+                .into_iter()
+                .filter(|line| !text.lines().any(|l| l == *line))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            if missing.is_empty() {
                 continue;
             }
             file.seek(std::io::SeekFrom::End(0))?;
-            file.write_all(format!("{OPENED}\n").as_bytes())?;
+            file.write_all(missing.as_bytes())?;
             file.sync_all()?;
         }
         Ok(())
@@ -156,7 +177,14 @@ impl FileLock {
 
 /// Takes the lock file at `path`, and writes this process's name in it;
 /// with whether an earlier owner had opened the journal, which it keeps.
-fn take(path: &Path) -> Result<(File, bool), LockError> {
+/// What a lock file said of its earlier owners when it was taken.
+#[derive(Debug, Default, Clone, Copy)]
+struct Found {
+    opened: bool,
+    wal_kept: bool,
+}
+
+fn take(path: &Path) -> Result<(File, Found), LockError> {
     let io = |e: std::io::Error| LockError::Io {
         lock: path.to_path_buf(),
         reason: e.to_string(),
@@ -192,20 +220,26 @@ fn take(path: &Path) -> Result<(File, bool), LockError> {
     // it opens the journal must not wipe it for the next one).
     let mut before = String::new();
     let _ = file.read_to_string(&mut before);
-    let opened = says_opened(&before);
+    let found = Found {
+        opened: says_opened(&before),
+        wal_kept: before.lines().any(|l| l == KEEPS_WAL),
+    };
     let mut me = holder_name();
     me.push_str(FORMAT);
     me.push('\n');
-    if opened {
-        me.push_str(OPENED);
-        me.push('\n');
+    // Kept for the next owner, should this one stop before opening it.
+    for (line, said) in [(OPENED, found.opened), (KEEPS_WAL, found.wal_kept)] {
+        if said {
+            me.push_str(line);
+            me.push('\n');
+        }
     }
     file.set_len(0)
         .and_then(|()| file.rewind())
         .and_then(|()| file.write_all(me.as_bytes()))
         .and_then(|()| file.flush())
         .map_err(io)?;
-    Ok((file, opened))
+    Ok((file, found))
 }
 
 /// `pid 1234: relayhub serve`.
@@ -251,12 +285,16 @@ mod tests {
         drop(second);
         let text = std::fs::read_to_string(lock_path(&real)).unwrap();
         assert_eq!(text.matches(OPENED).count(), 1, "kept once: {text}");
+        assert_eq!(text.matches(KEEPS_WAL).count(), 1, "kept once: {text}");
+        assert!(FileLock::acquire(&real).unwrap().wal_kept_before());
 
         let older = dir.path().join("older.db");
         std::fs::write(lock_path(&older), "pid 7: relayhub serve\n").unwrap();
+        let older_lock = FileLock::acquire(&older).unwrap();
+        assert!(older_lock.opened_before(), "an older build's");
         assert!(
-            FileLock::acquire(&older).unwrap().opened_before(),
-            "an older build's"
+            !older_lock.wal_kept_before(),
+            "an older build's may have let SQLite delete the -wal"
         );
         let emptied = dir.path().join("emptied.db");
         std::fs::write(lock_path(&emptied), "").unwrap();

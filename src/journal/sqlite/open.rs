@@ -2,10 +2,10 @@
 //! healthy journal of a schema this build knows, before the hub takes traffic.
 
 use std::borrow::Cow;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::{Connection, OpenFlags, ffi};
 
 /// Marks the file as a relayhub journal (`PRAGMA application_id`), so another
 /// program's database that happens to carry a `user_version` is not mistaken
@@ -78,6 +78,7 @@ pub(super) fn open(path: &Path) -> Result<Connection, String> {
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(format!("cannot switch to WAL (journal_mode stays {mode})"));
     }
+    keep_wal_file(&conn)?;
     // FULL while the journal is opened and migrated; the writer then
     // switches to NORMAL and fsyncs the WAL itself (see `syncer`).
     conn.pragma_update(None, "synchronous", "FULL")
@@ -94,6 +95,44 @@ pub(super) fn open(path: &Path) -> Result<Connection, String> {
 
     migrate(&conn)?;
     Ok(conn)
+}
+
+/// The journal's `-wal` file: beside the file its name leads to, since
+/// SQLite follows links to name it.
+pub(crate) fn wal_of(path: &Path) -> PathBuf {
+    let mut name = std::fs::canonicalize(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .into_os_string();
+    name.push("-wal");
+    PathBuf::from(name)
+}
+
+/// The `-wal` file stays when `conn` is the last connection to close
+/// (SQLite would checkpoint and delete it). So a `-wal` found missing beside
+/// a journal this build had open was lost, not deleted by SQLite, and its
+/// next start can refuse it (`lock.rs`) rather than post again the GUIDs
+/// only it held. Every writable connection sets it: either may close last.
+#[allow(unsafe_code)]
+pub(super) fn keep_wal_file(conn: &Connection) -> Result<(), String> {
+    let mut on: std::ffi::c_int = 1;
+    // SAFETY: `conn.handle()` is the open connection borrowed for this whole
+    // call. PERSIST_WAL reads and writes one `int` through the pointer,
+    // which lives for the call.
+    let rc = unsafe {
+        ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            ffi::SQLITE_FCNTL_PERSIST_WAL,
+            (&raw mut on).cast(),
+        )
+    };
+    if rc == ffi::SQLITE_OK {
+        Ok(())
+    } else {
+        Err(format!(
+            "cannot keep the -wal file at close (SQLite code {rc})"
+        ))
+    }
 }
 
 /// Whether the database file at `path` is there and holds nothing: no
