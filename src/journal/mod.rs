@@ -276,10 +276,12 @@ impl Journal {
         if let Some(path) = file_of(spec) {
             // Before the lock file is made beside it: a directory or a
             // missing parent leaves nothing behind.
-            sqlite::open::check_path(path).map_err(|reason| JournalError::Open {
-                path: path.display().to_string(),
-                reason,
-            })?;
+            sqlite::open::check_path(path)
+                .and_then(|()| sqlite::lock::one_link(path))
+                .map_err(|reason| JournalError::Open {
+                    path: path.display().to_string(),
+                    reason,
+                })?;
         }
         let mut lock = match file_of(spec) {
             Some(path) => Some(sqlite::lock::FileLock::acquire(path).map_err(|e| match e {

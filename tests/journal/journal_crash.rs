@@ -661,6 +661,25 @@ async fn a_journal_whose_wal_was_lost_between_runs_is_refused() {
     }
 }
 
+/// A journal file with a second hard link is refused at start: a hub on
+/// the other name would take a lock file of its own and own the same
+/// journal beside the first (before: both started; found by a black-box
+/// probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_with_a_second_hard_link_is_refused() {
+    let core = start_core().await;
+    let dir = TempDir::new("journal-hard-link");
+    let file = dir.join("journal.db");
+    let mut hub = start_hub_process(&core.url(), &file, 3_000);
+    std::fs::hard_link(&file, dir.join("other.db")).unwrap();
+    let refused = serve_on(&core.url(), &dir.join("other.db"));
+    assert!(
+        refused.code != Some(0) && refused.stderr.contains("2 hard links"),
+        "{refused:?}"
+    );
+    hub.sigkill();
+}
+
 /// Copies what the journal's -wal holds into its file, as the hub's own
 /// checkpoints do in time, and leaves the -wal in place.
 fn checkpoint_keeping_the_wal(file: &std::path::Path) {

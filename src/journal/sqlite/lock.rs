@@ -73,6 +73,23 @@ fn says_opened(text: &str) -> bool {
     has(OPENED) || (!text.trim().is_empty() && !has(FORMAT))
 }
 
+/// The journal file, where it exists, has one name in its directory tree:
+/// another hard link would have a lock file of its own, and a second hub on
+/// it would own the same journal beside the first (links by a symbolic
+/// link are followed to one name instead, [`one_name`]).
+pub fn one_link(db: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(db) {
+        Ok(meta) if meta.is_file() && meta.nlink() > 1 => Err(format!(
+            "the file has {} hard links: a hub on another of its names would take a lock of \
+             its own and own the same journal beside this one; keep one name (a symbolic \
+             link is fine)",
+            meta.nlink()
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `<db>.lock`, beside the database file.
 pub fn lock_path(db: &Path) -> PathBuf {
     let mut name = db.as_os_str().to_owned();
@@ -305,6 +322,23 @@ mod tests {
     }
 
     /// The holder's message names who, not the lock file's notes.
+    #[test]
+    fn a_journal_with_a_second_hard_link_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("journal.db");
+        assert!(one_link(&db).is_ok(), "not made yet");
+        std::fs::write(&db, b"").unwrap();
+        assert!(one_link(&db).is_ok());
+        let link = dir.path().join("other.db");
+        std::fs::hard_link(&db, &link).unwrap();
+        for name in [&db, &link] {
+            let err = one_link(name).unwrap_err();
+            assert!(err.contains("2 hard links"), "{err}");
+        }
+        std::fs::remove_file(&link).unwrap();
+        assert!(one_link(&db).is_ok());
+    }
+
     #[test]
     fn the_holder_is_named_by_the_first_line() {
         let dir = tempfile::tempdir().unwrap();
