@@ -155,6 +155,14 @@ impl ServerConfig {
     /// unreadable file or an empty token is an error naming the key.
     pub fn admin_token(&self) -> Result<Option<String>, (&'static str, String)> {
         let token = if let Some(var) = &self.admin_token_env {
+            if !is_env_name(var) {
+                return Err((
+                    "server.admin_token_env",
+                    "is not an environment variable's name (letters, digits and _, not \
+                     starting with a digit); not shown: it may be the token itself"
+                        .into(),
+                ));
+            }
             let t = std::env::var(var).map_err(|_| {
                 (
                     "server.admin_token_env",
@@ -454,6 +462,14 @@ pub struct AuthConfig {
 impl AuthConfig {
     /// The `Authorization` header value, read now (env vars at start-up/reload).
     pub fn header_value(&self) -> Result<String, AuthError> {
+        for (key, var) in [
+            ("bearer_env", &self.bearer_env),
+            ("header_env", &self.header_env),
+        ] {
+            if var.as_deref().is_some_and(|v| !is_env_name(v)) {
+                return Err(AuthError::NotAName { key });
+            }
+        }
         let env = |var: &String| {
             std::env::var(var).map_err(|e| AuthError::Env {
                 var: var.clone(),
@@ -499,6 +515,14 @@ pub enum AuthError {
     /// The named environment variable is unset or not Unicode.
     #[error("environment variable {var} {why}")]
     Env { var: String, why: &'static str },
+    /// `bearer_env` or `header_env` is not a variable's name: most likely
+    /// the credential itself, pasted where its variable's name goes, so it
+    /// is not shown.
+    #[error(
+        "{key} is not an environment variable's name (letters, digits and _, not starting \
+         with a digit); not shown: it may be the credential itself"
+    )]
+    NotAName { key: &'static str },
     /// None of the keys is given.
     #[error("auth needs one of bearer, bearer_env, header_env")]
     Empty,
@@ -1236,6 +1260,16 @@ impl Cidr {
 /// A TOML error as the parser shows it (the message, the line quoted and
 /// marked), but for an error on a line that may carry a credential (an
 /// `auth` table, a token, a password): then the line is named, not quoted.
+/// Whether `name` is an environment variable's name as shells and systemd
+/// write them: a letter or `_`, then letters, digits and `_`.
+fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 fn parse_message(e: &toml::de::Error, text: &str) -> String {
     let Some(span) = e.span() else {
         return e.to_string();
@@ -1244,9 +1278,15 @@ fn parse_message(e: &toml::de::Error, text: &str) -> String {
     let line_no = text[..start].matches('\n').count() + 1;
     let line = text.lines().nth(line_no - 1).unwrap_or("");
     let lower = line.to_ascii_lowercase();
-    if ["auth", "bearer", "token", "password", "secret"]
-        .iter()
-        .any(|word| lower.contains(word))
+    // A line inside a multi-line string (after an odd number of `"""` and
+    // `'''`) may be a token's continuation, the key that names it lines above.
+    let before = &text[..text[..start].rfind('\n').map_or(0, |i| i + 1)];
+    let in_long_string =
+        (before.matches("\"\"\"").count() + before.matches("'''").count()) % 2 == 1;
+    if in_long_string
+        || ["auth", "bearer", "token", "password", "secret"]
+            .iter()
+            .any(|word| lower.contains(word))
     {
         format!(
             "TOML parse error at line {line_no} (not shown: it may hold a credential): {}",
@@ -1742,6 +1782,39 @@ mod tests {
         );
         c.targets[0].auth = Some(auth(Some("abc"), None));
         c.validate("t").unwrap();
+        // A token pasted where the variable's name goes is not echoed as
+        // "environment variable <token> is not set" (found by a black-box
+        // probe).
+        for pasted in ["eyJhbGci.S3CRETPAYLOAD.sig", "Basic S3CRETdXNl", "9TOKEN"] {
+            c.targets[0].auth = Some(auth(None, Some(pasted)));
+            let err = c.validate("t").unwrap_err().to_string();
+            assert!(
+                err.contains("header_env is not an environment variable's name")
+                    && !err.contains("S3CRET")
+                    && !err.contains("9TOKEN"),
+                "{err}"
+            );
+            c.server.admin_listen = Some("127.0.0.1:0".into());
+            c.server.admin_token_env = Some(pasted.into());
+            let (key, err) = c.server.admin_token().unwrap_err();
+            assert!(
+                key == "server.admin_token_env"
+                    && !err.contains("S3CRET")
+                    && !err.contains("9TOKEN"),
+                "{err}"
+            );
+            c.server.admin_token_env = None;
+        }
+        c.targets[0].auth = Some(AuthConfig {
+            bearer: None,
+            bearer_env: Some("RELAYHUB_TEST_NEVER_SET_1".into()),
+            header_env: None,
+        });
+        let err = c.validate("t").unwrap_err().to_string();
+        assert!(
+            err.contains("environment variable RELAYHUB_TEST_NEVER_SET_1 is not set"),
+            "a name is shown: {err}"
+        );
     }
 
     /// A TOML error on a line that may hold a credential names the line and
@@ -1763,6 +1836,22 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("budget_ms = \"x\""), "quoted: {err}");
+        // An error on a later line of a multi-line string: the key that
+        // names it is lines above (found by a black-box probe).
+        for text in [
+            "[[target]]\nname = \"core\"\nurls = [\"http://c\"]\nauth = { bearer = \"\"\"S3CRET1\nS3CRET2-\\q\"\"\" }\n",
+            "[[target]]\nname = \"core\"\nurls = [\"http://c\"]\n[target.auth]\nbearer = \"\"\"\nS3CRET-ONLY\n",
+            "[[target]]\nname = \"core\"\nurls = [\"http://c\"]\n[target.auth]\nbearer = '''\nS3CRET-ONLY\n",
+        ] {
+            let err = Config::from_toml("t", text)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                err.contains("not shown") && !err.contains("S3CRET"),
+                "{text:?}: {err}"
+            );
+        }
     }
 
     #[test]
