@@ -33,6 +33,9 @@ struct Slot {
     /// The second (since start) this slot holds; a slot from an older lap is stale.
     second: u64,
     counts: Counts,
+    /// E-codes by the target the telegram's route named (under the rules it
+    /// was answered by, so a reload does not move them).
+    errors_by_target: Counts,
     latency: [u64; BUCKETS],
 }
 
@@ -60,6 +63,10 @@ pub struct Period {
     pub by_code: BTreeMap<String, u64>,
     /// By tx code (`other` for unrouted ones), then by answer code.
     pub by_tx: Counts,
+    /// E-codes by the target of the telegram's route (last minute only;
+    /// empty in the totals).
+    #[serde(skip)]
+    pub errors_by_target: Counts,
     /// Latency percentiles in ms: the upper bound of the bucket the
     /// percentile falls in (`null` past the last bound, or with no telegram).
     pub p50_ms: Option<u64>,
@@ -75,8 +82,22 @@ pub fn stats() -> &'static Stats {
 
 /// Counts one answered telegram and remembers its trace id under its GUID
 /// (called by `Hub::handle`).
-pub fn record(guid: &str, tx_code: &str, code: Code, elapsed: Duration, trace: TraceId) {
-    stats().record_at(Instant::now(), tx_code, code.as_str(), Some(elapsed));
+/// `target` is the target the telegram's route named, if it had one.
+pub fn record(
+    guid: &str,
+    tx_code: &str,
+    target: Option<&str>,
+    code: Code,
+    elapsed: Duration,
+    trace: TraceId,
+) {
+    let at = Instant::now();
+    stats().record_at(at, tx_code, code.as_str(), Some(elapsed));
+    if let Some(target) = target
+        && code.as_str().starts_with('E')
+    {
+        stats().error_at(at, target, code.as_str());
+    }
     if !guid.is_empty() {
         traces().note(guid, code, trace);
     }
@@ -295,7 +316,7 @@ fn percentile(latency: &[u64; BUCKETS], total: u64, p: f64) -> Option<u64> {
     None
 }
 
-fn period(counts: &Counts, latency: &[u64; BUCKETS], secs: f64) -> Period {
+fn period(counts: &Counts, errors: Counts, latency: &[u64; BUCKETS], secs: f64) -> Period {
     let mut by_code = BTreeMap::new();
     let mut total = 0;
     for m in counts.values() {
@@ -310,6 +331,7 @@ fn period(counts: &Counts, latency: &[u64; BUCKETS], secs: f64) -> Period {
         per_second: if secs > 0.0 { total as f64 / secs } else { 0.0 },
         by_code,
         by_tx: counts.clone(),
+        errors_by_target: errors,
         p50_ms: percentile(latency, timed, 0.50),
         p90_ms: percentile(latency, timed, 0.90),
         p99_ms: percentile(latency, timed, 0.99),
@@ -338,16 +360,23 @@ impl Stats {
         at.saturating_duration_since(self.started).as_secs()
     }
 
+    /// The slot of `second`, emptied first if it holds an older lap's.
+    fn slot(inner: &mut Inner, second: u64) -> &mut Slot {
+        let slot = &mut inner.ring[(second % WINDOW_SECS) as usize];
+        if slot.second != second {
+            slot.second = second;
+            slot.counts.values_mut().for_each(|m| m.clear());
+            slot.errors_by_target.values_mut().for_each(|m| m.clear());
+            slot.latency = [0; BUCKETS];
+        }
+        slot
+    }
+
     fn record_at(&self, at: Instant, tx: &str, code: &str, elapsed: Option<Duration>) {
         let second = self.second(at);
         let b = elapsed.map(bucket);
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = &mut g.ring[(second % WINDOW_SECS) as usize];
-        if slot.second != second {
-            slot.second = second;
-            slot.counts.values_mut().for_each(|m| m.clear());
-            slot.latency = [0; BUCKETS];
-        }
+        let slot = Stats::slot(&mut g, second);
         bump(&mut slot.counts, tx, code);
         if let Some(b) = b {
             slot.latency[b] += 1;
@@ -358,33 +387,49 @@ impl Stats {
         }
     }
 
+    /// Counts an E-code under the target the telegram's route named.
+    fn error_at(&self, at: Instant, target: &str, code: &str) {
+        let second = self.second(at);
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        bump(
+            &mut Stats::slot(&mut g, second).errors_by_target,
+            target,
+            code,
+        );
+    }
+
     /// The last minute (the current second included) and the totals since start.
     pub fn snapshot(&self) -> (Period, Period) {
         let now = Instant::now();
         let second = self.second(now);
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let mut counts = Counts::new();
+        let mut errors = Counts::new();
         let mut latency = [0; BUCKETS];
-        for slot in &g.ring {
-            if slot.second + WINDOW_SECS <= second || slot.second > second {
-                continue;
-            }
-            for (tx, m) in &slot.counts {
+        let add = |into: &mut Counts, from: &Counts| {
+            for (key, m) in from {
                 for (code, n) in m.iter().filter(|(_, n)| **n > 0) {
-                    *counts
-                        .entry(tx.clone())
+                    *into
+                        .entry(key.clone())
                         .or_default()
                         .entry(code.clone())
                         .or_insert(0) += n;
                 }
             }
+        };
+        for slot in &g.ring {
+            if slot.second + WINDOW_SECS <= second || slot.second > second {
+                continue;
+            }
+            add(&mut counts, &slot.counts);
+            add(&mut errors, &slot.errors_by_target);
             for (acc, n) in latency.iter_mut().zip(slot.latency) {
                 *acc += n;
             }
         }
         let up = now.saturating_duration_since(self.started).as_secs_f64();
-        let minute = period(&counts, &latency, up.clamp(1.0, WINDOW_SECS as f64));
-        let all = period(&g.totals, &g.latency, up.max(1.0));
+        let minute = period(&counts, errors, &latency, up.clamp(1.0, WINDOW_SECS as f64));
+        let all = period(&g.totals, Counts::new(), &g.latency, up.max(1.0));
         (minute, all)
     }
 }
@@ -412,6 +457,29 @@ mod tests {
         // Second 70 took the slot of second 10, not of second 0: both live.
         assert_eq!(g.ring[0].counts["TRF001"]["0000"], 1);
         assert_eq!(g.ring[10].counts["INQ001"]["0000"], 1);
+    }
+
+    /// E-codes are kept by the target the telegram's route named when it
+    /// was answered, so a reload that routes its tx code elsewhere does not
+    /// move them (found by a black-box probe: the console showed a failed
+    /// core's errors under the core traffic had been moved to).
+    #[test]
+    fn errors_stay_with_the_target_that_answered_them() {
+        let s = Stats::new();
+        let t0 = s.started;
+        s.error_at(t0, "core", "E902");
+        s.error_at(t0, "core", "E902");
+        s.error_at(t0, "core2", "E901");
+        let (minute, all) = s.snapshot();
+        assert_eq!(minute.errors_by_target["core"]["E902"], 2);
+        assert_eq!(minute.errors_by_target["core2"]["E901"], 1);
+        assert!(all.errors_by_target.is_empty());
+        // Out of the window: gone.
+        s.error_at(t0 + Duration::from_secs(60), "core2", "E903");
+        let g = s.inner.lock().unwrap();
+        assert_eq!(g.ring[0].errors_by_target["core2"]["E903"], 1);
+        assert!(!g.ring[0].errors_by_target["core"].contains_key("E902"));
+        assert!(!g.ring[0].errors_by_target["core2"].contains_key("E901"));
     }
 
     /// An answer counted untimed (an unframeable input's E102) is in the

@@ -131,23 +131,19 @@ pub async fn overview(State(c): State<Console>) -> Response {
 
 async fn overview_value(hub: &Hub) -> Result<Value, Response> {
     let (minute, all) = stats().snapshot();
-    let rules = hub.rules();
     let (version, since_ms) = hub.rules_version();
     let budget_ms = hub.budget().as_millis() as u64;
     let targets: Vec<Value> = hub
         .targets()
         .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            // Errors of the last minute on the tx codes routed to this target.
-            let mut errors = std::collections::BTreeMap::<String, u64>::new();
-            for route in rules.routes().into_iter().filter(|r| r.target == i) {
-                if let Some(m) = minute.by_tx.get(&route.tx_code) {
-                    for (code, n) in m.iter().filter(|(c, _)| c.starts_with('E')) {
-                        *errors.entry(code.clone()).or_insert(0) += n;
-                    }
-                }
-            }
+        .map(|t| {
+            // Errors of the last minute of the telegrams routed to this
+            // target, by the rules each was answered under.
+            let errors = minute
+                .errors_by_target
+                .get(&t.name)
+                .cloned()
+                .unwrap_or_default();
             json!({
                 "name": t.name,
                 "urls": t.urls(),

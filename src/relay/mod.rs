@@ -217,9 +217,18 @@ impl Hub {
                     reply.close = true;
                 }
                 let elapsed = read_at.elapsed();
-                let (tx, meters) = rules.telegram_meters(rules.route(echo.tx_code_str()));
+                let route = rules.route(echo.tx_code_str());
+                let (tx, meters) = rules.telegram_meters(route);
                 meters.record(tx, reply.code, elapsed);
-                crate::console_stats::record(echo.guid_str(), tx, reply.code, elapsed, trace);
+                let target = route.map(|r| self.target(r).name.as_str());
+                crate::console_stats::record(
+                    echo.guid_str(),
+                    tx,
+                    target,
+                    reply.code,
+                    elapsed,
+                    trace,
+                );
                 // Inside the telegram's scope: the line carries its fields.
                 // The note as text, not a format string: written as it is.
                 let ms = elapsed.as_millis() as u64;

@@ -273,6 +273,11 @@ async fn console_shows_codes_unknown_transfers_and_a_guid_behind_a_token() {
     assert_eq!(o["draining"], false);
     assert_eq!(o["budget_ms"], 800);
     assert_eq!(o["targets"][0]["name"], "core");
+    assert_eq!(
+        o["targets"][0]["errors_last_minute"],
+        serde_json::json!({"E901": 2, "E904": 1}),
+        "{o}"
+    );
     assert!(o["targets"][0]["capacity"].as_u64().unwrap() > 0, "{o}");
     assert!(o["last_minute"]["p50_ms"].as_u64().is_some(), "{o}");
     let u = get_json(&hub, "/api/unknown");
