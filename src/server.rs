@@ -86,6 +86,36 @@ trait Answerer: Send + Sync + 'static {
         cert: Option<Arc<ClientCert>>,
         read_at: Instant,
     ) -> impl Future<Output = (Echo, Reply)> + Send;
+
+    /// A telegram with this GUID, read whole, waits for room to start
+    /// (`true`), or has finished (`false`).
+    fn waiting_to_start(&self, _guid: &str, _waits: bool) {}
+}
+
+/// A telegram that had to wait for room to start (its connection had its
+/// maximum in flight) while its budget ran: its GUID counts as handled by
+/// the hub from its read until its task ends, so an inquiry about it in the
+/// meantime does not take the core's "never received" for an answer.
+struct WaitingMark<H: Answerer> {
+    hub: Arc<H>,
+    guid: String,
+}
+
+impl<H: Answerer> WaitingMark<H> {
+    fn new(hub: &Arc<H>, echo: &Echo) -> WaitingMark<H> {
+        let guid = echo.guid_str().to_string();
+        hub.waiting_to_start(&guid, true);
+        WaitingMark {
+            hub: hub.clone(),
+            guid,
+        }
+    }
+}
+
+impl<H: Answerer> Drop for WaitingMark<H> {
+    fn drop(&mut self) {
+        self.hub.waiting_to_start(&self.guid, false);
+    }
 }
 
 impl Answerer for Hub {
@@ -97,6 +127,10 @@ impl Answerer for Hub {
         read_at: Instant,
     ) -> (Echo, Reply) {
         self.handle(&telegram, peer, cert.as_deref(), read_at).await
+    }
+
+    fn waiting_to_start(&self, guid: &str, waits: bool) {
+        Hub::waiting_to_start(self, guid, waits);
     }
 }
 
@@ -881,10 +915,24 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     // Room first, the task after: a writer that stopped
                     // meanwhile (a closing answer) leaves this telegram
                     // unhandled, not handled, logged and never answered.
+                    // Only this task takes permits: one free now is free
+                    // at the `room` below.
+                    let waits = (queue.permits.available_permits() == 0)
+                        .then(|| WaitingMark::new(&hub, &echo));
                     let Some((slot, permit)) = queue.room().await else {
                         break 'read;
                     };
-                    let task = tokio::spawn(handling.in_current_span());
+                    let task = match waits {
+                        None => tokio::spawn(handling.in_current_span()),
+                        Some(mark) => tokio::spawn(
+                            async move {
+                                let answer = handling.await;
+                                drop(mark);
+                                answer
+                            }
+                            .in_current_span(),
+                        ),
+                    };
                     slot.send(Answer::Telegram(task, echo, guard, permit));
                 }
                 Ok(None) => break,

@@ -104,6 +104,37 @@ impl Flights {
     }
 }
 
+/// Telegrams read whole that wait for room to start (their connection has
+/// its maximum in flight), by GUID: their budget runs and their transfer is
+/// to come, so they count as handled by this hub as much as a flight does.
+/// A count per GUID: the same GUID may wait on several connections.
+#[derive(Default)]
+pub(super) struct Waiting(Mutex<HashMap<String, u32>>);
+
+impl Waiting {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn add(&self, guid: &str) {
+        *self.lock().entry(guid.to_string()).or_insert(0) += 1;
+    }
+
+    pub(super) fn remove(&self, guid: &str) {
+        let mut waiting = self.lock();
+        if let Some(n) = waiting.get_mut(guid) {
+            *n -= 1;
+            if *n == 0 {
+                waiting.remove(guid);
+            }
+        }
+    }
+
+    pub(super) fn contains(&self, guid: &str) -> bool {
+        self.lock().contains_key(guid)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +177,19 @@ mod tests {
         drop(first);
         assert!(rx.wait_for(Option::is_some).await.is_err());
         assert!(!flights.contains("G1"));
+    }
+
+    #[test]
+    fn a_guid_waits_until_its_last_telegram_starts() {
+        let waiting = Waiting::default();
+        waiting.add("G1");
+        waiting.add("G1");
+        waiting.remove("G1");
+        assert!(waiting.contains("G1"), "one still waits");
+        waiting.remove("G1");
+        assert!(!waiting.contains("G1"));
+        waiting.remove("G1");
+        assert!(!waiting.contains("G1"), "an extra remove changes nothing");
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub(super) async fn run(
     // A transfer of this GUID handled by this hub around the inquiry: its
     // claim may not be in the journal yet (or a resend may be claiming a
     // `not_sent` row), and its POST may follow the GET.
-    let own_call = |hub: &Hub| hub.late_calls.running(orig) || hub.flights.contains(orig);
+    let own_call = |hub: &Hub| hub.handles(orig);
     let own_call_before = own_call(hub);
     let mut outcome = inquire(target, orig, pin, &rules.codes, deadline.work).await;
     if outcome == Outcome::NeverReceived {
@@ -242,10 +242,7 @@ pub(super) fn fits(pause: Duration, deadline: Instant) -> bool {
 /// A `sending` row no one works on: in a journal of one hub, left by an
 /// outcome write that failed (no call of it runs in this process).
 fn orphaned(hub: &Hub, row: &Row, guid: &str) -> bool {
-    row.state == State::Sending
-        && !hub.journal.is_shared()
-        && !hub.flights.contains(guid)
-        && !hub.late_calls.running(guid)
+    row.state == State::Sending && !hub.journal.is_shared() && !hub.handles(guid)
 }
 
 #[cfg(test)]

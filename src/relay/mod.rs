@@ -104,6 +104,7 @@ pub struct Hub {
     budget: Duration,
     policy: ResendPolicy,
     flights: flights::Flights,
+    waiting: flights::Waiting,
     late_calls: settle::LateCalls,
     draining: AtomicBool,
 }
@@ -127,6 +128,7 @@ impl Hub {
             budget,
             policy,
             flights: flights::Flights::default(),
+            waiting: flights::Waiting::default(),
             late_calls: settle::LateCalls::default(),
             draining: AtomicBool::new(false),
         }
@@ -170,6 +172,24 @@ impl Hub {
         in_force.rules = Arc::new(rules);
         in_force.version += 1;
         in_force.since_ms = crate::journal::now_ms();
+    }
+
+    /// A telegram with this GUID, read whole, waits for room to start (on
+    /// `true`) or no longer does (`false`): until it starts, the GUID counts
+    /// as handled by this hub, so an inquiry's "never received" about it is
+    /// not believed (its POST may follow the GET).
+    pub fn waiting_to_start(&self, guid: &str, waits: bool) {
+        if waits {
+            self.waiting.add(guid);
+        } else {
+            self.waiting.remove(guid);
+        }
+    }
+
+    /// Whether this hub handles a transfer of the GUID now: a telegram of it
+    /// in flight or waiting to start, or a call of it past its budget.
+    fn handles(&self, guid: &str) -> bool {
+        self.flights.contains(guid) || self.late_calls.running(guid) || self.waiting.contains(guid)
     }
 
     /// From now on, valid telegrams get E903 and their connection is closed.

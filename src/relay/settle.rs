@@ -444,11 +444,7 @@ pub(super) async fn reconcile(hub: &Hub) -> Result<Vec<(String, Code)>, JournalE
     let mut rows = hub.journal.list(State::Unknown, usize::MAX).await?;
     if !hub.journal.is_shared() {
         let sending = hub.journal.list(State::Sending, usize::MAX).await?;
-        rows.extend(
-            sending.into_iter().filter(|row| {
-                !hub.flights.contains(&row.guid) && !hub.late_calls.running(&row.guid)
-            }),
-        );
+        rows.extend(sending.into_iter().filter(|row| !hub.handles(&row.guid)));
     }
     let rules = hub.rules();
     let mut report = Vec::with_capacity(rows.len());

@@ -116,6 +116,46 @@ async fn inquiry_while_the_core_is_processing_is_e901() {
     s.assert_posts(&g, 1);
 }
 
+/// A transfer read whole but waiting for room to start (its connection has
+/// its maximum in flight) is being handled: its budget runs and its POST is
+/// to come. An inquiry about it meanwhile gets E901, not the core's "never
+/// received" (before: E904, "no money moved", and the transfer was posted
+/// and applied a moment later; found by a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inquiry_about_a_transfer_waiting_behind_its_connection_is_e901() {
+    use tokio::io::AsyncWriteExt;
+    let s = setup_with(HubOpts::toml(
+        "[server]\nbudget_ms = 3000\nmax_in_flight_per_connection = 1\n",
+    ))
+    .await;
+    let (slow, waiting) = (guid("SLOW"), guid("WAITS"));
+    s.core.add_fault(
+        FaultRule::guid(&slow)
+            .method(FaultMethod::Post)
+            .delay_ms(1_000)
+            .phase(Phase::BeforeApply),
+    );
+    let mut bytes = framed(&transfer(&slow, 10));
+    bytes.extend_from_slice(&framed(&transfer(&waiting, 10)));
+    let mut pipelined = connect(s.hub.addr, PrefixMode::Ascii).await;
+    pipelined.stream_mut().write_all(&bytes).await.unwrap();
+    // Read together: the second is framed, and waits, before the first's
+    // POST reaches the core.
+    within(s.core.wait_received(&slow)).await;
+
+    let q = guid("INQ");
+    let mut ch = s.channel().await;
+    let a = exchange(&mut ch, &inquiry(&q, &waiting)).await;
+    assert_header_only(&a, "INQ001", &q, "E901");
+
+    for g in [&slow, &waiting] {
+        let raw = within(pipelined.recv()).await.unwrap().expect("an answer");
+        let t = relayhub::client::Answer::parse(&raw).unwrap();
+        assert_eq!((&t.guid, t.code.as_str()), (g, "0000"), "{t:?}");
+    }
+    s.assert_posts(&waiting, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inquiry_that_keeps_failing_after_being_sent_is_e901() {
     let s = setup().await;
