@@ -336,7 +336,9 @@ impl Journal {
                         "its -wal file is gone, but its lock file {lock} is there: a hub had \
                          the journal open, and it keeps the -wal file, so the -wal was deleted, \
                          moved or not copied with the file since, and the rows only it held \
-                         (the latest transfers) are lost"
+                         (the latest transfers) may be lost. (Another SQLite program that \
+                         opened the journal read-write since, with no hub running, copies the \
+                         -wal into the file as it closes and deletes it: then nothing is lost)"
                     ),
                     format!(
                         "to start with what the file alone holds instead, remove {lock} (a \

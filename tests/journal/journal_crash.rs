@@ -619,7 +619,7 @@ async fn a_journal_found_empty_beside_its_lock_file_is_refused() {
 /// refused, naming the `-wal`, instead of posting their GUIDs again (before:
 /// accepted silently, and every resend of those GUIDs was posted a second
 /// time; found by a black-box probe). The hub keeps its `-wal` at a clean
-/// stop as after a crash, so a missing one is always a lost one.
+/// stop as after a crash, so a missing one may have held rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_journal_whose_wal_was_lost_between_runs_is_refused() {
     let core = start_core().await;

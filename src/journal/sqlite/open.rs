@@ -54,6 +54,9 @@ pub(super) fn open(path: &Path) -> Result<Connection, String> {
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(file_name(path), flags)
         .map_err(|e| format!("cannot open: {e}"))?;
+    // First: a start refused below (a journal of a newer schema, say) must
+    // not have SQLite delete the -wal as this connection closes.
+    keep_wal_file(&conn)?;
     // Every statement the journal runs stays prepared (rusqlite keeps 16 by
     // default; the writer alone runs more, and an evicted one is parsed again).
     conn.set_prepared_statement_cache_capacity(STATEMENTS);
@@ -78,7 +81,6 @@ pub(super) fn open(path: &Path) -> Result<Connection, String> {
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(format!("cannot switch to WAL (journal_mode stays {mode})"));
     }
-    keep_wal_file(&conn)?;
     // FULL while the journal is opened and migrated; the writer then
     // switches to NORMAL and fsyncs the WAL itself (see `syncer`).
     conn.pragma_update(None, "synchronous", "FULL")

@@ -1338,6 +1338,36 @@ async fn open_refuses_a_newer_schema() {
     assert!(reason.contains("newer than this build knows"), "{reason}");
 }
 
+/// The journal keeps its -wal at close, and so does an open that refuses
+/// it (here a journal of a newer schema): SQLite would otherwise checkpoint
+/// and delete the -wal as the refused open's connection closes, and the
+/// right build's next start would find it gone (found by a review).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_wal_stays_after_a_close_and_after_a_refused_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    let wal = open::wal_of(&path);
+    let j = open(&path);
+    j.claim("g", "TRF001", "fp", "http://core", 1)
+        .await
+        .unwrap();
+    drop(j);
+    assert!(wal.exists(), "kept at close");
+    let conn = Connection::open(&path).unwrap();
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+        true,
+    )
+    .unwrap();
+    conn.pragma_update(None, "user_version", open::SCHEMA_VERSION + 1)
+        .unwrap();
+    drop(conn);
+    assert!(wal.exists());
+    let reason = open_err(&path);
+    assert!(reason.contains("newer than this build knows"), "{reason}");
+    assert!(wal.exists(), "kept by the refused open");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn open_sets_wal_and_normal_sync_and_schema() {
     let (dir, j) = fresh();
