@@ -163,10 +163,14 @@ impl ServerConfig {
                         .into(),
                 ));
             }
+            // The variable's name is not shown either: a token that looks
+            // like one may have been pasted in its place.
             let t = std::env::var(var).map_err(|_| {
                 (
                     "server.admin_token_env",
-                    format!("environment variable {var} is not set"),
+                    "the environment variable it names is not set (its name is not shown: it \
+                     may be the token itself)"
+                        .to_string(),
                 )
             })?;
             ("server.admin_token_env", t)
@@ -470,9 +474,9 @@ impl AuthConfig {
                 return Err(AuthError::NotAName { key });
             }
         }
-        let env = |var: &String| {
+        let env = |key: &'static str, var: &String| {
             std::env::var(var).map_err(|e| AuthError::Env {
-                var: var.clone(),
+                key,
                 // Not the error's own text: a value that is not Unicode
                 // would be shown in it.
                 why: match e {
@@ -492,11 +496,11 @@ impl AuthConfig {
             (format!("Bearer {token}"), "bearer".to_string())
         } else if let Some(var) = &self.bearer_env {
             (
-                format!("Bearer {}", env(var)?),
-                format!("bearer_env ({var})"),
+                format!("Bearer {}", env("bearer_env", var)?),
+                "bearer_env".to_string(),
             )
         } else if let Some(var) = &self.header_env {
-            (env(var)?, format!("header_env ({var})"))
+            (env("header_env", var)?, "header_env".to_string())
         } else {
             return Err(AuthError::Empty);
         };
@@ -512,9 +516,14 @@ impl AuthConfig {
 /// Why an `auth` table gives no `Authorization` value.
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
-    /// The named environment variable is unset or not Unicode.
-    #[error("environment variable {var} {why}")]
-    Env { var: String, why: &'static str },
+    /// The environment variable `key` names is unset or not Unicode. Its
+    /// name is not shown: a token that looks like one may have been pasted
+    /// in its place.
+    #[error("the environment variable {key} names {why}")]
+    Env {
+        key: &'static str,
+        why: &'static str,
+    },
     /// `bearer_env` or `header_env` is not a variable's name: most likely
     /// the credential itself, pasted where its variable's name goes, so it
     /// is not shown.
@@ -1243,9 +1252,6 @@ impl Cidr {
     }
 }
 
-/// A TOML error as the parser shows it (the message, the line quoted and
-/// marked), but for an error on a line that may carry a credential (an
-/// `auth` table, a token, a password): then the line is named, not quoted.
 /// Whether `name` is an environment variable's name as shells and systemd
 /// write them: a letter or `_`, then letters, digits and `_`.
 fn is_env_name(name: &str) -> bool {
@@ -1256,31 +1262,94 @@ fn is_env_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// A TOML error as the parser shows it (the message, the line quoted and
+/// marked), but for an error that may show a credential: then the line is
+/// named, not quoted, and the message's quoted values are left out. That is
+/// an error on a line naming an `auth` table, a token, a password, a
+/// `*_env` key or a URL with credentials (`@`), or on any line inside a
+/// multi-line string (a token's continuation: its key is lines above).
 fn parse_message(e: &toml::de::Error, text: &str) -> String {
     let Some(span) = e.span() else {
         return e.to_string();
     };
     let start = span.start.min(text.len());
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
     let line_no = text[..start].matches('\n').count() + 1;
-    let line = text.lines().nth(line_no - 1).unwrap_or("");
+    let line = text[line_start..].lines().next().unwrap_or("");
     let lower = line.to_ascii_lowercase();
-    // A line inside a multi-line string (after an odd number of `"""` and
-    // `'''`) may be a token's continuation, the key that names it lines above.
-    let before = &text[..text[..start].rfind('\n').map_or(0, |i| i + 1)];
-    let in_long_string =
-        (before.matches("\"\"\"").count() + before.matches("'''").count()) % 2 == 1;
-    if in_long_string
-        || ["auth", "bearer", "token", "password", "secret"]
+    let hidden = in_multi_line_string(&text[..line_start])
+        || ["auth", "bearer", "token", "password", "secret", "_env", "@"]
             .iter()
-            .any(|word| lower.contains(word))
-    {
+            .any(|word| lower.contains(word));
+    if hidden {
         format!(
             "TOML parse error at line {line_no} (not shown: it may hold a credential): {}",
-            e.message()
+            without_quoted(e.message())
         )
     } else {
         e.to_string()
     }
+}
+
+/// Whether TOML `text` ends inside a multi-line string (`"""` or `'''`):
+/// strings and comments are followed as the grammar has them, so a `"""`
+/// in a comment or inside a one-line string does not count.
+fn in_multi_line_string(text: &str) -> bool {
+    #[derive(PartialEq)]
+    enum In {
+        Code,
+        Comment,
+        Basic,
+        Literal,
+        LongBasic,
+        LongLiteral,
+    }
+    let b = text.as_bytes();
+    let mut at = In::Code;
+    let mut i = 0;
+    while i < b.len() {
+        let rest = &b[i..];
+        match at {
+            In::Code if rest.starts_with(b"\"\"\"") => (at, i) = (In::LongBasic, i + 3),
+            In::Code if rest.starts_with(b"\'\'\'") => (at, i) = (In::LongLiteral, i + 3),
+            In::Code => {
+                at = match b[i] {
+                    b'#' => In::Comment,
+                    b'"' => In::Basic,
+                    b'\'' => In::Literal,
+                    _ => In::Code,
+                };
+                i += 1;
+            }
+            In::Comment | In::Basic | In::Literal if b[i] == b'\n' => (at, i) = (In::Code, i + 1),
+            In::Basic | In::LongBasic if b[i] == b'\\' => i += 2,
+            In::Basic if b[i] == b'"' => (at, i) = (In::Code, i + 1),
+            In::Literal if b[i] == b'\'' => (at, i) = (In::Code, i + 1),
+            In::LongBasic if rest.starts_with(b"\"\"\"") => (at, i) = (In::Code, i + 3),
+            In::LongLiteral if rest.starts_with(b"\'\'\'") => (at, i) = (In::Code, i + 3),
+            _ => i += 1,
+        }
+    }
+    matches!(at, In::LongBasic | In::LongLiteral)
+}
+
+/// `message` with every quoted value replaced by `"…"`: serde's messages
+/// quote the value they refused (`invalid type: string "..."`).
+fn without_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut quoted = false;
+    for c in message.chars() {
+        match (c, quoted) {
+            ('"', false) => {
+                out.push_str("\"…\"");
+                quoted = true;
+            }
+            ('"', true) => quoted = false,
+            (_, false) => out.push(c),
+            (_, true) => {}
+        }
+    }
+    out
 }
 
 /// Why `url` cannot be a target's base URL, if it cannot. The hub appends the
@@ -1350,7 +1419,7 @@ mod tests {
         let (key, reason) = s.admin_token().unwrap_err();
         assert_eq!(key, "server.admin_token_env");
         assert!(
-            reason.contains("RELAYHUB_TEST_ADMIN_TOKEN_NEVER_SET"),
+            reason.contains("is not set") && !reason.contains("NEVER_SET"),
             "{reason}"
         );
     }
@@ -1784,16 +1853,25 @@ mod tests {
             );
             c.server.admin_token_env = None;
         }
+        // Nor one that looks like a name (a token of letters, digits, `_`).
         c.targets[0].auth = Some(AuthConfig {
             bearer: None,
-            bearer_env: Some("RELAYHUB_TEST_NEVER_SET_1".into()),
+            bearer_env: Some("ghp_S3CRET_NEVER_SET_1".into()),
             header_env: None,
         });
         let err = c.validate("t").unwrap_err().to_string();
         assert!(
-            err.contains("environment variable RELAYHUB_TEST_NEVER_SET_1 is not set"),
-            "a name is shown: {err}"
+            err.contains("the environment variable bearer_env names is not set")
+                && !err.contains("S3CRET"),
+            "{err}"
         );
+        c.server.admin_token_env = Some("ghp_S3CRET_NEVER_SET_1".into());
+        let (_, err) = c.server.admin_token().unwrap_err();
+        assert!(
+            err.contains("is not set") && !err.contains("S3CRET"),
+            "{err}"
+        );
+        c.server.admin_token_env = None;
     }
 
     /// A TOML error on a line that may hold a credential names the line and
@@ -1821,6 +1899,12 @@ mod tests {
             "[[target]]\nname = \"core\"\nurls = [\"http://c\"]\nauth = { bearer = \"\"\"S3CRET1\nS3CRET2-\\q\"\"\" }\n",
             "[[target]]\nname = \"core\"\nurls = [\"http://c\"]\n[target.auth]\nbearer = \"\"\"\nS3CRET-ONLY\n",
             "[[target]]\nname = \"core\"\nurls = [\"http://c\"]\n[target.auth]\nbearer = '''\nS3CRET-ONLY\n",
+            // A `"""` in a comment does not end the string (found by a review).
+            "[[target]]\nname = \"core\"\nurls = [\"http://c\"]\n# \"\"\" quotes\n[target.auth]\nbearer = \"\"\"\nS3CRET\\q\n\"\"\"\n",
+            // A `*_env` line, a URL with a password, a value of the wrong type.
+            "[[target]]\nname = \"core\"\nurls = [\"http://c\"]\n[target.auth]\nheader_env = \"Basic S3CRET\\q\"\n",
+            "[journal]\npath = \"postgres://u:S3CRET@h/db\n",
+            "[[target]]\nname = \"core\"\nurls = [\"http://c\"]\nauth = \"Bearer S3CRETtok\"\n",
         ] {
             let err = Config::from_toml("t", text)
                 .err()
