@@ -91,13 +91,14 @@ pub fn record(
     elapsed: Duration,
     trace: TraceId,
 ) {
-    let at = Instant::now();
-    stats().record_at(at, tx_code, code.as_str(), Some(elapsed));
-    if let Some(target) = target
-        && code.as_str().starts_with('E')
-    {
-        stats().error_at(at, target, code.as_str());
-    }
+    let error_of = target.filter(|_| code.as_str().starts_with('E'));
+    stats().record_answer(
+        Instant::now(),
+        tx_code,
+        code.as_str(),
+        Some(elapsed),
+        error_of,
+    );
     if !guid.is_empty() {
         traces().note(guid, code, trace);
     }
@@ -372,12 +373,29 @@ impl Stats {
         slot
     }
 
+    /// Counts one answer of no target.
     fn record_at(&self, at: Instant, tx: &str, code: &str, elapsed: Option<Duration>) {
+        self.record_answer(at, tx, code, elapsed, None);
+    }
+
+    /// Counts one answer; an E-code also under `error_of`, the target the
+    /// telegram's route named, under the same lock.
+    fn record_answer(
+        &self,
+        at: Instant,
+        tx: &str,
+        code: &str,
+        elapsed: Option<Duration>,
+        error_of: Option<&str>,
+    ) {
         let second = self.second(at);
         let b = elapsed.map(bucket);
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let slot = Stats::slot(&mut g, second);
         bump(&mut slot.counts, tx, code);
+        if let Some(target) = error_of {
+            bump(&mut slot.errors_by_target, target, code);
+        }
         if let Some(b) = b {
             slot.latency[b] += 1;
         }
@@ -385,17 +403,6 @@ impl Stats {
         if let Some(b) = b {
             g.latency[b] += 1;
         }
-    }
-
-    /// Counts an E-code under the target the telegram's route named.
-    fn error_at(&self, at: Instant, target: &str, code: &str) {
-        let second = self.second(at);
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        bump(
-            &mut Stats::slot(&mut g, second).errors_by_target,
-            target,
-            code,
-        );
     }
 
     /// The last minute (the current second included) and the totals since start.
@@ -467,15 +474,21 @@ mod tests {
     fn errors_stay_with_the_target_that_answered_them() {
         let s = Stats::new();
         let t0 = s.started;
-        s.error_at(t0, "core", "E902");
-        s.error_at(t0, "core", "E902");
-        s.error_at(t0, "core2", "E901");
+        s.record_answer(t0, "TRF001", "E902", None, Some("core"));
+        s.record_answer(t0, "TRF001", "E902", None, Some("core"));
+        s.record_answer(t0, "TRF001", "E901", None, Some("core2"));
         let (minute, all) = s.snapshot();
         assert_eq!(minute.errors_by_target["core"]["E902"], 2);
         assert_eq!(minute.errors_by_target["core2"]["E901"], 1);
         assert!(all.errors_by_target.is_empty());
         // Out of the window: gone.
-        s.error_at(t0 + Duration::from_secs(60), "core2", "E903");
+        s.record_answer(
+            t0 + Duration::from_secs(60),
+            "TRF001",
+            "E903",
+            None,
+            Some("core2"),
+        );
         let g = s.inner.lock().unwrap();
         assert_eq!(g.ring[0].errors_by_target["core2"]["E903"], 1);
         assert!(!g.ring[0].errors_by_target["core"].contains_key("E902"));

@@ -192,8 +192,6 @@ impl FileLock {
     }
 }
 
-/// Takes the lock file at `path`, and writes this process's name in it;
-/// with whether an earlier owner had opened the journal, which it keeps.
 /// What a lock file said of its earlier owners when it was taken.
 #[derive(Debug, Default, Clone, Copy)]
 struct Found {
@@ -201,6 +199,9 @@ struct Found {
     wal_kept: bool,
 }
 
+/// Takes the lock file at `path`, and writes this process's name in it;
+/// with what it said of earlier owners (the journal opened, its -wal kept),
+/// which it keeps.
 fn take(path: &Path) -> Result<(File, Found), LockError> {
     let io = |e: std::io::Error| LockError::Io {
         lock: path.to_path_buf(),
