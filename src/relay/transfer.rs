@@ -181,7 +181,7 @@ impl Transfer<'_> {
                     self.fingerprint.to_string(),
                     url.to_string(),
                 );
-                bounded::within(self.deadline.work, async move {
+                bounded::within(self.room_to_ask(), async move {
                     let to = AttemptTo { url: &u, grace_ms };
                     journal.claim_to(&g, &tx, &fp, to, now).await
                 })
@@ -202,10 +202,8 @@ impl Transfer<'_> {
                     settle::release_late_claim(self.hub.journal.clone(), self.guid(), async move {
                         matches!(task.await, Ok(Ok(Claim::New)))
                     });
-                    return (
-                        bounded::claim_failed(),
-                        "not sent: the journal did not answer within the budget".into(),
-                    );
+                    return Box::pin(self.without_journal("the journal did not answer in time"))
+                        .await;
                 }
             };
             if row.fingerprint != self.fingerprint {
@@ -267,7 +265,7 @@ impl Transfer<'_> {
     /// would find `sending` and inquire about.
     async fn read_while_refused(&self, why: String) -> Result<Row, (Reply, String)> {
         let (journal, guid) = (self.hub.journal.clone(), self.guid().to_string());
-        let read = bounded::within(self.deadline.work, async move { journal.get(&guid).await });
+        let read = bounded::within(self.room_to_ask(), async move { journal.get(&guid).await });
         match read.await {
             Bounded::Done(Ok(Some(row))) => Ok(row),
             Bounded::Done(Ok(None)) => Err((bounded::claim_failed(), format!("not sent: {why}"))),
@@ -276,11 +274,61 @@ impl Transfer<'_> {
                 format!("not sent: {why}; reading the GUID's row failed too: {e}"),
             )),
             Bounded::Failed(e) => Err((bounded::claim_failed(), format!("not sent: {e}"))),
-            Bounded::Late(_) => Err((
-                bounded::claim_failed(),
-                format!("not sent: {why}; the journal did not answer within the budget"),
-            )),
+            Bounded::Late(_) => Err(self
+                .without_journal(&format!("{why}; the journal did not answer in time"))
+                .await),
         }
+    }
+
+    /// Until when the journal is waited for on the way to a POST: the
+    /// work deadline less a quarter of the time left (at most a second), so
+    /// that a journal that does not answer still leaves the core's GET its
+    /// time ([`Transfer::without_journal`]).
+    fn room_to_ask(&self) -> Instant {
+        let left = self.deadline.work.saturating_duration_since(Instant::now());
+        self.deadline.work - (left / 4).min(Duration::from_secs(1))
+    }
+
+    /// The journal did not say, in time, what it knows of the GUID: nothing
+    /// is sent, but the GUID may have been sent before (this may be a
+    /// resend of a transfer answered 0000), so E903, "no money moved", is
+    /// not the hub's to say unasked. The core is asked, as an INQ001 would
+    /// ask it, with the time left: its final answer is given (not
+    /// journaled: the journal is what is stuck); "never received" is E903,
+    /// but E901 while a late call of this hub runs for the GUID (its POST
+    /// may still be on its way); anything else is E901. (Before: E903 alone, to resends of transfers
+    /// that had moved money; found by a black-box probe.)
+    async fn without_journal(&self, why: &str) -> (Reply, String) {
+        let outcome = inquire(
+            self.target,
+            self.guid(),
+            None,
+            &self.rules.codes,
+            self.deadline.work,
+        )
+        .await;
+        if outcome == Outcome::NeverReceived && !self.hub.late_calls.running(self.guid()) {
+            return (
+                bounded::claim_failed(),
+                format!("not sent: {why}, and the core never received the GUID"),
+            );
+        }
+        bounded::count_failure("claim");
+        let (reply, outcome) = reply_for(outcome, &self.route.layout, &self.rules.codes);
+        if reply.code.is_final() {
+            let note = format!(
+                "not sent: {why}; the core's answer about the GUID: {}",
+                describe(&outcome, 0)
+            );
+            return (reply, note);
+        }
+        (
+            Reply::code(Code::UNKNOWN),
+            format!(
+                "not sent: {why}, and the core did not say whether the GUID moved money: {}",
+                describe(&outcome, 0)
+            ),
+        )
     }
 
     /// Asks the core about the row's transfer instead of posting (E901 before).
