@@ -102,7 +102,11 @@ pub(super) async fn run(
                     guid_clash("in flight with a different body"),
                 );
             }
-            match tokio::time::timeout_at(deadline.work, reply.wait_for(Option::is_some)).await {
+            // Until the reply deadline, not the work one: a follower has no
+            // outcome to write, and a leader read in the same millisecond
+            // answers at its own work deadline (a follower that gave up
+            // first said E901 beside the leader's E903; a black-box probe).
+            match tokio::time::timeout_at(deadline.reply, reply.wait_for(Option::is_some)).await {
                 Ok(Ok(r)) => (
                     r.clone().unwrap_or_else(|| Reply::code(Code::UNKNOWN)),
                     "answer of the telegram in flight with this GUID".into(),

@@ -223,6 +223,25 @@ async fn an_inquiry_behind_a_stalled_journal_still_asks_the_core() {
     assert_eq!(posts(&core, &other), 0);
 }
 
+/// Two telegrams of one new GUID, read together while the journal is
+/// stuck: the leader's claim gives up with time left to ask the core, which
+/// never received it (E903), and the follower gets that same answer (before,
+/// a follower read in the same millisecond gave up first and said E901
+/// beside the leader's E903; found by a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_telegrams_of_one_guid_behind_a_stuck_journal_get_one_answer() {
+    let Stalled {
+        core, hub, lock, ..
+    } = unknown_then_stalled("STF1", 1_000).await;
+    let g = guid("STF2");
+    let telegram = transfer(&g, 1_000);
+    let (mut a, mut b) = (hub.channel().await, hub.channel().await);
+    let (x, y) = tokio::join!(exchange(&mut a, &telegram), exchange(&mut b, &telegram));
+    assert_eq!((x.code.as_str(), y.code.as_str()), ("E903", "E903"));
+    assert_eq!(posts(&core, &g), 0);
+    lock.execute_batch("ROLLBACK").expect("release the lock");
+}
+
 /// The outcome of a POST cannot be written (the journal refuses the update):
 /// the channel still gets the truth, and the row left `sending` does not make
 /// every repeat wait out its budget. The repeat and an inquiry telegram settle
