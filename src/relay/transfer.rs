@@ -295,13 +295,14 @@ impl Transfer<'_> {
 
     /// The journal did not say, in time, what it knows of the GUID: nothing
     /// is sent, but the GUID may have been sent before (this may be a
-    /// resend of a transfer answered 0000), so E903, "no money moved", is
-    /// not the hub's to say unasked. The core is asked, as an INQ001 would
-    /// ask it, with the time left: its final answer is given (not
-    /// journaled: the journal is what is stuck); "never received" is E903,
-    /// but E901 while a late call of this hub runs for the GUID (its POST
-    /// may still be on its way); anything else is E901. (Before: E903 alone, to resends of transfers
-    /// that had moved money; found by a black-box probe.)
+    /// resend of a transfer answered 0000, or of one whose POST is still on
+    /// the wire), so E903, "no money moved", is not the hub's to say. The
+    /// core is asked, as an INQ001 would ask it, with the time left: its
+    /// final answer is given (not journaled: the journal is what is stuck);
+    /// anything else, "never received" included, is E901, since without the
+    /// row the hub cannot tell an earlier attempt still on its way from none.
+    /// (Before: E903, to resends of transfers that had moved money; found by
+    /// black-box probes.)
     async fn without_journal(&self, why: &str) -> (Reply, String) {
         let outcome = inquire(
             self.target,
@@ -311,12 +312,6 @@ impl Transfer<'_> {
             self.deadline.work,
         )
         .await;
-        if outcome == Outcome::NeverReceived && !self.hub.late_calls.running(self.guid()) {
-            return (
-                bounded::claim_failed(),
-                format!("not sent: {why}, and the core never received the GUID"),
-            );
-        }
         bounded::count_failure("claim");
         let (reply, outcome) = reply_for(outcome, &self.route.layout, &self.rules.codes);
         if reply.code.is_final() {
@@ -329,7 +324,8 @@ impl Transfer<'_> {
         (
             Reply::code(Code::UNKNOWN),
             format!(
-                "not sent: {why}, and the core did not say whether the GUID moved money: {}",
+                "not sent: {why}; without the journal an earlier attempt of the GUID cannot be \
+                 ruled out, and the core's answer was not final: {}",
                 describe(&outcome, 0)
             ),
         )
