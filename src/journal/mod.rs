@@ -330,7 +330,7 @@ impl Journal {
                     ),
                     empty,
                 ))
-            } else if held.wal_kept_before() && !sqlite::open::wal_of(path).exists() {
+            } else if held.wal_kept_before() && !sqlite::open::holds_a_wal(path) {
                 Some((
                     format!(
                         "its -wal file is gone, but its lock file {lock} is there: a hub had \

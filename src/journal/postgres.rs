@@ -821,7 +821,27 @@ pub fn check_url(url: &str, longest_call_ms: u64) -> Result<(), String> {
 /// The URL without its password (in the user info, or a `password=` query
 /// parameter), for messages and logs.
 pub fn redact(url: &str) -> String {
-    match url.split_once('?') {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return redact_query(url);
+    };
+    // The user info ends at the last `@`: a password may hold `/`, `?` or
+    // `@` unescaped, and the driver still reads it so (found by a probe).
+    let (user, tail) = match rest.rfind('@') {
+        Some(at) => {
+            let user = match rest[..at].split_once(':') {
+                Some((user, _)) => format!("{user}:***@"),
+                None => format!("{}@", &rest[..at]),
+            };
+            (user, &rest[at + 1..])
+        }
+        None => (String::new(), rest),
+    };
+    format!("{scheme}://{user}{}", redact_query(tail))
+}
+
+/// `text` with the value of a `password` query key hidden.
+fn redact_query(text: &str) -> String {
+    match text.split_once('?') {
         Some((base, query)) => {
             let query: Vec<String> = query
                 .split('&')
@@ -832,32 +852,9 @@ pub fn redact(url: &str) -> String {
                     _ => pair.to_string(),
                 })
                 .collect();
-            format!("{}?{}", redact_userinfo(base), query.join("&"))
+            format!("{base}?{}", query.join("&"))
         }
-        None => redact_userinfo(url),
-    }
-}
-
-/// `url` (no query) without the password of its user info.
-fn redact_userinfo(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    // The userinfo ends at the last `@` before the path.
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match authority.rfind('@') {
-        Some(at) => {
-            let userinfo = &authority[..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            let hidden = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                user.to_string()
-            };
-            format!("{scheme}://{hidden}{}", &rest[at..])
-        }
-        None => url.to_string(),
+        None => text.to_string(),
     }
 }
 
@@ -881,6 +878,18 @@ mod tests {
             "postgres://hub:***@db/j?hub_id=a&Password=***"
         );
         assert_eq!(redact("postgresql://db/j"), "postgresql://db/j");
+        // `/` and `?` in a password, unescaped (the driver reads them so).
+        for url in [
+            "postgres://relay:pw/S3CRET@127.0.0.1:5432/x",
+            "postgres://relay:S3C?RET@127.0.0.1:5432/x",
+            "postgres://relay:pw/?S3CRET@127.0.0.1:5432/x?hub_id=a",
+        ] {
+            let shown = redact(url);
+            assert!(
+                !shown.contains("S3C") && shown.starts_with("postgres://relay:***@127.0.0.1"),
+                "{shown}"
+            );
+        }
     }
 
     /// The takeover's flag is read right after the row's columns.

@@ -109,6 +109,15 @@ pub(crate) fn wal_of(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Whether the journal's `-wal` file is there with at least its header. A
+/// hub's `-wal` always has one once the journal is made (its tables are
+/// written through it, and a reset keeps `journal_size_limit` bytes); an
+/// empty one was made by a reader that found none (`journal list`,
+/// `sqlite3 -readonly`), so it stands for a lost one (found by a probe).
+pub(crate) fn holds_a_wal(path: &Path) -> bool {
+    std::fs::metadata(wal_of(path)).is_ok_and(|m| m.len() > 0)
+}
+
 /// The `-wal` file stays when `conn` is the last connection to close
 /// (SQLite would checkpoint and delete it). So a `-wal` found missing beside
 /// a journal this build had open was lost, not deleted by SQLite, and its
