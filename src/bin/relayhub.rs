@@ -100,7 +100,7 @@ struct ConfigArgs {
     #[arg(long, value_name = "MS")]
     budget_ms: Option<u64>,
     /// TCP connect timeout to the core, in ms, for every target (default 500,
-    /// lowered to half the budget; must be below the budget).
+    /// or half the budget when that is less; must be below the budget).
     #[arg(long, value_name = "MS")]
     connect_timeout_ms: Option<u64>,
     /// The GUID journal: a SQLite database file, `memory` (lost at exit), or a
