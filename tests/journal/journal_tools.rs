@@ -155,6 +155,15 @@ async fn reconcile_beside_a_live_hub_asks_that_hub() {
         "{refused:?}"
     );
     assert_eq!(gets(&core, &g), 0, "a refused reconcile asks nothing");
+    // With no core URL either: the same advice first, not "give --core-url"
+    // (found by a newcomer's walk-through).
+    let bare = relayhub(&["journal", "--journal", path_str(&file), "reconcile"]);
+    assert!(
+        bare.code != Some(0)
+            && bare.stderr.contains("held by a running hub")
+            && bare.stderr.contains("--admin HOST:PORT"),
+        "{bare:?}"
+    );
 
     let asked = relayhub(&["journal", "reconcile", "--admin", &hub.admin]);
     assert_eq!(asked.code, Some(0), "{asked:?}");

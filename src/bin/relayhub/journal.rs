@@ -360,6 +360,7 @@ async fn reconcile(
     if let Some(admin) = &args.admin {
         return through_hub(admin, admin_token(&args)?.as_deref()).await;
     }
+    let given_journal = journal.clone();
     let source = Source {
         file: args.config.clone(),
         overrides: Overrides {
@@ -370,7 +371,25 @@ async fn reconcile(
             ..Overrides::default()
         },
     };
-    let mut config = source.load().map_err(|e| e.to_string())?;
+    let mut config = match source.load() {
+        Ok(config) => config,
+        // Beside a running hub, the way is through it, whatever else is
+        // missing: say so first (before: "give --core-url", which then led
+        // to this; found by a newcomer's walk-through).
+        Err(e) if args.config.is_none() => {
+            let spec =
+                given_journal.unwrap_or_else(|| relayhub::config::JournalConfig::default().path);
+            return Err(
+                match file_of(&spec).map(relayhub::journal::sqlite::lock::FileLock::acquire) {
+                    Some(Err(relayhub::journal::sqlite::lock::LockError::Held {
+                        holder, ..
+                    })) => held_by_a_hub(&spec, &holder),
+                    _ => e.to_string(),
+                },
+            );
+        }
+        Err(e) => return Err(e.to_string()),
+    };
     let spec = config.journal.path.clone();
     check_exists(&spec, create)?;
     let grace_unknown = args.config.is_none();
@@ -410,13 +429,7 @@ async fn reconcile(
                     );
                     through_hub(addr, admin_token(&args)?.as_deref()).await
                 }
-                None => Err(format!(
-                    "journal {path} is held by a running hub ({holder}). While a hub runs, it \
-                     settles its unknown transfers itself: only it knows which of its calls \
-                     are still running, and a channel's resend is answered by inquiry. To \
-                     settle them all now, ask it: relayhub journal reconcile --admin HOST:PORT \
-                     (the hub's admin_listen)"
-                )),
+                None => Err(held_by_a_hub(&path, &holder)),
             };
         }
         Err(e) => return Err(e.to_string()),
@@ -467,6 +480,17 @@ fn print_report(report: &[(String, String)]) -> ExitCode {
         open
     );
     ExitCode::SUCCESS
+}
+
+/// Why reconcile does not open a journal a running hub holds, and how to
+/// ask that hub instead.
+fn held_by_a_hub(path: &str, holder: &str) -> String {
+    format!(
+        "journal {path} is held by a running hub ({holder}). While a hub runs, it settles its \
+         unknown transfers itself: only it knows which of its calls are still running, and a \
+         channel's resend is answered by inquiry. To settle them all now, ask it: relayhub \
+         journal reconcile --admin HOST:PORT (the hub's admin_listen)"
+    )
 }
 
 /// The token to show the hub's admin listener: from --admin-token-file, else
