@@ -179,13 +179,19 @@ pub fn relayhub(args: &[&str]) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn relayhub");
+    let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
     let out = rx
         .recv_timeout(PATIENCE)
-        .unwrap_or_else(|_| panic!("relayhub {args:?} did not end within {PATIENCE:?}"))
+        .unwrap_or_else(|_| {
+            // Not left running after the failed test (a hub that started
+            // where a refusal was expected).
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("relayhub {args:?} did not end within {PATIENCE:?}")
+        })
         .expect("relayhub output");
     Output {
         code: out.status.code(),
