@@ -190,6 +190,17 @@ impl ServerConfig {
         if t.is_empty() {
             return Err((key, "the token is empty".into()));
         }
+        // No request could carry it (a header value holds no control
+        // character), so no request would be let in: refused, not shown.
+        if let Some(at) = t.find(char::is_control) {
+            return Err((
+                key,
+                format!(
+                    "the token holds a control character at byte {at}, which no request's \
+                     Authorization header can carry (the token is not shown)"
+                ),
+            ));
+        }
         Ok(Some(t.to_string()))
     }
 }
@@ -1410,6 +1421,11 @@ mod tests {
         assert_eq!(s.admin_token(), Ok(Some("s3cret".into())));
         std::fs::write(&file, "\n").unwrap();
         assert_eq!(s.admin_token().unwrap_err().0, "server.admin_token_file");
+        std::fs::write(&file, "s3\u{1b}cret\n").unwrap();
+        let (key, reason) = s.admin_token().unwrap_err();
+        assert_eq!(key, "server.admin_token_file");
+        assert!(reason.contains("control character at byte 2"), "{reason}");
+        assert!(!reason.contains("s3"), "{reason}");
         std::fs::remove_file(&file).unwrap();
         let (key, reason) = s.admin_token().unwrap_err();
         assert_eq!(key, "server.admin_token_file");

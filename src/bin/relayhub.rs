@@ -690,6 +690,10 @@ fn check(args: ConfigArgs) -> Result<ExitCode, String> {
     }
     if let Some(admin) = &s.admin_listen {
         println!("admin endpoints on {admin}");
+    } else if let Err((key, reason)) = s.admin_token() {
+        // Not read by `serve` without an admin listener, so not a refusal
+        // here; but the same file under `serve --admin-listen` is refused.
+        println!("note: {key} {reason}; `serve --admin-listen` refuses to start until it is fixed");
     }
     if let Some(tls) = &s.tls_listen {
         println!(

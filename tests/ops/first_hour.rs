@@ -863,6 +863,51 @@ async fn check_and_reload_refuse_what_a_start_would() {
     );
 }
 
+/// A config meant for `serve --admin-listen` (a token, no listener in the
+/// file) passes `check`, since `serve` alone does not read the token; but
+/// `check` says that the token cannot be read, which the same file under
+/// `--admin-listen` refuses (before: "config OK" and nothing else).
+#[test]
+fn check_notes_a_token_that_serve_admin_listen_would_refuse() {
+    let dir = TempDir::new("fh-tokennote");
+    let base = target("http://127.0.0.1:1");
+    let cfg = write(
+        &dir,
+        "relayhub.toml",
+        &format!("[server]\nadmin_token_env = \"RELAYHUB_TEST_UNSET_TOKEN\"\n\n{base}"),
+    );
+    let out = relayhub(&["check", "--config", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "check refused:\n{}", out.all());
+    assert!(
+        out.stdout.contains("note: server.admin_token_env")
+            && out.stdout.contains("`serve --admin-listen` refuses"),
+        "{}",
+        out.all()
+    );
+    assert!(
+        !out.all().contains("RELAYHUB_TEST_UNSET_TOKEN"),
+        "{}",
+        out.all()
+    );
+    let with_listener = relayhub(&[
+        "serve",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        "memory",
+    ]);
+    assert!(!with_listener.status.success(), "{}", with_listener.all());
+    assert!(
+        with_listener.stderr.contains("server.admin_token_env"),
+        "{}",
+        with_listener.all()
+    );
+}
+
 /// A channel that sends the other length prefix gets E102, and the hub's
 /// line says which prefix the bytes are and which one the listener takes
 /// (before: "telegram length 808530738 exceeds the maximum", "byte 0 is
