@@ -164,6 +164,38 @@ mod tests {
         assert_eq!(describe(&unknown, 1), "attempt 1: unknown: timeout");
     }
 
+    /// A 200 without one of the fields the channel's 0000 carries is "a 200
+    /// that does not fit the response layout": E901, whichever field it
+    /// lacks (before, a missing `txn_id` gave 0000 with a blank one, while
+    /// a missing `balance` gave E901).
+    #[test]
+    fn a_processed_answer_lacking_a_response_field_is_e901() {
+        let layouts = crate::layout::builtin();
+        let codes = CodeTable::builtin();
+        let full = serde_json::json!({
+            "result": "OK", "txn_id": "T1", "balance": 1, "processed_at": "20261129132001"
+        });
+        let layout = &layouts["TRF001"];
+        let (reply, _) = reply_to_transfer(200, full.to_string().as_bytes(), layout, &codes);
+        assert_eq!(reply.code, Code::OK);
+        for missing in ["txn_id", "processed_at", "balance"] {
+            let mut absent = full.clone();
+            absent.as_object_mut().unwrap().remove(missing);
+            let mut blank = full.clone();
+            blank[missing] = "".into();
+            for body in [absent, blank] {
+                let (reply, outcome) =
+                    reply_to_transfer(200, body.to_string().as_bytes(), layout, &codes);
+                assert_eq!(reply.code, Code::UNKNOWN, "{body}");
+                assert!(
+                    error_of(&outcome)
+                        .is_some_and(|e| e.contains("does not fit the response layout")),
+                    "{outcome:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn states_for_codes() {
         assert_eq!(state_for(Code::OK), State::Done);
