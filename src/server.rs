@@ -87,35 +87,51 @@ trait Answerer: Send + Sync + 'static {
         read_at: Instant,
     ) -> impl Future<Output = (Echo, Reply)> + Send;
 
-    /// A telegram with this GUID, read whole, waits for room to start
-    /// (`true`), or has finished (`false`).
-    fn waiting_to_start(&self, _guid: &str, _waits: bool) {}
+    /// A telegram, read whole, waits for room to start: whether its GUID
+    /// now counts as handled (a transfer's does).
+    fn waiting_to_start(&self, _echo: &Echo) -> bool {
+        false
+    }
+
+    /// A telegram `waiting_to_start` counted has ended.
+    fn no_longer_waiting(&self, _guid: &str) {}
 }
 
-/// A telegram that had to wait for room to start (its connection had its
-/// maximum in flight) while its budget ran: its GUID counts as handled by
+/// A transfer that has to wait for room to start (its connection has its
+/// maximum in flight) while its budget runs: its GUID counts as handled by
 /// the hub from its read until its task ends, so an inquiry about it in the
 /// meantime does not take the core's "never received" for an answer.
 struct WaitingMark<H: Answerer> {
     hub: Arc<H>,
-    guid: String,
+    /// `None` when the hub did not count it (not a transfer).
+    guid: Option<String>,
 }
 
 impl<H: Answerer> WaitingMark<H> {
     fn new(hub: &Arc<H>, echo: &Echo) -> WaitingMark<H> {
-        let guid = echo.guid_str().to_string();
-        hub.waiting_to_start(&guid, true);
         WaitingMark {
             hub: hub.clone(),
-            guid,
+            guid: hub
+                .waiting_to_start(echo)
+                .then(|| echo.guid_str().to_string()),
         }
     }
 }
 
 impl<H: Answerer> Drop for WaitingMark<H> {
     fn drop(&mut self) {
-        self.hub.waiting_to_start(&self.guid, false);
+        if let Some(guid) = &self.guid {
+            self.hub.no_longer_waiting(guid);
+        }
     }
+}
+
+/// A telegram read whole that waits in the connection for room to start,
+/// behind one that waits already: timed and marked from its read.
+struct Held<H: Answerer> {
+    telegram: Bytes,
+    read_at: Instant,
+    mark: Option<WaitingMark<H>>,
 }
 
 impl Answerer for Hub {
@@ -129,8 +145,12 @@ impl Answerer for Hub {
         self.handle(&telegram, peer, cert.as_deref(), read_at).await
     }
 
-    fn waiting_to_start(&self, guid: &str, waits: bool) {
-        Hub::waiting_to_start(self, guid, waits);
+    fn waiting_to_start(&self, echo: &Echo) -> bool {
+        Hub::waiting_to_start(self, echo.tx_code_str(), echo.guid_str())
+    }
+
+    fn no_longer_waiting(&self, guid: &str) {
+        Hub::no_longer_waiting(self, guid);
     }
 }
 
@@ -871,6 +891,8 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
     // The last telegram outlasted an adopter's patience: not lent again
     // until one is quick.
     let mut slow = inline.is_some();
+    // Telegrams framed while their connection waits for room (see `Held`).
+    let mut held: std::collections::VecDeque<Held<H>> = Default::default();
     if inline.is_some() {
         link.pending.fetch_add(1, Ordering::SeqCst);
     }
@@ -878,12 +900,26 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
         // Every complete telegram in the buffer: handled here when it is the
         // only one in flight, otherwise in a task of its own.
         loop {
-            match codec.decode(&mut buf) {
-                Ok(Some(telegram)) => {
-                    let read_at = Instant::now();
+            let next = match held.pop_front() {
+                Some(h) => Ok(Some(h)),
+                None => codec.decode(&mut buf).map(|t| {
+                    t.map(|telegram| Held {
+                        telegram,
+                        read_at: Instant::now(),
+                        mark: None,
+                    })
+                }),
+            };
+            match next {
+                Ok(Some(Held {
+                    telegram,
+                    read_at,
+                    mark,
+                })) => {
                     started = None;
                     let guard = in_flight.enter();
-                    let alone = direct.is_some() && inline.is_none() && buf.is_empty();
+                    let alone =
+                        direct.is_some() && inline.is_none() && buf.is_empty() && held.is_empty();
                     if alone && S::LENDABLE && !slow && adopters.is_some_and(Adopters::has_room) {
                         let writer = direct.take().expect("checked above").writer;
                         return match S::into_std(reader, writer) {
@@ -917,8 +953,21 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     // unhandled, not handled, logged and never answered.
                     // Only this task takes permits: one free now is free
                     // at the `room` below.
-                    let waits = (queue.permits.available_permits() == 0)
-                        .then(|| WaitingMark::new(&hub, &echo));
+                    let full = queue.permits.available_permits() == 0;
+                    let waits = mark.or_else(|| full.then(|| WaitingMark::new(&hub, &echo)));
+                    if full {
+                        // The telegrams read whole behind it wait too: each
+                        // counted as handled, and timed, from now (its
+                        // read), not from when room frees up for it.
+                        while let Ok(Some(telegram)) = codec.decode(&mut buf) {
+                            let mark = WaitingMark::new(&hub, &Echo::from_telegram(&telegram));
+                            held.push_back(Held {
+                                telegram,
+                                read_at: Instant::now(),
+                                mark: Some(mark),
+                            });
+                        }
+                    }
                     let Some((slot, permit)) = queue.room().await else {
                         break 'read;
                     };

@@ -174,16 +174,27 @@ impl Hub {
         in_force.since_ms = crate::journal::now_ms();
     }
 
-    /// A telegram with this GUID, read whole, waits for room to start (on
-    /// `true`) or no longer does (`false`): until it starts, the GUID counts
-    /// as handled by this hub, so an inquiry's "never received" about it is
-    /// not believed (its POST may follow the GET).
-    pub fn waiting_to_start(&self, guid: &str, waits: bool) {
-        if waits {
+    /// A telegram of this tx code and GUID, read whole, waits for room to
+    /// start: when its tx code is routed as a transfer, its GUID counts as
+    /// handled by this hub until [`Hub::no_longer_waiting`], so an
+    /// inquiry's "never received" about it is not believed (its POST may
+    /// follow the GET). Whether it was counted. An inquiry is not: an
+    /// INQ001 whose own GUID is the one it asks about would otherwise
+    /// find itself handled.
+    pub fn waiting_to_start(&self, tx_code: &str, guid: &str) -> bool {
+        let transfer = self
+            .rules()
+            .route(tx_code)
+            .is_some_and(|r| r.operation == Operation::Transfer);
+        if transfer {
             self.waiting.add(guid);
-        } else {
-            self.waiting.remove(guid);
         }
+        transfer
+    }
+
+    /// A telegram [`Hub::waiting_to_start`] counted has ended.
+    pub fn no_longer_waiting(&self, guid: &str) {
+        self.waiting.remove(guid);
     }
 
     /// Whether this hub handles a transfer of the GUID now: a telegram of it

@@ -120,7 +120,10 @@ async fn inquiry_while_the_core_is_processing_is_e901() {
 /// its maximum in flight) is being handled: its budget runs and its POST is
 /// to come. An inquiry about it meanwhile gets E901, not the core's "never
 /// received" (before: E904, "no money moved", and the transfer was posted
-/// and applied a moment later; found by a black-box probe).
+/// and applied a moment later; found by a black-box probe). The same for
+/// one read in the same segment behind the waiting one, still in the
+/// connection's buffer (found by a review: it was framed, and counted, only
+/// once room freed up).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inquiry_about_a_transfer_waiting_behind_its_connection_is_e901() {
     use tokio::io::AsyncWriteExt;
@@ -128,7 +131,7 @@ async fn inquiry_about_a_transfer_waiting_behind_its_connection_is_e901() {
         "[server]\nbudget_ms = 3000\nmax_in_flight_per_connection = 1\n",
     ))
     .await;
-    let (slow, waiting) = (guid("SLOW"), guid("WAITS"));
+    let (slow, waiting, behind) = (guid("SLOW"), guid("WAITS"), guid("BEHIND"));
     s.core.add_fault(
         FaultRule::guid(&slow)
             .method(FaultMethod::Post)
@@ -137,23 +140,103 @@ async fn inquiry_about_a_transfer_waiting_behind_its_connection_is_e901() {
     );
     let mut bytes = framed(&transfer(&slow, 10));
     bytes.extend_from_slice(&framed(&transfer(&waiting, 10)));
+    bytes.extend_from_slice(&framed(&transfer(&behind, 10)));
     let mut pipelined = connect(s.hub.addr, PrefixMode::Ascii).await;
     pipelined.stream_mut().write_all(&bytes).await.unwrap();
-    // Read together: the second is framed, and waits, before the first's
+    // Read together: the others are framed, and wait, before the first's
     // POST reaches the core.
     within(s.core.wait_received(&slow)).await;
 
-    let q = guid("INQ");
     let mut ch = s.channel().await;
-    let a = exchange(&mut ch, &inquiry(&q, &waiting)).await;
-    assert_header_only(&a, "INQ001", &q, "E901");
+    for g in [&waiting, &behind] {
+        let q = guid("INQ");
+        let a = exchange(&mut ch, &inquiry(&q, g)).await;
+        assert_header_only(&a, "INQ001", &q, "E901");
+    }
 
-    for g in [&slow, &waiting] {
+    for g in [&slow, &waiting, &behind] {
         let raw = within(pipelined.recv()).await.unwrap().expect("an answer");
         let t = relayhub::client::Answer::parse(&raw).unwrap();
         assert_eq!((&t.guid, t.code.as_str()), (g, "0000"), "{t:?}");
     }
     s.assert_posts(&waiting, 1);
+    s.assert_posts(&behind, 1);
+}
+
+/// Telegrams read whole together, behind one that waits for room, get their
+/// answers within the budget counted from that read (section 7: the budget
+/// starts when the whole telegram has been read), not from when room freed
+/// up for them (before: the third of three, its call slow too, was answered
+/// about two budgets after its read; found by a review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegrams_waiting_behind_their_connection_keep_their_budget() {
+    use tokio::io::AsyncWriteExt;
+    const BUDGET_MS: u64 = 1_000;
+    let s = setup_with(HubOpts::toml(&format!(
+        "[server]\nbudget_ms = {BUDGET_MS}\nmax_in_flight_per_connection = 1\n"
+    )))
+    .await;
+    let (slow, waiting, behind) = (guid("SLOW"), guid("WAITS"), guid("BEHIND"));
+    for g in [&slow, &behind] {
+        s.core.add_fault(
+            FaultRule::guid(g)
+                .method(FaultMethod::Post)
+                .delay_ms(3_000)
+                .phase(Phase::BeforeApply),
+        );
+    }
+    let mut bytes = framed(&transfer(&slow, 10));
+    bytes.extend_from_slice(&framed(&transfer(&waiting, 10)));
+    bytes.extend_from_slice(&framed(&transfer(&behind, 10)));
+    let mut pipelined = connect(s.hub.addr, PrefixMode::Ascii).await;
+    let sent = std::time::Instant::now();
+    pipelined.stream_mut().write_all(&bytes).await.unwrap();
+    for g in [&slow, &waiting, &behind] {
+        let raw = within(pipelined.recv()).await.unwrap().expect("an answer");
+        let t = relayhub::client::Answer::parse(&raw).unwrap();
+        assert_eq!(&t.guid, g, "{t:?}");
+        assert!(
+            sent.elapsed() < std::time::Duration::from_millis(BUDGET_MS),
+            "{} answered {} after {:?}, past the budget of {BUDGET_MS} ms from its read",
+            t.guid,
+            t.code,
+            sent.elapsed()
+        );
+    }
+}
+
+/// An INQ001 whose own GUID is the one it asks about (allowed), waiting
+/// behind its connection's maximum, is answered as it is alone: E904 about
+/// a GUID never sent. Only a waiting transfer counts its GUID as handled
+/// (before: its own wait counted, and it said E901; found by a review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inquiry_waiting_behind_its_connection_is_not_its_own_transfer() {
+    use tokio::io::AsyncWriteExt;
+    let s = setup_with(HubOpts::toml(
+        "[server]\nbudget_ms = 3000\nmax_in_flight_per_connection = 1\n",
+    ))
+    .await;
+    let (slow, never) = (guid("SLOW"), guid("NEVER"));
+    s.core.add_fault(
+        FaultRule::guid(&slow)
+            .method(FaultMethod::Post)
+            .delay_ms(500)
+            .phase(Phase::BeforeApply),
+    );
+    let mut bytes = framed(&transfer(&slow, 10));
+    bytes.extend_from_slice(&framed(&inquiry(&never, &never)));
+    let mut pipelined = connect(s.hub.addr, PrefixMode::Ascii).await;
+    pipelined.stream_mut().write_all(&bytes).await.unwrap();
+    for (tx, g, code) in [("TRF001", &slow, "0000"), ("INQ001", &never, "E904")] {
+        let raw = within(pipelined.recv()).await.unwrap().expect("an answer");
+        let t = relayhub::client::Answer::parse(&raw).unwrap();
+        assert_eq!(
+            (t.tx_code.as_str(), &t.guid, t.code.as_str()),
+            (tx, g, code),
+            "{t:?}"
+        );
+    }
+    s.assert_posts(&never, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
