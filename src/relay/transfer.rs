@@ -302,7 +302,11 @@ impl Transfer<'_> {
     /// anything else, "never received" included, is E901, since without the
     /// row the hub cannot tell an earlier attempt still on its way from none.
     /// (Before: E903, to resends of transfers that had moved money; found by
-    /// black-box probes.)
+    /// black-box probes.) A 0000 is E901 too: the core's answer says nothing
+    /// of the body, and without the row the hub cannot check this telegram's
+    /// against the one processed (a GUID reused for another transfer would
+    /// be told that it moved money; found by a review). An INQ001 gives the
+    /// 0000, as the journal does once it answers.
     async fn without_journal(&self, why: &str) -> (Reply, String) {
         let outcome = inquire(
             self.target,
@@ -314,6 +318,15 @@ impl Transfer<'_> {
         .await;
         bounded::count_failure("claim");
         let (reply, outcome) = reply_for(outcome, &self.route.layout, &self.rules.codes);
+        if reply.code == Code::OK {
+            return (
+                Reply::code(Code::UNKNOWN),
+                format!(
+                    "not sent: {why}; the core says the GUID was processed, and without the \
+                     journal this telegram's body cannot be checked against that transfer's"
+                ),
+            );
+        }
         if reply.code.is_final() {
             let note = format!(
                 "not sent: {why}; the core's answer about the GUID: {}",
