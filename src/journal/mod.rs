@@ -170,6 +170,22 @@ pub struct Finish {
     pub attempt: Option<u32>,
 }
 
+impl Finish {
+    /// Whether the outcome must be on disk before its answer leaves, even
+    /// where outcomes are not (the SQLite journal's default): an E500 is
+    /// the one final answer the core may hold no record of (a 500, a 400 or
+    /// a 429 may come from a gateway in front of it). Taken back to
+    /// `sending` by a power loss, the row would be asked about, the core's
+    /// "never received" would make it E904, and a resend would be posted:
+    /// a transfer the channel was told E500 about ("no money moved, do not
+    /// resend") would then move money (found by a black-box probe). Any
+    /// other outcome lost so is settled by the core's record as it was
+    /// answered. Rare, so the fsync costs the telegram path nothing.
+    pub fn must_be_durable(&self) -> bool {
+        self.state == State::Done && self.code == "E500"
+    }
+}
+
 /// A journal that cannot be opened, read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {

@@ -16,7 +16,8 @@
 //! next commands commit while it runs.
 //!
 //! An outcome (`finish`, `finish_if`) needs no fsync of its own unless
-//! `fsync_outcomes` is set: it is written before the answer leaves, so it
+//! `fsync_outcomes` is set or it is an E500 (`Finish::must_be_durable`):
+//! it is written before the answer leaves, so it
 //! survives a crash of the process, and a power loss can only take it back to
 //! the claim's `sending`, which the hub treats as E901 and settles by asking
 //! the core, the system of record for what it did. The answer's path then
@@ -233,16 +234,6 @@ impl SqliteJournal {
         self.queue(true, true, wrote, f).await
     }
 
-    /// A write whose commit need not be fsynced before its answer (an
-    /// outcome: see "Durability" above).
-    async fn record<T, F>(&self, f: F) -> Result<T, JournalError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    {
-        self.queue(true, false, writer::always, f).await
-    }
-
     async fn queue<T, F>(
         &self,
         writes: bool,
@@ -422,7 +413,8 @@ impl SqliteJournal {
         now_ms: i64,
     ) -> Result<bool, JournalError> {
         let (guid, only_if) = (guid.to_owned(), only_if.to_vec());
-        self.record(move |c| {
+        let durable = f.must_be_durable();
+        self.queue(true, durable, writer::always, move |c| {
             // The writer runs one command at a time, so nothing changes the row
             // between this read and the update.
             let current: Option<(i64, String, u32)> = c

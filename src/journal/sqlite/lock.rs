@@ -255,7 +255,10 @@ fn take(path: &Path) -> Result<(File, Found), LockError> {
     file.set_len(0)
         .and_then(|()| file.rewind())
         .and_then(|()| file.write_all(me.as_bytes()))
-        .and_then(|()| file.flush())
+        // On disk now: a power loss must not leave the file empty, which
+        // would forget that a journal (and its `-wal`) was opened here and
+        // let the next start take a lost one as new (found by a review).
+        .and_then(|()| file.sync_all())
         .map_err(io)?;
     Ok((file, found))
 }

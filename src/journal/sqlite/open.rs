@@ -109,13 +109,20 @@ pub(crate) fn wal_of(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Whether the journal's `-wal` file is there with at least its header. A
-/// hub's `-wal` always has one once the journal is made (its tables are
-/// written through it, and a reset keeps `journal_size_limit` bytes); an
-/// empty one was made by a reader that found none (`journal list`,
-/// `sqlite3 -readonly`), so it stands for a lost one (found by a probe).
+/// Whether the journal's `-wal` file is there with at least its header (32
+/// bytes, beginning with the WAL's magic number). A hub's `-wal` always has
+/// one once the journal is made (its tables are written through it, and a
+/// reset keeps `journal_size_limit` bytes); an empty one was made by a
+/// reader that found none (`journal list`, `sqlite3 -readonly`), so it
+/// stands for a lost one (found by a probe), as does a shorter one (a copy
+/// cut short) or one without the magic (another file), which SQLite would
+/// take for empty (found by a review).
 pub(crate) fn holds_a_wal(path: &Path) -> bool {
-    std::fs::metadata(wal_of(path)).is_ok_and(|m| m.len() > 0)
+    use std::io::Read;
+    let mut header = [0u8; 32];
+    std::fs::File::open(wal_of(path))
+        .and_then(|mut f| f.read_exact(&mut header))
+        .is_ok_and(|()| matches!(header[..4], [0x37, 0x7f, 0x06, 0x82 | 0x83]))
 }
 
 /// The `-wal` file stays when `conn` is the last connection to close

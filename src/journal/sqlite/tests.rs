@@ -1964,6 +1964,31 @@ async fn claims_are_fsynced_and_outcomes_written_for_the_next_fsync() {
     );
 }
 
+/// An E500 is answered after its fsync: the core may hold no record of the
+/// transfer, so a power loss that took the row back to `sending` would let a
+/// resend be posted after the core's "never received" (found by a
+/// black-box probe). Any other outcome is not.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_e500_outcome_is_fsynced() {
+    let (_dir, j) = fresh();
+    for (g, code, state) in [
+        ("g1", "E500", State::Done),
+        ("g2", "B201", State::Done),
+        ("g3", "E901", State::Unknown),
+        ("g4", "E902", State::NotSent),
+    ] {
+        j.claim(g, "TRF001", "fp", "http://core", 100)
+            .await
+            .unwrap();
+        let before = fsyncs(&j);
+        j.finish(g, finish(state, code, None, None, "answered"), 110)
+            .await
+            .unwrap();
+        let want = u64::from(code == "E500");
+        assert_eq!(fsyncs(&j) - before, want, "{code}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn fsync_outcomes_fsyncs_every_commit() {
     let dir = tempfile::tempdir().unwrap();
@@ -2585,4 +2610,33 @@ async fn a_file_that_holds_nothing_is_told_from_a_journal() {
         !open::holds_nothing(&path),
         "a journal, checkpointed at close"
     );
+}
+
+/// A `-wal` counts as there only with its whole header: an empty one (a
+/// reader's), one cut short, or another file in its place would be taken by
+/// SQLite for empty, and the rows it held for never seen.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wal_counts_only_with_its_header() {
+    let (dir, j) = fresh();
+    j.claim("g1", "TRF001", "fp", "http://core", 100)
+        .await
+        .unwrap();
+    let path = db(&dir);
+    assert!(open::holds_a_wal(&path), "a hub's -wal");
+    let header = std::fs::read(dir.path().join("journal.db-wal")).unwrap()[..32].to_vec();
+    let other = dir.path().join("other.db");
+    let wal = dir.path().join("other.db-wal");
+    let mut wrong_magic = header.clone();
+    wrong_magic[0] = b'S';
+    for (bytes, holds) in [
+        (&header[..], true),
+        (&header[..0], false),
+        (&header[..31], false),
+        (&wrong_magic[..], false),
+    ] {
+        std::fs::write(&wal, bytes).unwrap();
+        assert_eq!(open::holds_a_wal(&other), holds, "{} bytes", bytes.len());
+    }
+    std::fs::remove_file(&wal).unwrap();
+    assert!(!open::holds_a_wal(&other), "no -wal");
 }
