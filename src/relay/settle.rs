@@ -366,14 +366,20 @@ pub(super) fn record_late(
     });
 }
 
-/// A claim that completed after the hub already answered E903: nothing was
-/// sent, so the row must say so, or the GUID would look in flight forever.
+/// A claim that completed after the hub already answered (E903, or E901
+/// when the core could not vouch for the GUID): nothing was sent, so the row
+/// must say so, or the GUID would look in flight forever. It is answered as
+/// of now, when the channel got its answer, not when the claim lands: the
+/// resend cooldown counts from the answer the channel saw (before: from the
+/// claim's landing, seconds later on a slow disk, so a resend after the
+/// cooldown was refused E905; found by a black-box probe).
 pub(super) fn release_late_claim(
     journal: Journal,
     guid: &str,
     claimed: impl std::future::Future<Output = bool> + Send + 'static,
 ) {
     let guid = guid.to_string();
+    let answered_ms = now_ms();
     tokio::spawn(async move {
         if claimed.await {
             let finish = Finish {
@@ -385,7 +391,7 @@ pub(super) fn release_late_claim(
                 attempt: None,
             };
             if let Err(e) = journal
-                .finish_if(&guid, &[State::Sending], finish, now_ms())
+                .finish_if(&guid, &[State::Sending], finish, answered_ms)
                 .await
             {
                 bounded::count_failure("claim");

@@ -248,6 +248,38 @@ async fn two_telegrams_of_one_guid_behind_a_stuck_journal_get_one_answer() {
     lock.execute_batch("ROLLBACK").expect("release the lock");
 }
 
+/// A new transfer's claim that lands only after its E901 (the journal stuck
+/// past the budget) is released as not sent, as of that answer: a resend
+/// after the cooldown counted from the answer the channel got is posted
+/// (nothing was), not refused E905 because the release came later (found
+/// by a black-box probe). One POST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_claim_is_released_as_of_the_answer_the_channel_got() {
+    let Stalled {
+        core,
+        hub,
+        lock,
+        _dir,
+        ..
+    } = unknown_then_stalled("STR1", 1_000).await;
+    let g = guid("STR2");
+    let telegram = transfer(&g, 1_000);
+    let first = hub.send(&telegram).await;
+    let answered = Instant::now();
+    assert_header_only(&first, "TRF001", &g, "E901");
+    // The journal stays stuck for longer than the resend cooldown (1 s)
+    // after that answer; the claim lands when it is released.
+    let cooldown = Duration::from_millis(1_000);
+    tokio::time::sleep_until((answered + cooldown + Duration::from_millis(200)).into()).await;
+    lock.execute_batch("ROLLBACK").expect("release the lock");
+    let row = hub.wait_state(&g, State::NotSent).await;
+    assert_eq!(row.code.as_deref(), Some("E903"), "{row:?}");
+    assert_eq!(posts(&core, &g), 0);
+    let resend = hub.send(&telegram).await;
+    assert_eq!(resend.code, "0000", "{resend:?}");
+    assert_eq!(posts(&core, &g), 1);
+}
+
 /// The outcome of a POST cannot be written (the journal refuses the update):
 /// the channel still gets the truth, and the row left `sending` does not make
 /// every repeat wait out its budget. The repeat and an inquiry telegram settle
