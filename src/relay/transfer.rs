@@ -156,7 +156,7 @@ impl Transfer<'_> {
         // A hub cut off from a shared journal stops posting before the
         // others may take its transfers over (docs/scale-out.md).
         if let Err(why) = self.hub.journal.may_send() {
-            return fenced(why);
+            return self.not_claimed(why);
         }
         // A resend that loses a race re-reads the row once; after that the row
         // is in flight elsewhere, which the `Sending` arm handles.
@@ -198,10 +198,8 @@ impl Transfer<'_> {
                 // to the shared arena, and a sweep of it, per telegram.
                 Bounded::Done(Ok(Claim::New)) => return Box::pin(self.post(1)).await,
                 Bounded::Done(Ok(Claim::Existing(row))) => row,
-                Bounded::Done(Err(e)) => {
-                    return (bounded::claim_failed(), format!("not sent: {e}"));
-                }
-                Bounded::Failed(e) => return (bounded::claim_failed(), format!("not sent: {e}")),
+                Bounded::Done(Err(e)) => return self.not_claimed(e.to_string()),
+                Bounded::Failed(e) => return self.not_claimed(e),
                 Bounded::Late(task) => {
                     settle::release_late_claim(self.hub.journal.clone(), self.guid(), async move {
                         matches!(task.await, Ok(Ok(Claim::New)))
@@ -342,6 +340,24 @@ impl Transfer<'_> {
                 describe(&outcome, 0)
             ),
         )
+    }
+
+    /// The journal refused or failed the claim, or the hub is cut off from
+    /// a shared one: nothing is sent, E903 for this telegram (docs/scale-out.md)
+    /// unless this hub's own earlier call of the GUID is still running past
+    /// its budget (the late-answer window): its POST may yet move money, so
+    /// "no money moved" is not the hub's to say, and the answer is E901.
+    fn not_claimed(&self, why: impl std::fmt::Display) -> (Reply, String) {
+        if self.hub.late_calls.running(self.guid()) {
+            return (
+                Reply::code(Code::UNKNOWN),
+                format!(
+                    "not sent: {why}; this hub's earlier call of the GUID is still running, \
+                     so its outcome is not known"
+                ),
+            );
+        }
+        (bounded::claim_failed(), format!("not sent: {why}"))
     }
 
     /// Asks the core about the row's transfer instead of posting (E901 before).
@@ -688,9 +704,6 @@ impl Transfer<'_> {
 
 /// A transfer refused before its claim because this hub's liveness lapsed:
 /// counted as a failed claim, E903, nothing sent or journaled.
-fn fenced(why: String) -> (Reply, String) {
-    (bounded::claim_failed(), format!("not sent: {why}"))
-}
 
 /// Attempts a GUID may have in all: the first and `max_resends` more (no
 /// limit past `u32::MAX`, which no GUID reaches).

@@ -280,6 +280,47 @@ async fn a_late_claim_is_released_as_of_the_answer_the_channel_got() {
     assert_eq!(posts(&core, &g), 1);
 }
 
+/// A resend whose claim the journal refuses while this hub's first call of
+/// the GUID still runs past its budget (the late-answer window) is E901,
+/// not E903, "no money moved": that POST then moves money (found by a
+/// review). One POST; the late answer settles the GUID.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_claim_beside_a_late_call_of_the_guid_is_e901() {
+    let core = start_core().await;
+    let dir = TempDir::new("refused-claim");
+    let db = dir.join("journal.db");
+    let hub = HubSpec::new(&core.url())
+        .journal(db.to_string_lossy().to_string())
+        .budget_ms(BUDGET)
+        .start()
+        .await;
+    let g = guid("RCL1");
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .delay_ms(2 * BUDGET)
+            .phase(Phase::BeforeApply),
+    );
+    let telegram = transfer(&g, 1_000);
+    assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E901");
+    let side = rusqlite::Connection::open(&db).expect("open the journal beside the hub");
+    side.execute_batch(
+        "CREATE TRIGGER refuse_claims BEFORE INSERT ON journal \
+         BEGIN SELECT RAISE(ABORT, 'claims refused'); END;",
+    )
+    .expect("create the trigger");
+    assert_eq!(posts(&core, &g), 1);
+    assert!(!core.applied(&g), "the first POST is still held");
+    let resend = hub.send(&telegram).await;
+    assert_header_only(&resend, "TRF001", &g, "E901");
+    side.execute_batch("DROP TRIGGER refuse_claims")
+        .expect("drop the trigger");
+    let row = hub.wait_state(&g, State::Done).await;
+    assert_eq!(row.code.as_deref(), Some("0000"), "{row:?}");
+    assert!(core.applied(&g));
+    assert_eq!(posts(&core, &g), 1);
+}
+
 /// The outcome of a POST cannot be written (the journal refuses the update):
 /// the channel still gets the truth, and the row left `sending` does not make
 /// every repeat wait out its budget. The repeat and an inquiry telegram settle
