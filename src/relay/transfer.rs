@@ -702,9 +702,6 @@ impl Transfer<'_> {
     }
 }
 
-/// A transfer refused before its claim because this hub's liveness lapsed:
-/// counted as a failed claim, E903, nothing sent or journaled.
-
 /// Attempts a GUID may have in all: the first and `max_resends` more (no
 /// limit past `u32::MAX`, which no GUID reaches).
 fn attempts_allowed(max_resends: u32) -> u32 {
