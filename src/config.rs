@@ -191,8 +191,9 @@ impl ServerConfig {
             return Err((key, "the token is empty".into()));
         }
         // No request could carry it (a header value holds no control
-        // character), so no request would be let in: refused, not shown.
-        if let Some(at) = t.find(char::is_control) {
+        // character but a tab), so no request would be let in: refused, not
+        // shown.
+        if let Some(at) = t.find(|c: char| c.is_control() && c != '\t') {
             return Err((
                 key,
                 format!(

@@ -314,6 +314,16 @@ impl Hub {
                 "hub is draining".into(),
             );
         }
+        // Its budget ran out before its turn (it waited for room behind its
+        // connection's in-flight maximum): no capacity within the budget,
+        // nothing sent, and neither the journal nor the core asked, which
+        // would only turn it into E901.
+        if Instant::now() >= deadline.work {
+            return (
+                Reply::code(Code::NO_CAPACITY),
+                "not sent: its budget ran out before its turn on its connection".into(),
+            );
+        }
         // On the telegram's log fields, so the one summary line carries them (masked by the layout).
         // A JSON object: the JSON log format embeds it as one. Written once,
         // straight from the fields by serde_json's writer. The console shows

@@ -201,11 +201,13 @@ impl Transfer<'_> {
                 Bounded::Done(Err(e)) => return self.not_claimed(e.to_string()),
                 Bounded::Failed(e) => return self.not_claimed(e),
                 Bounded::Late(task) => {
+                    let answer =
+                        Box::pin(self.without_journal("the journal did not answer in time")).await;
+                    // Watched from the answer on: released as of it.
                     settle::release_late_claim(self.hub.journal.clone(), self.guid(), async move {
                         matches!(task.await, Ok(Ok(Claim::New)))
                     });
-                    return Box::pin(self.without_journal("the journal did not answer in time"))
-                        .await;
+                    return answer;
                 }
             };
             if row.fingerprint != self.fingerprint {
@@ -270,12 +272,11 @@ impl Transfer<'_> {
         let read = bounded::within(self.room_to_ask(), async move { journal.get(&guid).await });
         match read.await {
             Bounded::Done(Ok(Some(row))) => Ok(row),
-            Bounded::Done(Ok(None)) => Err((bounded::claim_failed(), format!("not sent: {why}"))),
-            Bounded::Done(Err(e)) => Err((
-                bounded::claim_failed(),
-                format!("not sent: {why}; reading the GUID's row failed too: {e}"),
-            )),
-            Bounded::Failed(e) => Err((bounded::claim_failed(), format!("not sent: {e}"))),
+            Bounded::Done(Ok(None)) => Err(self.not_claimed(why)),
+            Bounded::Done(Err(e)) => {
+                Err(self.not_claimed(format!("{why}; reading the GUID's row failed too: {e}")))
+            }
+            Bounded::Failed(e) => Err(self.not_claimed(e)),
             Bounded::Late(_) => Err(self
                 .without_journal(&format!("{why}; the journal did not answer in time"))
                 .await),
@@ -613,7 +614,17 @@ impl Transfer<'_> {
         let mut finish = finish_of(&reply, &outcome, note.clone());
         // Only onto this attempt, even when retried in the background.
         finish.attempt = Some(attempt);
-        self.journal_outcome(finish).await;
+        let durable = finish.must_be_durable();
+        if !self.journal_outcome(finish).await && durable {
+            // An E500 not on disk could be lost to a power loss, and the
+            // core may hold no record of it: "never received" would then
+            // let a resend be posted. Not final until written (found by a
+            // review).
+            return (
+                Reply::code(Code::UNKNOWN),
+                format!("{note}; E901, not E500, until that outcome is on disk"),
+            );
+        }
         (reply, note)
     }
 
@@ -638,19 +649,20 @@ impl Transfer<'_> {
         }
     }
 
-    /// Journals the outcome within the telegram's deadline. The answer is the
-    /// truth either way; a write that failed or outlived the budget is finished
-    /// in the background.
-    async fn journal_outcome(&self, finish: Finish) {
+    /// Journals the outcome within the telegram's deadline; whether it was
+    /// written. The answer is the truth either way (but see
+    /// [`Finish::must_be_durable`]); a write that failed or outlived the
+    /// budget is finished in the background.
+    async fn journal_outcome(&self, finish: Finish) -> bool {
         if let Some(store) = self.hub.journal.at_once() {
             let guid = self.guid();
             let failed = match bounded::at_once(|| {
                 store.finish_if(guid, &[State::Sending], finish, now_ms())
             }) {
-                Ok(Ok(true)) => return,
+                Ok(Ok(true)) => return true,
                 Ok(Ok(false)) => {
                     info!("outcome not journaled: the row had been changed meanwhile");
-                    return;
+                    return false;
                 }
                 Ok(Err(e)) => e.to_string(),
                 Err(panic) => panic,
@@ -660,7 +672,7 @@ impl Transfer<'_> {
             // settles by inquiry, as after any outcome that was not written.
             bounded::count_failure("outcome");
             warn!(e = %failed, "could not journal the outcome");
-            return;
+            return false;
         }
         let (journal, g, f) = (
             self.hub.journal.clone(),
@@ -672,10 +684,10 @@ impl Transfer<'_> {
         })
         .await;
         let pending = match written {
-            Bounded::Done(Ok(true)) => return,
+            Bounded::Done(Ok(true)) => return true,
             Bounded::Done(Ok(false)) => {
                 info!("outcome not journaled: the row had been changed meanwhile");
-                return;
+                return false;
             }
             Bounded::Done(Err(e)) => {
                 bounded::count_failure("outcome");
@@ -699,6 +711,7 @@ impl Transfer<'_> {
             finish,
             pending,
         );
+        false
     }
 }
 

@@ -321,6 +321,88 @@ async fn a_refused_claim_beside_a_late_call_of_the_guid_is_e901() {
     assert_eq!(posts(&core, &g), 1);
 }
 
+/// An E500 is answered only once its outcome is on disk: the core may hold
+/// no record of it, so lost to a power loss it would let a resend be posted.
+/// With the journal stuck while the core's 500 comes back, the channel gets
+/// E901; the outcome lands in the background and a resend replays E500 (found
+/// by a review: E500 was answered with the row still `sending`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_e500_is_not_answered_before_its_outcome_is_written() {
+    let core = start_core().await;
+    let dir = TempDir::new("e500-durable");
+    let db = dir.join("journal.db");
+    let hub = HubSpec::new(&core.url())
+        .journal(db.to_string_lossy().to_string())
+        .budget_ms(BUDGET)
+        .start()
+        .await;
+    let g = guid("E5D1");
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .delay_ms(BUDGET / 4)
+            .status(500)
+            .times(1),
+    );
+    let telegram = transfer(&g, 1_000);
+    let mut ch = hub.channel().await;
+    within(ch.send(&telegram)).await.expect("send");
+    // The 500 comes from in front of the ledger: the POST is counted, not
+    // received.
+    let g2 = g.clone();
+    within(core.wait_stats(move |s| s.by_guid.get(&g2).is_some_and(|x| x.post > 0))).await;
+    let lock = rusqlite::Connection::open(&db).expect("open the journal beside the hub");
+    lock.execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    let raw = within(ch.recv()).await.expect("recv").expect("an answer");
+    let first = relayhub::client::Answer::parse(&raw).expect("parse");
+    assert_header_only(&first, "TRF001", &g, "E901");
+    lock.execute_batch("ROLLBACK").expect("release the lock");
+    let row = hub.wait_state(&g, State::Done).await;
+    assert_eq!(row.code.as_deref(), Some("E500"), "{row:?}");
+    assert_header_only(&hub.send(&telegram).await, "TRF001", &g, "E500");
+    assert_eq!(posts(&core, &g), 1);
+}
+
+/// Telegrams read together behind one that waits for room on its
+/// connection, whose budget runs out before their turn, get E903 (no
+/// capacity within the budget, nothing sent) without the journal or the
+/// core being asked: with SQLite they got E901 after a claim that could not
+/// finish and a GET (found by a review). One POST, of the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegrams_whose_budget_ran_out_waiting_for_room_get_e903() {
+    use tokio::io::AsyncWriteExt;
+    let core = start_core().await;
+    let dir = TempDir::new("held-e903");
+    let db = dir.join("journal.db");
+    let hub = HubSpec::new(&core.url())
+        .journal(db.to_string_lossy().to_string())
+        .budget_ms(BUDGET)
+        .toml("[server]\nmax_in_flight_per_connection = 1\n")
+        .start()
+        .await;
+    let (slow, waiting, behind) = (guid("HLD1"), guid("HLD2"), guid("HLD3"));
+    core.add_fault(
+        FaultRule::guid(&slow)
+            .method(FaultMethod::Post)
+            .delay_ms(2 * BUDGET)
+            .phase(Phase::BeforeApply),
+    );
+    let mut bytes = framed(&transfer(&slow, 10));
+    bytes.extend_from_slice(&framed(&transfer(&waiting, 10)));
+    bytes.extend_from_slice(&framed(&transfer(&behind, 10)));
+    let mut ch = hub.channel().await;
+    ch.stream_mut().write_all(&bytes).await.unwrap();
+    for (g, code) in [(&slow, "E901"), (&waiting, "E903"), (&behind, "E903")] {
+        let raw = within(ch.recv()).await.unwrap().expect("an answer");
+        let t = relayhub::client::Answer::parse(&raw).unwrap();
+        assert_eq!((&t.guid, t.code.as_str()), (g, code), "{t:?}");
+    }
+    assert_eq!(calls(&core, &waiting), (0, 0));
+    assert_eq!(calls(&core, &behind), (0, 0));
+    assert_eq!(hub.row(&waiting).await, None, "not journaled");
+}
+
 /// The outcome of a POST cannot be written (the journal refuses the update):
 /// the channel still gets the truth, and the row left `sending` does not make
 /// every repeat wait out its budget. The repeat and an inquiry telegram settle
