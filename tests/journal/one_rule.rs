@@ -9,6 +9,7 @@
 use crate::common;
 use crate::journal_support;
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -100,15 +101,24 @@ struct Stalled {
     _dir: TempDir,
 }
 
-async fn unknown_then_stalled(tag: &str, amount: u64) -> Stalled {
+/// The fixture and a hub with a SQLite journal in a fresh folder, with the
+/// stalled-journal tests' budget and `toml`, if any; the journal's path.
+async fn sqlite_hub(folder: &str, toml: Option<&str>) -> (CoreBank, Hub, PathBuf, TempDir) {
     let core = start_core().await;
-    let dir = TempDir::new("stall");
+    let dir = TempDir::new(folder);
     let db = dir.join("journal.db");
-    let hub = HubSpec::new(&core.url())
+    let mut spec = HubSpec::new(&core.url())
         .journal(db.to_string_lossy().to_string())
-        .budget_ms(BUDGET)
-        .start()
-        .await;
+        .budget_ms(BUDGET);
+    if let Some(toml) = toml {
+        spec = spec.toml(toml);
+    }
+    let hub = spec.start().await;
+    (core, hub, db, dir)
+}
+
+async fn unknown_then_stalled(tag: &str, amount: u64) -> Stalled {
+    let (core, hub, db, dir) = sqlite_hub("stall", None).await;
     let g = guid(tag);
     core.add_fault(
         FaultRule::guid(&g)
@@ -286,14 +296,7 @@ async fn a_late_claim_is_released_as_of_the_answer_the_channel_got() {
 /// review). One POST; the late answer settles the GUID.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_claim_beside_a_late_call_of_the_guid_is_e901() {
-    let core = start_core().await;
-    let dir = TempDir::new("refused-claim");
-    let db = dir.join("journal.db");
-    let hub = HubSpec::new(&core.url())
-        .journal(db.to_string_lossy().to_string())
-        .budget_ms(BUDGET)
-        .start()
-        .await;
+    let (core, hub, db, _dir) = sqlite_hub("refused-claim", None).await;
     let g = guid("RCL1");
     core.add_fault(
         FaultRule::guid(&g)
@@ -328,14 +331,7 @@ async fn a_refused_claim_beside_a_late_call_of_the_guid_is_e901() {
 /// by a review: E500 was answered with the row still `sending`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_e500_is_not_answered_before_its_outcome_is_written() {
-    let core = start_core().await;
-    let dir = TempDir::new("e500-durable");
-    let db = dir.join("journal.db");
-    let hub = HubSpec::new(&core.url())
-        .journal(db.to_string_lossy().to_string())
-        .budget_ms(BUDGET)
-        .start()
-        .await;
+    let (core, hub, db, _dir) = sqlite_hub("e500-durable", None).await;
     let g = guid("E5D1");
     core.add_fault(
         FaultRule::guid(&g)
@@ -372,15 +368,11 @@ async fn an_e500_is_not_answered_before_its_outcome_is_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn telegrams_whose_budget_ran_out_waiting_for_room_get_e903() {
     use tokio::io::AsyncWriteExt;
-    let core = start_core().await;
-    let dir = TempDir::new("held-e903");
-    let db = dir.join("journal.db");
-    let hub = HubSpec::new(&core.url())
-        .journal(db.to_string_lossy().to_string())
-        .budget_ms(BUDGET)
-        .toml("[server]\nmax_in_flight_per_connection = 1\n")
-        .start()
-        .await;
+    let (core, hub, _db, _dir) = sqlite_hub(
+        "held-e903",
+        Some("[server]\nmax_in_flight_per_connection = 1\n"),
+    )
+    .await;
     let (slow, waiting, behind) = (guid("HLD1"), guid("HLD2"), guid("HLD3"));
     core.add_fault(
         FaultRule::guid(&slow)
