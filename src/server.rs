@@ -126,6 +126,24 @@ impl<H: Answerer> Drop for WaitingMark<H> {
     }
 }
 
+/// Frames every telegram whole in `buf` into `held`, each marked as waiting
+/// and timed from now (a malformed one stays in `buf`, answered in its turn).
+fn hold_whole_telegrams<H: Answerer>(
+    codec: &FrameCodec,
+    buf: &mut BytesMut,
+    held: &mut std::collections::VecDeque<Held<H>>,
+    hub: &Arc<H>,
+) {
+    while let Ok(Some(telegram)) = codec.decode(buf) {
+        let mark = WaitingMark::new(hub, &Echo::from_telegram(&telegram));
+        held.push_back(Held {
+            telegram,
+            read_at: Instant::now(),
+            mark: Some(mark),
+        });
+    }
+}
+
 /// A telegram read whole that waits in the connection for room to start,
 /// behind one that waits already: timed and marked from its read.
 struct Held<H: Answerer> {
@@ -955,20 +973,33 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     // at the `room` below.
                     let full = queue.permits.available_permits() == 0;
                     let waits = mark.or_else(|| full.then(|| WaitingMark::new(&hub, &echo)));
-                    if full {
-                        // The telegrams read whole behind it wait too: each
-                        // counted as handled, and timed, from now (its
-                        // read), not from when room frees up for it.
-                        while let Ok(Some(telegram)) = codec.decode(&mut buf) {
-                            let mark = WaitingMark::new(&hub, &Echo::from_telegram(&telegram));
-                            held.push_back(Held {
-                                telegram,
-                                read_at: Instant::now(),
-                                mark: Some(mark),
-                            });
+                    // While it waits, the telegrams read whole behind it
+                    // wait too: each counted as handled, and timed, from its
+                    // read, not from when room frees up for it. And the
+                    // connection is read on meanwhile, up to a connection's
+                    // worth of telegrams more, so that a transfer the
+                    // channel sent is known to the hub (an inquiry about it
+                    // is not told "never received") instead of waiting
+                    // unread in the socket (found by a review).
+                    let room = queue.room();
+                    tokio::pin!(room);
+                    let read_ahead = limits.max_telegram_len.saturating_mul(capacity);
+                    let mut reads = full;
+                    let got = loop {
+                        if full {
+                            hold_whole_telegrams(&codec, &mut buf, &mut held, &hub);
                         }
-                    }
-                    let Some((slot, permit)) = queue.room().await else {
+                        tokio::select! {
+                            biased;
+                            got = &mut room => break got,
+                            read = reader.read_buf(&mut buf), if reads && buf.len() < read_ahead => {
+                                // The end or a failure is met again by the
+                                // read after these telegrams.
+                                reads = matches!(read, Ok(n) if n > 0);
+                            }
+                        }
+                    };
+                    let Some((slot, permit)) = got else {
                         break 'read;
                     };
                     let task = match waits {

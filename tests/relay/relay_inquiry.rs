@@ -163,6 +163,47 @@ async fn inquiry_about_a_transfer_waiting_behind_its_connection_is_e901() {
     s.assert_posts(&behind, 1);
 }
 
+/// Transfers pipelined beyond what the hub reads at once, behind one that
+/// waits for room: the hub reads on while it waits, so an inquiry about the
+/// last is E901 (it is being handled), not E904 while it waited unread in
+/// the socket, posted a moment later (found by a review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inquiry_about_a_transfer_pipelined_far_behind_is_e901() {
+    use tokio::io::AsyncWriteExt;
+    let s = setup_with(HubOpts::toml(
+        "[server]\nbudget_ms = 3000\nmax_in_flight_per_connection = 1\n",
+    ))
+    .await;
+    let slow = guid("FARSLOW");
+    s.core.add_fault(
+        FaultRule::guid(&slow)
+            .method(FaultMethod::Post)
+            .delay_ms(1_000)
+            .phase(Phase::BeforeApply),
+    );
+    // Ten telegrams, well over the hub's first read of a connection.
+    let behind: Vec<String> = (0..9).map(|i| guid(&format!("FAR{i}"))).collect();
+    let mut bytes = framed(&transfer(&slow, 10));
+    for g in &behind {
+        bytes.extend_from_slice(&framed(&transfer(g, 10)));
+    }
+    let mut pipelined = connect(s.hub.addr, PrefixMode::Ascii).await;
+    pipelined.stream_mut().write_all(&bytes).await.unwrap();
+    within(s.core.wait_received(&slow)).await;
+
+    let last = behind.last().unwrap();
+    let q = guid("INQ");
+    let mut ch = s.channel().await;
+    let a = exchange(&mut ch, &inquiry(&q, last)).await;
+    assert_header_only(&a, "INQ001", &q, "E901");
+    for g in std::iter::once(&slow).chain(&behind) {
+        let raw = within(pipelined.recv()).await.unwrap().expect("an answer");
+        let t = relayhub::client::Answer::parse(&raw).unwrap();
+        assert_eq!((&t.guid, t.code.as_str()), (g, "0000"), "{t:?}");
+    }
+    s.assert_posts(last, 1);
+}
+
 /// Telegrams read whole together, behind one that waits for room, get their
 /// answers within the budget counted from that read (section 7: the budget
 /// starts when the whole telegram has been read), not from when room freed
