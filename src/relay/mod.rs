@@ -317,10 +317,19 @@ impl Hub {
         // Its budget ran out before its turn (it waited for room behind its
         // connection's in-flight maximum): no capacity within the budget,
         // nothing sent, and neither the journal nor the core asked, which
-        // would only turn it into E901.
+        // would only turn it into E901. Unless this hub is posting the
+        // GUID now (another telegram's call, or one past its budget): that
+        // POST may move money, so E901.
         if Instant::now() >= deadline.work {
+            let posting = route.operation == Operation::Transfer
+                && (self.flights.contains(&header.guid) || self.late_calls.running(&header.guid));
+            let code = if posting {
+                Code::UNKNOWN
+            } else {
+                Code::NO_CAPACITY
+            };
             return (
-                Reply::code(Code::NO_CAPACITY),
+                Reply::code(code),
                 "not sent: its budget ran out before its turn on its connection".into(),
             );
         }

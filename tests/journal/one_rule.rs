@@ -364,7 +364,9 @@ async fn an_e500_is_not_answered_before_its_outcome_is_written() {
 /// connection, whose budget runs out before their turn, get E903 (no
 /// capacity within the budget, nothing sent) without the journal or the
 /// core being asked: with SQLite they got E901 after a claim that could not
-/// finish and a GET (found by a review). One POST, of the first.
+/// finish and a GET (found by a review). But a repeat of the GUID whose
+/// POST still runs past its budget gets E901: that POST may move money.
+/// One POST, of the first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn telegrams_whose_budget_ran_out_waiting_for_room_get_e903() {
     use tokio::io::AsyncWriteExt;
@@ -383,9 +385,15 @@ async fn telegrams_whose_budget_ran_out_waiting_for_room_get_e903() {
     let mut bytes = framed(&transfer(&slow, 10));
     bytes.extend_from_slice(&framed(&transfer(&waiting, 10)));
     bytes.extend_from_slice(&framed(&transfer(&behind, 10)));
+    bytes.extend_from_slice(&framed(&transfer(&slow, 10)));
     let mut ch = hub.channel().await;
     ch.stream_mut().write_all(&bytes).await.unwrap();
-    for (g, code) in [(&slow, "E901"), (&waiting, "E903"), (&behind, "E903")] {
+    for (g, code) in [
+        (&slow, "E901"),
+        (&waiting, "E903"),
+        (&behind, "E903"),
+        (&slow, "E901"),
+    ] {
         let raw = within(ch.recv()).await.unwrap().expect("an answer");
         let t = relayhub::client::Answer::parse(&raw).unwrap();
         assert_eq!((&t.guid, t.code.as_str()), (g, code), "{t:?}");
@@ -393,6 +401,7 @@ async fn telegrams_whose_budget_ran_out_waiting_for_room_get_e903() {
     assert_eq!(calls(&core, &waiting), (0, 0));
     assert_eq!(calls(&core, &behind), (0, 0));
     assert_eq!(hub.row(&waiting).await, None, "not journaled");
+    assert_eq!(posts(&core, &slow), 1);
 }
 
 /// The outcome of a POST cannot be written (the journal refuses the update):
