@@ -277,6 +277,9 @@ impl Daemon {
             GAUGES_EVERY,
             Duration::from_millis(config.journal.prune_interval_ms),
         )));
+        if let Some(lease) = hub.journal().lease() {
+            background.push(tokio::spawn(take_over_dead_hubs_rows(hub.clone(), lease)));
+        }
 
         let listener = reserved.listen()?;
         let tls_side = match tls_socket {
@@ -660,6 +663,32 @@ async fn serve_admin(
     let serving = crate::admin::serve(listener, ready, hub, token, std::future::pending());
     if let Err(e) = serving.await {
         tracing::error!(%e, "admin listener failed");
+    }
+}
+
+/// On a shared journal, once a lease: the `sending` rows of hubs whose
+/// lease ran out become `unknown`, as a hub's start makes them. Otherwise
+/// only a resend of the transfer (a claim) or a reconcile took such a row
+/// over, and an INQ001 about it, which does not believe the core's "never
+/// received" about a row that another hub may be sending, said E901 for as
+/// long as the channel asked (found by a chaos run).
+async fn take_over_dead_hubs_rows(hub: Arc<Hub>, lease: Duration) {
+    let mut tick = tokio::time::interval(lease);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match hub.journal().recover(now_ms()).await {
+            Ok(0) => {}
+            Ok(n) => info!(
+                taken_over = n,
+                "transfers of hubs whose lease ran out are now unknown (E901); an inquiry or a resend settles each"
+            ),
+            Err(e) => {
+                metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "recover")
+                    .increment(1);
+                warn!(%e, "could not take over the rows of hubs whose lease ran out; retrying");
+            }
+        }
     }
 }
 

@@ -530,6 +530,14 @@ impl Journal {
         matches!(self, Journal::Postgres(_))
     }
 
+    /// A shared journal's lease: how long a row's hub holds it.
+    pub fn lease(&self) -> Option<std::time::Duration> {
+        match self {
+            Journal::Postgres(j) => Some(std::time::Duration::from_millis(j.lease_ms())),
+            _ => None,
+        }
+    }
+
     /// Why every transfer is refused (E903) until the hub restarts, if it
     /// is: the SQLite journal's sticky failures (`/readyz` says so).
     pub fn refusal(&self) -> Option<String> {
