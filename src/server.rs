@@ -981,23 +981,25 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     // channel sent is known to the hub (an inquiry about it
                     // is not told "never received") instead of waiting
                     // unread in the socket (found by a review).
-                    let room = queue.room();
-                    tokio::pin!(room);
-                    let read_ahead = limits.max_telegram_len.saturating_mul(capacity);
-                    let mut reads = full;
-                    let got = loop {
-                        if full {
+                    let got = if full {
+                        let room = queue.room();
+                        tokio::pin!(room);
+                        let read_ahead = limits.max_telegram_len.saturating_mul(capacity);
+                        let mut reads = true;
+                        loop {
                             hold_whole_telegrams(&codec, &mut buf, &mut held, &hub);
-                        }
-                        tokio::select! {
-                            biased;
-                            got = &mut room => break got,
-                            read = reader.read_buf(&mut buf), if reads && buf.len() < read_ahead => {
-                                // The end or a failure is met again by the
-                                // read after these telegrams.
-                                reads = matches!(read, Ok(n) if n > 0);
+                            tokio::select! {
+                                biased;
+                                got = &mut room => break got,
+                                read = reader.read_buf(&mut buf), if reads && buf.len() < read_ahead => {
+                                    // The end or a failure is met again by
+                                    // the read after these telegrams.
+                                    reads = matches!(read, Ok(n) if n > 0);
+                                }
                             }
                         }
+                    } else {
+                        queue.room().await
                     };
                     let Some((slot, permit)) = got else {
                         break 'read;

@@ -182,7 +182,7 @@ impl Finish {
     /// other outcome lost so is settled by the core's record as it was
     /// answered. Rare, so the fsync costs the telegram path nothing.
     pub fn must_be_durable(&self) -> bool {
-        self.state == State::Done && self.code == "E500"
+        self.state == State::Done && self.code == crate::outcome::Code::TARGET_ERROR.as_str()
     }
 }
 

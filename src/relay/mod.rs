@@ -200,7 +200,13 @@ impl Hub {
     /// Whether this hub handles a transfer of the GUID now: a telegram of it
     /// in flight or waiting to start, or a call of it past its budget.
     fn handles(&self, guid: &str) -> bool {
-        self.flights.contains(guid) || self.late_calls.running(guid) || self.waiting.contains(guid)
+        self.posting(guid) || self.waiting.contains(guid)
+    }
+
+    /// Whether this hub has a call of the GUID's transfer under way: a
+    /// telegram of it in flight, or a call past its budget.
+    fn posting(&self, guid: &str) -> bool {
+        self.flights.contains(guid) || self.late_calls.running(guid)
     }
 
     /// From now on, valid telegrams get E903 and their connection is closed.
@@ -321,9 +327,7 @@ impl Hub {
         // GUID now (another telegram's call, or one past its budget): that
         // POST may move money, so E901.
         if Instant::now() >= deadline.work {
-            let posting = route.operation == Operation::Transfer
-                && (self.flights.contains(&header.guid) || self.late_calls.running(&header.guid));
-            let code = if posting {
+            let code = if route.operation == Operation::Transfer && self.posting(&header.guid) {
                 Code::UNKNOWN
             } else {
                 Code::NO_CAPACITY

@@ -93,6 +93,21 @@ async fn a_resend_to_another_hub_after_e901_is_an_inquiry() {
     assert_eq!(calls(&core, &g), (posts, gets));
 }
 
+/// Sends `telegram` to `hub` in a task of its own, for a hub about to be
+/// killed: the exchange's result (an error once the hub died unanswering).
+fn exchange_in_background(
+    hub: &Hub,
+    telegram: &[u8],
+) -> tokio::task::JoinHandle<std::io::Result<relayhub::client::Answer>> {
+    let (addr, t) = (hub.addr.clone(), telegram.to_vec());
+    tokio::spawn(async move {
+        let mut ch = relayhub::client::Channel::connect(&addr, relayhub::frame::PrefixMode::Ascii)
+            .await
+            .expect("connect to the hub");
+        ch.exchange(&t).await
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hub_killed_mid_transfer_is_never_posted_again() {
     let Some(base) = test_db() else { return };
@@ -121,17 +136,7 @@ async fn a_hub_killed_mid_transfer_is_never_posted_again() {
             .delay_ms(SHORT_LEASE_MS + 2_000),
     );
     let t = transfer(&g, 3_000);
-    let first = {
-        let addr = a.addr.clone();
-        let t = t.clone();
-        tokio::spawn(async move {
-            let mut ch =
-                relayhub::client::Channel::connect(&addr, relayhub::frame::PrefixMode::Ascii)
-                    .await
-                    .expect("connect to hub a");
-            ch.exchange(&t).await
-        })
-    };
+    let first = exchange_in_background(&a, &t);
     within(core.wait_received(&g)).await;
     a.kill();
     let killed_at = Instant::now();
@@ -237,17 +242,7 @@ async fn an_inquiry_settles_a_dead_hubs_transfer_without_a_resend() {
             .times(1),
     );
     let t = transfer(&g, 3_000);
-    let first = {
-        let addr = a.addr.clone();
-        let t = t.clone();
-        tokio::spawn(async move {
-            let mut ch =
-                relayhub::client::Channel::connect(&addr, relayhub::frame::PrefixMode::Ascii)
-                    .await
-                    .expect("connect to hub a");
-            ch.exchange(&t).await
-        })
-    };
+    let first = exchange_in_background(&a, &t);
     let g2 = g.clone();
     within(core.wait_stats(move |s| s.by_guid.get(&g2).is_some_and(|x| x.post > 0))).await;
     a.kill();
