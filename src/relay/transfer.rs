@@ -156,7 +156,7 @@ impl Transfer<'_> {
         // A hub cut off from a shared journal stops posting before the
         // others may take its transfers over (docs/scale-out.md).
         if let Err(why) = self.hub.journal.may_send() {
-            return self.not_claimed(why);
+            return Box::pin(self.not_claimed(why)).await;
         }
         // A resend that loses a race re-reads the row once; after that the row
         // is in flight elsewhere, which the `Sending` arm handles.
@@ -198,8 +198,8 @@ impl Transfer<'_> {
                 // to the shared arena, and a sweep of it, per telegram.
                 Bounded::Done(Ok(Claim::New)) => return Box::pin(self.post(1)).await,
                 Bounded::Done(Ok(Claim::Existing(row))) => row,
-                Bounded::Done(Err(e)) => return self.not_claimed(e.to_string()),
-                Bounded::Failed(e) => return self.not_claimed(e),
+                Bounded::Done(Err(e)) => return Box::pin(self.not_claimed(e)).await,
+                Bounded::Failed(e) => return Box::pin(self.not_claimed(e)).await,
                 Bounded::Late(task) => {
                     let answer =
                         Box::pin(self.without_journal("the journal did not answer in time")).await;
@@ -272,11 +272,12 @@ impl Transfer<'_> {
         let read = bounded::within(self.room_to_ask(), async move { journal.get(&guid).await });
         match read.await {
             Bounded::Done(Ok(Some(row))) => Ok(row),
-            Bounded::Done(Ok(None)) => Err(self.not_claimed(why)),
+            Bounded::Done(Ok(None)) => Err(self.no_row(why)),
             Bounded::Done(Err(e)) => {
-                Err(self.not_claimed(format!("{why}; reading the GUID's row failed too: {e}")))
+                let why = format!("{why}; reading the GUID's row failed too: {e}");
+                Err(self.not_claimed(why).await)
             }
-            Bounded::Failed(e) => Err(self.not_claimed(e)),
+            Bounded::Failed(e) => Err(self.not_claimed(e).await),
             Bounded::Late(_) => Err(self
                 .without_journal(&format!("{why}; the journal did not answer in time"))
                 .await),
@@ -296,17 +297,59 @@ impl Transfer<'_> {
     /// is sent, but the GUID may have been sent before (this may be a
     /// resend of a transfer answered 0000, or of one whose POST is still on
     /// the wire), so E903, "no money moved", is not the hub's to say. The
-    /// core is asked, as an INQ001 would ask it, with the time left: its
-    /// final answer is given (not journaled: the journal is what is stuck);
-    /// anything else, "never received" included, is E901, since without the
-    /// row the hub cannot tell an earlier attempt still on its way from none.
-    /// (Before: E903, to resends of transfers that had moved money; found by
-    /// black-box probes.) A 0000 is E901 too: the core's answer says nothing
-    /// of the body, and without the row the hub cannot check this telegram's
-    /// against the one processed (a GUID reused for another transfer would
-    /// be told that it moved money; found by a review). An INQ001 gives the
-    /// 0000, as the journal does once it answers.
+    /// core is asked ([`Transfer::ask_without_row`]); "never received" is
+    /// E901 too, since the claim may yet land and without the row the hub
+    /// cannot tell an earlier attempt still on its way from none. (Before:
+    /// E903, to resends of transfers that had moved money; found by
+    /// black-box probes.)
     async fn without_journal(&self, why: &str) -> (Reply, String) {
+        self.ask_without_row(why, Code::UNKNOWN).await
+    }
+
+    /// The journal refused or failed the claim, or the hub is cut off from
+    /// a shared one: nothing is sent. E901 while this hub's own earlier call
+    /// of the GUID still runs past its budget (the late-answer window): its
+    /// POST may yet move money. Otherwise the core is asked about the GUID
+    /// ([`Transfer::ask_without_row`]), and "never received", or a core that
+    /// cannot be reached, is E903: not sent by this telegram, and none of
+    /// the GUID's attempts at the core (docs/scale-out.md). (Before: E903
+    /// without asking, to a resend of a transfer that had moved money, whose
+    /// 0000 the channel may have lost: E903 says "no money moved".)
+    async fn not_claimed(&self, why: impl std::fmt::Display) -> (Reply, String) {
+        if self.hub.late_calls.running(self.guid()) {
+            return self.no_row(why);
+        }
+        self.ask_without_row(&why.to_string(), Code::NO_CAPACITY)
+            .await
+    }
+
+    /// The journal was read and holds no row of the GUID, but refuses to
+    /// write one: nothing is sent, E903, or E901 while this hub's own earlier
+    /// call of the GUID still runs past its budget.
+    fn no_row(&self, why: impl std::fmt::Display) -> (Reply, String) {
+        if self.hub.late_calls.running(self.guid()) {
+            bounded::count_failure("claim");
+            return (
+                Reply::code(Code::UNKNOWN),
+                format!(
+                    "not sent: {why}; this hub's earlier call of the GUID is still running, \
+                     so its outcome is not known"
+                ),
+            );
+        }
+        (bounded::claim_failed(), format!("not sent: {why}"))
+    }
+
+    /// Nothing is sent and the GUID's row is not to be had: the core is
+    /// asked, as an INQ001 would ask it, with the time left. Its final answer
+    /// is given (not journaled: the journal is what failed), but a 0000 is
+    /// E901: the core's answer says nothing of the body, and without the row
+    /// the hub cannot check this telegram's against the one processed (a
+    /// GUID reused for another transfer would be told that it moved money;
+    /// found by a review). An INQ001 gives the 0000, as the journal does once
+    /// it answers. "Never received", and a GET that was not sent (the core
+    /// unreachable, no capacity), are `unheard`; anything else is E901.
+    async fn ask_without_row(&self, why: &str, unheard: Code) -> (Reply, String) {
         let outcome = inquire(
             self.target,
             self.guid(),
@@ -317,6 +360,7 @@ impl Transfer<'_> {
         .await;
         bounded::count_failure("claim");
         let (reply, outcome) = reply_for(outcome, &self.route.layout, &self.rules.codes);
+        let said = describe(&outcome, 0);
         if reply.code == Code::OK {
             return (
                 Reply::code(Code::UNKNOWN),
@@ -327,38 +371,28 @@ impl Transfer<'_> {
             );
         }
         if reply.code.is_final() {
-            let note = format!(
-                "not sent: {why}; the core's answer about the GUID: {}",
-                describe(&outcome, 0)
+            return (
+                reply,
+                format!("not sent: {why}; the core's answer about the GUID: {said}"),
             );
-            return (reply, note);
+        }
+        if matches!(
+            outcome,
+            Outcome::NeverReceived | Outcome::NotSent(_) | Outcome::NoCapacity(_)
+        ) && unheard != Code::UNKNOWN
+        {
+            return (
+                Reply::code(unheard),
+                format!("not sent: {why}; the core was asked about the GUID: {said}"),
+            );
         }
         (
             Reply::code(Code::UNKNOWN),
             format!(
                 "not sent: {why}; without the journal an earlier attempt of the GUID cannot be \
-                 ruled out, and the core's answer was not final: {}",
-                describe(&outcome, 0)
+                 ruled out, and the core's answer was not final: {said}"
             ),
         )
-    }
-
-    /// The journal refused or failed the claim, or the hub is cut off from
-    /// a shared one: nothing is sent, E903 for this telegram (docs/scale-out.md)
-    /// unless this hub's own earlier call of the GUID is still running past
-    /// its budget (the late-answer window): its POST may yet move money, so
-    /// "no money moved" is not the hub's to say, and the answer is E901.
-    fn not_claimed(&self, why: impl std::fmt::Display) -> (Reply, String) {
-        if self.hub.late_calls.running(self.guid()) {
-            return (
-                Reply::code(Code::UNKNOWN),
-                format!(
-                    "not sent: {why}; this hub's earlier call of the GUID is still running, \
-                     so its outcome is not known"
-                ),
-            );
-        }
-        (bounded::claim_failed(), format!("not sent: {why}"))
     }
 
     /// Asks the core about the row's transfer instead of posting (E901 before).
