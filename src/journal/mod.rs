@@ -430,7 +430,7 @@ impl Journal {
 
     /// Whether this hub may start a POST now. On a shared journal, Err once it
     /// could not renew its liveness within the fence: the others may soon
-    /// take its transfers over, so it must not send (E903).
+    /// take its transfers over, so it must not send.
     pub fn may_send(&self) -> Result<(), String> {
         match self {
             Journal::Postgres(j) => j.may_send(),

@@ -32,8 +32,8 @@
 //!
 //! Every call is bounded (`timeout_ms`, default 1 s: pool wait, connect and
 //! statements together) and fails with [`JournalError::Write`] or
-//! [`JournalError::Read`]: with the database down or stuck, the relay answers
-//! E903 and sends nothing. A write whose answer was lost may still have
+//! [`JournalError::Read`]: with the database down or stuck, the relay sends
+//! nothing and answers E901, or the core's final answer about the GUID. A write whose answer was lost may still have
 //! committed; the relay treats every error as "not recorded" and sends
 //! nothing, so the worst case is a row `sending` that the lease settles.
 //!

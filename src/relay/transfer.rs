@@ -293,39 +293,78 @@ impl Transfer<'_> {
         self.deadline.work - (left / 4).min(Duration::from_secs(1))
     }
 
-    /// The journal did not say, in time, what it knows of the GUID: nothing
-    /// is sent, but the GUID may have been sent before (this may be a
-    /// resend of a transfer answered 0000, or of one whose POST is still on
-    /// the wire), so E903, "no money moved", is not the hub's to say. The
-    /// core is asked ([`Transfer::ask_without_row`]); "never received" is
-    /// E901 too, since the claim may yet land and without the row the hub
-    /// cannot tell an earlier attempt still on its way from none. (Before:
-    /// E903, to resends of transfers that had moved money; found by
-    /// black-box probes.)
+    /// The journal did not say, in time, what it knows of the GUID, or
+    /// failed or refused the claim, or the hub is cut off from a shared
+    /// journal: nothing is sent, but the GUID may have been sent before
+    /// (this may be a resend of a transfer answered 0000, or of one whose
+    /// POST is still on the wire, here or at another hub), so E903, "no money
+    /// moved", is not the hub's to say. The core is asked, as an INQ001 would
+    /// ask it, with the time left: its final answer is given (not journaled:
+    /// the journal is what is stuck); anything else, "never received" and a
+    /// GET that could not be sent included, is E901, since without the row
+    /// the hub cannot tell an earlier attempt still on its way from none (an
+    /// INQ001 does not take "never received" for proof without the row
+    /// either). A 0000 is E901 too: the core's answer says nothing of the
+    /// body, and without the row the hub cannot check this telegram's
+    /// against the one processed (a GUID reused for another transfer would
+    /// be told that it moved money; found by a review). An INQ001 gives the
+    /// 0000, as the journal does once it answers. A new GUID's resend is
+    /// posted once the journal takes claims again. (Before: E903, to resends
+    /// of transfers that had moved money, after a stalled journal (found by
+    /// black-box probes) and, until later, after a failed claim or a fence.)
     async fn without_journal(&self, why: &str) -> (Reply, String) {
-        self.ask_without_row(why, Code::UNKNOWN).await
+        let outcome = inquire(
+            self.target,
+            self.guid(),
+            None,
+            &self.rules.codes,
+            self.deadline.work,
+        )
+        .await;
+        bounded::count_failure("claim");
+        let (reply, outcome) = reply_for(outcome, &self.route.layout, &self.rules.codes);
+        if reply.code == Code::OK {
+            return (
+                Reply::code(Code::UNKNOWN),
+                format!(
+                    "not sent: {why}; the core says the GUID was processed, and without the \
+                     journal this telegram's body cannot be checked against that transfer's"
+                ),
+            );
+        }
+        if reply.code.is_final() {
+            let note = format!(
+                "not sent: {why}; the core's answer about the GUID: {}",
+                describe(&outcome, 0)
+            );
+            return (reply, note);
+        }
+        (
+            Reply::code(Code::UNKNOWN),
+            format!(
+                "not sent: {why}; without the journal an earlier attempt of the GUID cannot be \
+                 ruled out, and the core's answer was not final: {}",
+                describe(&outcome, 0)
+            ),
+        )
     }
 
     /// The journal refused or failed the claim, or the hub is cut off from
-    /// a shared one: nothing is sent. E901 while this hub's own earlier call
-    /// of the GUID still runs past its budget (the late-answer window): its
-    /// POST may yet move money. Otherwise the core is asked about the GUID
-    /// ([`Transfer::ask_without_row`]), and "never received", or a core that
-    /// cannot be reached, is E903: not sent by this telegram, and none of
-    /// the GUID's attempts at the core (docs/scale-out.md). (Before: E903
-    /// without asking, to a resend of a transfer that had moved money, whose
-    /// 0000 the channel may have lost: E903 says "no money moved".)
+    /// a shared one: nothing is sent, and the answer is E901 without asking
+    /// while this hub's own earlier call of the GUID still runs past its
+    /// budget (the late-answer window), else the core's word as
+    /// [`Transfer::without_journal`] gives it. (Before: E903 in both cases.)
     async fn not_claimed(&self, why: impl std::fmt::Display) -> (Reply, String) {
         if self.hub.late_calls.running(self.guid()) {
             return self.no_row(why);
         }
-        self.ask_without_row(&why.to_string(), Code::NO_CAPACITY)
-            .await
+        self.without_journal(&why.to_string()).await
     }
 
     /// The journal was read and holds no row of the GUID, but refuses to
-    /// write one: nothing is sent, E903, or E901 while this hub's own earlier
-    /// call of the GUID still runs past its budget.
+    /// write one: no attempt of it was made, nothing is sent, E903; or E901
+    /// while this hub's own earlier call of the GUID still runs past its
+    /// budget.
     fn no_row(&self, why: impl std::fmt::Display) -> (Reply, String) {
         if self.hub.late_calls.running(self.guid()) {
             bounded::count_failure("claim");
@@ -338,61 +377,6 @@ impl Transfer<'_> {
             );
         }
         (bounded::claim_failed(), format!("not sent: {why}"))
-    }
-
-    /// Nothing is sent and the GUID's row is not to be had: the core is
-    /// asked, as an INQ001 would ask it, with the time left. Its final answer
-    /// is given (not journaled: the journal is what failed), but a 0000 is
-    /// E901: the core's answer says nothing of the body, and without the row
-    /// the hub cannot check this telegram's against the one processed (a
-    /// GUID reused for another transfer would be told that it moved money;
-    /// found by a review). An INQ001 gives the 0000, as the journal does once
-    /// it answers. "Never received", and a GET that was not sent (the core
-    /// unreachable, no capacity), are `unheard`; anything else is E901.
-    async fn ask_without_row(&self, why: &str, unheard: Code) -> (Reply, String) {
-        let outcome = inquire(
-            self.target,
-            self.guid(),
-            None,
-            &self.rules.codes,
-            self.deadline.work,
-        )
-        .await;
-        bounded::count_failure("claim");
-        let (reply, outcome) = reply_for(outcome, &self.route.layout, &self.rules.codes);
-        let said = describe(&outcome, 0);
-        if reply.code == Code::OK {
-            return (
-                Reply::code(Code::UNKNOWN),
-                format!(
-                    "not sent: {why}; the core says the GUID was processed, and without the \
-                     journal this telegram's body cannot be checked against that transfer's"
-                ),
-            );
-        }
-        if reply.code.is_final() {
-            return (
-                reply,
-                format!("not sent: {why}; the core's answer about the GUID: {said}"),
-            );
-        }
-        if matches!(
-            outcome,
-            Outcome::NeverReceived | Outcome::NotSent(_) | Outcome::NoCapacity(_)
-        ) && unheard != Code::UNKNOWN
-        {
-            return (
-                Reply::code(unheard),
-                format!("not sent: {why}; the core was asked about the GUID: {said}"),
-            );
-        }
-        (
-            Reply::code(Code::UNKNOWN),
-            format!(
-                "not sent: {why}; without the journal an earlier attempt of the GUID cannot be \
-                 ruled out, and the core's answer was not final: {said}"
-            ),
-        )
     }
 
     /// Asks the core about the row's transfer instead of posting (E901 before).

@@ -99,7 +99,12 @@ async fn readyz_says_503_once_the_journal_refuses_every_transfer() {
         name.push(suffix);
         let _ = std::fs::remove_file(name);
     }
+    // The transfer whose write finds the files gone is not sent: E901,
+    // since its claim failed (the core asked, as without a journal).
     let g = guid("RDY2");
+    assert_eq!(ch.exchange(&transfer(&g, 10)).await.unwrap().code, "E901");
+    // From then on the journal refuses new rows: E903.
+    let g = guid("RDY3");
     assert_eq!(ch.exchange(&transfer(&g, 10)).await.unwrap().code, "E903");
     let (status, body) = hub.get("/readyz");
     assert_eq!(status, 503, "{body}");

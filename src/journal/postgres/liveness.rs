@@ -8,8 +8,8 @@
 //!   (see [`OWNER_DEAD`]).
 //! * Itself: a hub that has not renewed for `fence`, measured on its own
 //!   monotonic clock from the *start* of its last successful renewal, stops
-//!   posting ([`Liveness::may_send`]): its transfers are answered E903 and
-//!   nothing is sent. The renewal that started at `t` was stamped by the
+//!   posting ([`Liveness::may_send`]): nothing is sent, and its transfers
+//!   are answered E901 (or the core's final answer about the GUID). The renewal that started at `t` was stamped by the
 //!   database at or after `t`, so the hub fences at or before
 //!   `renewed + fence`, while the others wait until `renewed + dead_after`.
 //!
@@ -155,7 +155,7 @@ impl Liveness {
                     error!(
                         fence_ms = self.fence.as_millis() as u64,
                         "this hub could not renew its liveness in the journal within the fence: \
-                         transfers are answered E903 and nothing is posted until it can"
+                         nothing is posted until it can (transfers are answered E901, or the core's final answer)"
                     );
                 }
                 Err(format!(

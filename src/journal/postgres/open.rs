@@ -31,8 +31,8 @@ pub(super) const DEFAULT_LEASE_MS: u64 = 60_000;
 /// Default pool size: connections to the database at most, per hub.
 pub(super) const DEFAULT_POOL_SIZE: usize = 16;
 /// Default bound on one journal call (pool wait, connect, statements), well
-/// under the default 3 s budget: a database that is down or stuck makes the
-/// hub answer E903 ("not sent") instead of E901.
+/// under the default 3 s budget: a database that is down or stuck leaves the
+/// hub time to ask the core about the GUID before its answer (nothing sent).
 pub(super) const DEFAULT_TIMEOUT_MS: u64 = 1_000;
 /// Bound on opening (connect, checks, migrations) at start-up.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(30);

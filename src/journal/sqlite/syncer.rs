@@ -263,7 +263,7 @@ impl Syncer {
             Err(Failure::Gone(what)) => {
                 let why = format!(
                     "{what} while the hub runs: what it journals now would be lost to \
-                     its next start; durable writes are refused (E903, nothing sent) \
+                     its next start; durable writes are refused (nothing sent) \
                      until the file is back and the hub restarts"
                 );
                 // Closing, the last connection's close may delete the WAL.
