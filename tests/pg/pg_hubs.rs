@@ -551,3 +551,50 @@ async fn a_hub_refuses_a_lease_shorter_than_its_calls() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("lease_ms=3000 is shorter"), "{err}");
 }
+
+/// A transfer whose POST is held on its way to the core (a balancer) past
+/// the hub's budget and its call (late-answer window 0): E901. Then the
+/// database goes away and the channel resends: the core has not received
+/// the GUID yet, but without the row that is no proof, so the answer is
+/// E901 again, not E903 ("no money moved"), and nothing is posted. The held
+/// POST then lands and moves the money, once. (Before: E903; found by a
+/// review.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_database_down_a_post_still_on_its_way_is_not_called_unsent() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "dbdownwire").await;
+    let core = start_core().await;
+    let wire = crate::common::Proxy::start(core.addr()).await;
+    wire.hold_posts(Some(Duration::from_millis(2_500)));
+    let db = Proxy::start(db_addr(&base)).await;
+    let hub = spawn_hub(
+        &wire.url(),
+        &journal_url(&db.url(&url), "hub-a", ""),
+        1_000,
+        Some("[[target]]\nname = \"core\"\nlate_answer_window_ms = 0\n"),
+    );
+    let g = guid("WIRE");
+    let t = transfer(&g, 100);
+    assert_eq!(send(&hub, &t).await.code, "E901");
+    // The hub's call is over (a call still running would make the resend
+    // E901 without asking the core).
+    let started = Instant::now();
+    while !hub.stderr().contains("late call ended") {
+        assert!(started.elapsed() < PATIENCE, "{}", hub.stderr());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    db.cut().await;
+    let resend = send(&hub, &t).await;
+    assert_eq!(resend.code, "E901", "{resend:?}");
+    assert_eq!(
+        calls(&core, &g),
+        (0, 1),
+        "asked; the POST is still held: {}",
+        hub.stderr()
+    );
+
+    within(core.wait_received(&g)).await;
+    assert_eq!(calls(&core, &g).0, 1, "the held POST, once");
+    assert_eq!(wire.whole_posts(&g), 1);
+}
