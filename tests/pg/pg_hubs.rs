@@ -598,3 +598,42 @@ async fn with_the_database_down_a_post_still_on_its_way_is_not_called_unsent() {
     assert_eq!(calls(&core, &g).0, 1, "the held POST, once");
     assert_eq!(wire.whole_posts(&g), 1);
 }
+
+/// A host cut off from both its database and the core: a resend of a
+/// transfer answered 0000 (its answer lost on the way to the channel) cannot
+/// be checked with either, so it is E901, not E903 ("no money moved"), and
+/// nothing is posted. (Before: E903; found by a review.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cut_off_from_database_and_core_a_processed_guid_is_not_called_unsent() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "dbcorecut").await;
+    let core = start_core().await;
+    let wire = crate::common::Proxy::start(core.addr()).await;
+    let db = Proxy::start(db_addr(&base)).await;
+    let hub = spawn_hub(
+        &wire.url(),
+        &journal_url(&db.url(&url), "hub-a", ""),
+        3_000,
+        None,
+    );
+    let g = guid("CUTOFF");
+    let t = transfer(&g, 100);
+    assert_eq!(send(&hub, &t).await.code, "0000");
+
+    db.cut().await;
+    // Connects to the core are refused from now on, and the hub's pooled
+    // connection is closed once idle: the GET cannot be sent.
+    wire.set_mode(crate::common::ProxyMode::Refuse);
+    wire.mode_applied().await;
+    let started = Instant::now();
+    while wire.reaped() == 0 {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "the idle connection stays open"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let resend = send(&hub, &t).await;
+    assert_eq!(resend.code, "E901", "{resend:?}");
+    assert_eq!(calls(&core, &g), (1, 0), "not posted again, and not asked");
+}
