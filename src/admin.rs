@@ -258,8 +258,8 @@ async fn readyz(State(s): State<AdminState>) -> (StatusCode, String) {
     if !s.ready.load(Ordering::SeqCst) {
         return (StatusCode::SERVICE_UNAVAILABLE, "starting\n".into());
     }
-    // A journal that refuses every transfer until a restart: this hub
-    // answers E903 to all of them, so a balancer should send elsewhere.
+    // A journal that refuses every claim until a restart: this hub answers
+    // E903 to every new GUID, so a balancer should send elsewhere.
     // The reason (paths, the OS's words) is in the hub's ERROR line, not
     // here: this endpoint answers without the admin token.
     let Some(hub) = s.hub.get() else {

@@ -233,7 +233,8 @@ pub struct JournalConfig {
     pub fsync_outcomes: bool,
     /// Shared journal: how often the hub renews its liveness, in ms.
     pub liveness_renew_ms: u64,
-    /// Shared journal: the hub posts nothing (E903) once this long has passed
+    /// Shared journal: the hub posts nothing (transfers answered E901, or the
+    /// core's final answer) once this long has passed
     /// since the start of its last successful renewal (its monotonic clock).
     pub liveness_fence_ms: u64,
     /// Shared journal: other hubs take a hub's transfers in flight over once

@@ -891,7 +891,8 @@ impl Job {
         result.map_err(|e| {
             if let Some(why) = self.gate.refused() {
                 // Refused at the first byte: nothing left, and no capacity
-                // to send (E903), like a fenced hub before its claim.
+                // to send (E903: the claim holds the GUID's only attempt;
+                // a hub fenced before its claim answers E901 instead).
                 return CallFailure::NoCapacity(why.to_string());
             }
             let reason = describe(&e);

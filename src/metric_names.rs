@@ -39,7 +39,7 @@ pub const JOURNAL_UNSETTLED_PAST_RETENTION: &str = "relayhub_journal_unsettled_p
 /// SIGHUP reloads, by `result` (`ok` or `refused`).
 pub const CONFIG_RELOADS: &str = "relayhub_config_reloads_total";
 /// Journal calls that failed or outlived the budget, by `stage`: `claim` (the
-/// transfer was not sent, E903), `outcome` (answered, not recorded yet: retried
+/// transfer was not sent: E901, E903 or the core's final answer), `outcome` (answered, not recorded yet: retried
 /// in the background), `settle` (an inquiry's answer not recorded), or
 /// `late_answer` (a late answer not recorded), `prune`, or `checkpoint` (the
 /// SQLite journal's WAL checkpoint, retried).
@@ -49,7 +49,8 @@ pub const JOURNAL_ERRORS: &str = "relayhub_journal_errors_total";
 /// lapsed.
 pub const JOURNAL_TAKEOVERS: &str = "relayhub_journal_takeovers_total";
 /// Shared journal: 1 while this hub cannot renew its liveness within the
-/// fence and so posts nothing (E903), else 0.
+/// fence and so posts nothing (transfers answered E901, or the core's final
+/// answer), else 0.
 pub const JOURNAL_FENCED: &str = "relayhub_journal_fenced";
 /// Shared journal: liveness renewals that failed or timed out.
 pub const JOURNAL_LIVENESS_FAILURES: &str = "relayhub_journal_liveness_failures_total";
@@ -147,7 +148,7 @@ pub fn describe_all() {
     describe_counter!(
         JOURNAL_ERRORS,
         Unit::Count,
-        "Journal calls that failed or outlived the budget, by stage: claim (transfer not sent, E903), outcome (answered, not recorded yet; retried), settle (an inquiry's answer not recorded), late_answer, prune or checkpoint (SQLite WAL checkpoint; retried)."
+        "Journal calls that failed or outlived the budget, by stage: claim (transfer not sent: E901, E903 or the core's final answer), outcome (answered, not recorded yet; retried), settle (an inquiry's answer not recorded), late_answer, prune or checkpoint (SQLite WAL checkpoint; retried)."
     );
     describe_counter!(
         JOURNAL_TAKEOVERS,
@@ -157,7 +158,7 @@ pub fn describe_all() {
     describe_gauge!(
         JOURNAL_FENCED,
         Unit::Count,
-        "Shared journal: 1 while this hub cannot renew its liveness within liveness_fence_ms and so posts nothing (transfers answered E903), else 0."
+        "Shared journal: 1 while this hub cannot renew its liveness within liveness_fence_ms and so posts nothing (transfers answered E901, or the core's final answer), else 0."
     );
     describe_counter!(
         JOURNAL_LIVENESS_FAILURES,

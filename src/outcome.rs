@@ -55,7 +55,9 @@ impl Code {
             b"E102" => "framing, header or body format error; nothing recorded",
             b"E103" => "channel not allowed; nothing recorded",
             b"E500" => "the core failed or refused the request; no money moved (final)",
-            b"E901" => "sent, outcome unknown: resend the same GUID to get the answer by inquiry",
+            b"E901" => {
+                "outcome unknown (sent, or not sent while the hub's journal failed): resend the same GUID, never a new one"
+            }
             b"E902" => "not sent (core unreachable); safe to resend",
             b"E903" => "not sent (hub had no capacity or is shutting down); safe to resend",
             b"E904" => "inquiry: the core never received that GUID; safe to resend",

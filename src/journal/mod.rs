@@ -538,8 +538,9 @@ impl Journal {
         }
     }
 
-    /// Why every transfer is refused (E903) until the hub restarts, if it
-    /// is: the SQLite journal's sticky failures (`/readyz` says so).
+    /// Why every durable write (a claim) is refused until the hub restarts,
+    /// if it is: the SQLite journal's sticky failures (`/readyz` says so). A
+    /// new GUID is then answered E903, one the journal holds from its row.
     pub fn refusal(&self) -> Option<String> {
         match self {
             Journal::Sqlite(j) => j.refusal(),

@@ -66,7 +66,9 @@ pub(super) fn count_failure(stage: &'static str) {
     metrics::counter!(metric_names::JOURNAL_ERRORS, "stage" => stage).increment(1);
 }
 
-/// A failed claim: counted, and answered E903 (nothing was sent).
+/// A claim that cannot be made where the journal shows no attempt of the
+/// GUID that could have left (no row, or a row `not_sent`): counted, and
+/// answered E903 (nothing was sent).
 pub(super) fn claim_failed() -> Reply {
     count_failure("claim");
     Reply::code(Code::NO_CAPACITY)

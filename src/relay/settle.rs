@@ -366,9 +366,11 @@ pub(super) fn record_late(
     });
 }
 
-/// A claim that completed after the hub already answered (E903, or E901
-/// when the core could not vouch for the GUID): nothing was sent, so the row
-/// must say so, or the GUID would look in flight forever. It is answered as
+/// A claim that completed after the hub already answered (a first claim:
+/// E901, or the core's final B-code or E500 about the GUID; a resend's: E903):
+/// nothing was sent, so the row must say so, or the GUID would look in flight
+/// forever. The row's code is E903 ("not sent") whatever the channel was
+/// told; its note says why. It is answered as
 /// of now, when the channel got its answer, not when the claim lands: the
 /// resend cooldown counts from the answer the channel saw (before: from the
 /// claim's landing, seconds later on a slow disk, so a resend after the

@@ -263,10 +263,12 @@ impl Transfer<'_> {
     /// The GUID's row, read instead of claimed while the journal refuses
     /// durable writes (until a restart: a failed fsync, a journal file gone).
     /// A GUID it holds is still answered from its row: a replay, an inquiry
-    /// (a claim there waits for an fsync that fails, and answered E903, "not
-    /// sent", for a transfer that had moved money). A GUID it does not hold
-    /// gets E903 with nothing written, so no row is left that a later resend
-    /// would find `sending` and inquire about.
+    /// (before, its claim waited for an fsync that failed, and answered E903,
+    /// "not sent", for a transfer that had moved money). A GUID it does not
+    /// hold gets E903 with nothing written, so no row is left that a later
+    /// resend would find `sending` and inquire about. A read that fails or is
+    /// late is answered as a failed claim is (E901, or the core's final
+    /// answer).
     async fn read_while_refused(&self, why: String) -> Result<Row, (Reply, String)> {
         let (journal, guid) = (self.hub.journal.clone(), self.guid().to_string());
         let read = bounded::within(self.room_to_ask(), async move { journal.get(&guid).await });
@@ -353,7 +355,8 @@ impl Transfer<'_> {
     /// a shared one: nothing is sent, and the answer is E901 without asking
     /// while this hub's own earlier call of the GUID still runs past its
     /// budget (the late-answer window), else the core's word as
-    /// [`Transfer::without_journal`] gives it. (Before: E903 in both cases.)
+    /// [`Transfer::without_journal`] gives it. (Before: E903 unless this hub's
+    /// own call still ran.)
     async fn not_claimed(&self, why: impl std::fmt::Display) -> (Reply, String) {
         if self.hub.late_calls.running(self.guid()) {
             return self.no_row(why);
@@ -364,7 +367,8 @@ impl Transfer<'_> {
     /// The journal was read and holds no row of the GUID, but refuses to
     /// write one: no attempt of it was made, nothing is sent, E903; or E901
     /// while this hub's own earlier call of the GUID still runs past its
-    /// budget.
+    /// budget (also [`Transfer::not_claimed`]'s answer then, with nothing
+    /// read).
     fn no_row(&self, why: impl std::fmt::Display) -> (Reply, String) {
         if self.hub.late_calls.running(self.guid()) {
             bounded::count_failure("claim");

@@ -61,7 +61,7 @@ fn readyz_flips_from_503_to_200_once_the_journal_is_open() {
 
 /// A journal that refuses every transfer until a restart (here its files
 /// deleted under the hub) makes `/readyz` 503 with the reason: the hub
-/// answers E903 to every transfer, so a balancer should send elsewhere
+/// answers E903 to every new GUID, so a balancer should send elsewhere
 /// (before, it stayed 200 `ready`; found by a black-box probe).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_says_503_once_the_journal_refuses_every_transfer() {

@@ -650,7 +650,8 @@ async fn a_hub_cut_off_from_the_database_fences_itself_before_the_other_takes_ov
             if *hub == 0 && *cut_throughout {
                 fenced += 1;
                 // Without the row an attempt on its way elsewhere cannot be
-                // ruled out: E901, whatever the core says. (Before: E903.)
+                // ruled out: E901 (every transfer here succeeds, so the
+                // core has no final B-code or E500 to give). (Before: E903.)
                 assert_eq!(code, "E901", "{g}: hub a cut off answers E901: {s:?}");
             }
         }
