@@ -358,29 +358,35 @@ impl Transfer<'_> {
     /// [`Transfer::without_journal`] gives it. (Before: E903 unless this hub's
     /// own call still ran.)
     async fn not_claimed(&self, why: impl std::fmt::Display) -> (Reply, String) {
-        if self.hub.late_calls.running(self.guid()) {
-            return self.no_row(why);
+        match self.own_call_running(&why) {
+            Some(answer) => answer,
+            None => self.without_journal(&why.to_string()).await,
         }
-        self.without_journal(&why.to_string()).await
     }
 
     /// The journal was read and holds no row of the GUID, but refuses to
     /// write one: no attempt of it was made, nothing is sent, E903; or E901
     /// while this hub's own earlier call of the GUID still runs past its
-    /// budget (also [`Transfer::not_claimed`]'s answer then, with nothing
-    /// read).
+    /// budget.
     fn no_row(&self, why: impl std::fmt::Display) -> (Reply, String) {
-        if self.hub.late_calls.running(self.guid()) {
-            bounded::count_failure("claim");
-            return (
-                Reply::code(Code::UNKNOWN),
-                format!(
-                    "not sent: {why}; this hub's earlier call of the GUID is still running, \
-                     so its outcome is not known"
-                ),
-            );
+        self.own_call_running(&why)
+            .unwrap_or_else(|| (bounded::claim_failed(), format!("not sent: {why}")))
+    }
+
+    /// E901, counted as a failed claim, while this hub's own earlier call of
+    /// the GUID still runs past its budget: its POST may yet move money.
+    fn own_call_running(&self, why: &impl std::fmt::Display) -> Option<(Reply, String)> {
+        if !self.hub.late_calls.running(self.guid()) {
+            return None;
         }
-        (bounded::claim_failed(), format!("not sent: {why}"))
+        bounded::count_failure("claim");
+        Some((
+            Reply::code(Code::UNKNOWN),
+            format!(
+                "not sent: {why}; this hub's earlier call of the GUID is still running, \
+                 so its outcome is not known"
+            ),
+        ))
     }
 
     /// Asks the core about the row's transfer instead of posting (E901 before).
