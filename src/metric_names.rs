@@ -41,8 +41,10 @@ pub const CONFIG_RELOADS: &str = "relayhub_config_reloads_total";
 /// Journal calls that failed or outlived the budget, by `stage`: `claim` (the
 /// transfer was not sent: E901, E903 or the core's final answer), `outcome` (answered, not recorded yet: retried
 /// in the background), `settle` (an inquiry's answer not recorded), or
-/// `late_answer` (a late answer not recorded), `prune`, or `checkpoint` (the
-/// SQLite journal's WAL checkpoint, retried).
+/// `late_answer` (a late answer not recorded), `read` (the row of a transfer
+/// taken no further, during a drain or past its budget, not read in time:
+/// E901), `prune`, or `checkpoint` (the SQLite journal's WAL checkpoint,
+/// retried).
 pub const JOURNAL_ERRORS: &str = "relayhub_journal_errors_total";
 /// Shared journal: `sending` rows of another hub taken over (made `unknown`,
 /// then settled by inquiry) because that hub's lease expired or its liveness
@@ -148,7 +150,7 @@ pub fn describe_all() {
     describe_counter!(
         JOURNAL_ERRORS,
         Unit::Count,
-        "Journal calls that failed or outlived the budget, by stage: claim (transfer not sent: E901, E903 or the core's final answer), outcome (answered, not recorded yet; retried), settle (an inquiry's answer not recorded), late_answer, prune or checkpoint (SQLite WAL checkpoint; retried)."
+        "Journal calls that failed or outlived the budget, by stage: claim (transfer not sent: E901, E903 or the core's final answer), outcome (answered, not recorded yet; retried), settle (an inquiry's answer not recorded), late_answer, read (a transfer taken no further, during a drain or past its budget, whose row was not read in time: E901), prune or checkpoint (SQLite WAL checkpoint; retried)."
     );
     describe_counter!(
         JOURNAL_TAKEOVERS,

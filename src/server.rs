@@ -336,8 +336,9 @@ impl Drop for InFlightGuard {
 }
 
 /// Serves telegrams on `listener` (and on `tls`, when given) until `shutdown`
-/// resolves, then drains: stops accepting, answers E903 to new telegrams,
-/// lets in-flight ones finish, returns.
+/// resolves, then drains: stops accepting, answers E903 to new telegrams
+/// (a transfer whose GUID the journal holds: what its row says), lets
+/// in-flight ones finish, returns.
 pub async fn run(
     listener: TcpListener,
     tls: Option<TlsListener>,

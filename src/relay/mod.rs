@@ -88,6 +88,11 @@ impl Deadline {
     }
 }
 
+/// How long a draining hub waits for the journal's row of a transfer it
+/// takes no further: well within the second the drain gives a connection
+/// after its wait, so that the answer is not cut off by the close.
+const DRAINING_READ: Duration = Duration::from_millis(250);
+
 /// The rules in force, with their version: 1 at start, one more for each
 /// reload that replaced them, and since when (ms since the epoch).
 struct InForce {
@@ -310,32 +315,44 @@ impl Hub {
             Ok(f) => f,
             Err(e) => return (Reply::code(Code::FORMAT), e.to_string()),
         };
+        // Draining: nothing new is sent, and the connection is closed after
+        // the answer. An inquiry gets E903; a transfer, what its GUID's row
+        // holds (E903 when it was never sent), read for a moment at most:
+        // the drain closes connections a second after its wait ends.
         if self.is_draining() {
-            return (
-                Reply {
-                    code: Code::NO_CAPACITY,
-                    body: Vec::new(),
-                    close: true,
-                },
-                "hub is draining".into(),
-            );
+            let (mut reply, note) = match route.operation {
+                Operation::Transfer => {
+                    let why = "hub is draining";
+                    let until = deadline.reply.min(Instant::now() + DRAINING_READ);
+                    Box::pin(transfer::taken_no_further(self, &header, body, why, until)).await
+                }
+                Operation::Inquiry => (Reply::code(Code::NO_CAPACITY), "hub is draining".into()),
+            };
+            reply.close = true;
+            return (reply, note);
         }
         // Its budget ran out before its turn (it waited for room behind its
         // connection's in-flight maximum): no capacity within the budget,
-        // nothing sent, and neither the journal nor the core asked, which
-        // would only turn it into E901. Unless this hub is posting the
-        // GUID now (another telegram's call, or one past its budget): that
-        // POST may move money, so E901.
+        // nothing sent, and no claim or call made, which would only turn it
+        // into E901. A transfer is still answered for its GUID: its row is
+        // read in the room the budget keeps for the outcome's write, which
+        // this telegram will not make (a journal that cannot answer in it
+        // gives E901: the hub does not know).
         if Instant::now() >= deadline.work {
-            let code = if route.operation == Operation::Transfer && self.posting(&header.guid) {
-                Code::UNKNOWN
-            } else {
-                Code::NO_CAPACITY
+            let why = "its budget ran out before its turn on its connection";
+            return match route.operation {
+                Operation::Transfer => {
+                    Box::pin(transfer::taken_no_further(
+                        self,
+                        &header,
+                        body,
+                        why,
+                        deadline.reply,
+                    ))
+                    .await
+                }
+                Operation::Inquiry => (Reply::code(Code::NO_CAPACITY), format!("not sent: {why}")),
             };
-            return (
-                Reply::code(code),
-                "not sent: its budget ran out before its turn on its connection".into(),
-            );
         }
         // On the telegram's log fields, so the one summary line carries them (masked by the layout).
         // A JSON object: the JSON log format embeds it as one. Written once,

@@ -135,6 +135,96 @@ pub(super) async fn run(
     }
 }
 
+/// A transfer telegram this hub takes no further: it is draining, or the
+/// telegram's budget ran out before its turn on its connection. Nothing is
+/// claimed or sent. E903 ("nothing was sent, no money moved") is true of
+/// the telegram but not always of its GUID, so the GUID's row is read, until
+/// `until`, and the answer is the GUID's: a final answer is replayed (a
+/// repeat of a transfer answered 0000 is told 0000), a row whose attempt is
+/// unknown or under way is E901, a different body is E102, and a GUID never
+/// sent, or certainly not sent, is E903. A POST of the GUID that this hub
+/// runs, and a read that fails or is late, are E901: money may have moved
+/// (counted as a journal failure of stage `read`). With the memory journal
+/// the read is in place; SQLite's and PostgreSQL's may not fit in what is
+/// left of a budget that ran out waiting, and then the answer is E901 even
+/// for a GUID never sent: the hub does not know. (Before: E903 without a
+/// look, to repeats of transfers that had moved money; found by a review of
+/// the one rule.)
+pub(super) async fn taken_no_further(
+    hub: &Hub,
+    header: &Header,
+    body: &[u8],
+    why: &str,
+    until: Instant,
+) -> (Reply, String) {
+    let guid = header.guid.as_str();
+    let read = if let Some(store) = hub.journal.at_once() {
+        match bounded::at_once(|| store.get(guid)) {
+            Ok(row) => Bounded::Done(row),
+            Err(panic) => Bounded::Failed(panic),
+        }
+    } else {
+        let (journal, g) = (hub.journal.clone(), guid.to_string());
+        bounded::within(until, async move { journal.get(&g).await }).await
+    };
+    let unreadable = |e: &dyn std::fmt::Display| {
+        bounded::count_failure("read");
+        (
+            Reply::code(Code::UNKNOWN),
+            format!(
+                "not sent: {why}; the GUID's row could not be read ({e}), so an earlier \
+                 attempt of it cannot be ruled out"
+            ),
+        )
+    };
+    let row = match read {
+        Bounded::Done(Ok(row)) => row,
+        Bounded::Done(Err(e)) => return unreadable(&e),
+        Bounded::Failed(e) => return unreadable(&e),
+        Bounded::Late(_) => return unreadable(&"no answer in time"),
+    };
+    // No attempt in the row that could have left. But this hub may be
+    // posting the GUID now, for a telegram on another connection, its claim
+    // still on its way to the journal (looked at after the read, so that a
+    // flight that began during it is seen): that POST may move money.
+    let not_sent = || {
+        if hub.posting(guid) {
+            return (
+                Reply::code(Code::UNKNOWN),
+                format!("not sent: {why}; this hub is posting the GUID for another telegram"),
+            );
+        }
+        (Reply::code(Code::NO_CAPACITY), format!("not sent: {why}"))
+    };
+    let Some(row) = row else {
+        return not_sent();
+    };
+    if row.fingerprint != fingerprint(&header.tx_code, body) {
+        return (
+            Reply::code(Code::FORMAT),
+            guid_clash("already journaled with a different body or tx code"),
+        );
+    }
+    match row.state {
+        State::Done => (
+            replay(&row),
+            format!(
+                "not sent: {why}; replayed the stored answer {}",
+                row.code.as_deref().unwrap_or("?")
+            ),
+        ),
+        State::NotSent => not_sent(),
+        State::Unknown | State::Sending => (
+            Reply::code(Code::UNKNOWN),
+            format!(
+                "not sent: {why}; the GUID's row says {}: an earlier attempt's outcome is \
+                 not known",
+                row.state.as_str()
+            ),
+        ),
+    }
+}
+
 /// One transfer telegram that leads its GUID's flight.
 struct Transfer<'a> {
     hub: &'a Hub,
@@ -767,6 +857,114 @@ mod tests {
     use crate::layout::FieldValue;
     use proptest::prelude::*;
     use serde_json::{Map, Value};
+
+    /// A transfer the hub takes no further (draining, or its budget gone
+    /// before its turn) is answered for its GUID as the journal holds it:
+    /// E903 only where no attempt of it could have moved money.
+    #[tokio::test]
+    async fn a_transfer_taken_no_further_is_answered_as_its_guid_stands() {
+        let hub = super::super::test_hub("http://127.0.0.1:9".into());
+        let layouts = crate::layout::builtin();
+        let telegram = |guid: &str, amount: u64| {
+            let fields = serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
+                "to_account": "1002003004002", "amount": amount, "memo": "x" });
+            crate::client::build_telegram(
+                &layouts["TRF001"],
+                guid,
+                "IBANK",
+                "20261204120000",
+                fields.as_object().unwrap(),
+            )
+            .unwrap()
+        };
+        let store = hub.journal.at_once().expect("a memory journal");
+        let outcome = |state: State, code: &str, answer: Option<&[u8]>| Finish {
+            state,
+            code: code.into(),
+            answer: answer.map(<[u8]>::to_vec),
+            error: None,
+            note: "set by the test".into(),
+            attempt: None,
+        };
+        let cases: [(&str, Option<Finish>, Code); 5] = [
+            ("20261204IBANK0000000000NOROW0001", None, Code::NO_CAPACITY),
+            (
+                "20261204IBANK00000000000DONE0001",
+                Some(outcome(State::Done, "0000", Some(b"stored answer"))),
+                Code::OK,
+            ),
+            (
+                "20261204IBANK000000000UNKNOWN001",
+                Some(outcome(State::Unknown, "E901", None)),
+                Code::UNKNOWN,
+            ),
+            (
+                "20261204IBANK00000000NOTSENT0001",
+                Some(outcome(State::NotSent, "E902", None)),
+                Code::NO_CAPACITY,
+            ),
+            ("20261204IBANK00000000SENDING0001", None, Code::UNKNOWN),
+        ];
+        for (i, (guid, finish, want)) in cases.into_iter().enumerate() {
+            let t = telegram(guid, 10);
+            let header = crate::header::parse_header(&t).unwrap();
+            let body = &t[crate::header::HEADER_LEN..];
+            if i > 0 {
+                let fp = fingerprint("TRF001", body);
+                let to = AttemptTo::url("http://127.0.0.1:9");
+                let claim = store.claim_to(guid, "TRF001", &fp, to, 1).unwrap();
+                assert_eq!(claim, Claim::New);
+                if let Some(f) = finish {
+                    store.finish(guid, f, 2).unwrap();
+                }
+            }
+            let until = Instant::now() + Duration::from_secs(1);
+            let (reply, note) = taken_no_further(&hub, &header, body, "a test", until).await;
+            assert_eq!(reply.code, want, "{guid}: {note}");
+            if want == Code::OK {
+                assert_eq!(reply.body, b"stored answer", "{note}");
+            }
+            assert!(note.starts_with("not sent: a test"), "{note}");
+            // The same GUID with another body: E102, whatever its row says.
+            let other = telegram(guid, 11);
+            let (reply, note) = taken_no_further(
+                &hub,
+                &header,
+                &other[crate::header::HEADER_LEN..],
+                "a test",
+                until,
+            )
+            .await;
+            let clash = if i == 0 {
+                Code::NO_CAPACITY
+            } else {
+                Code::FORMAT
+            };
+            assert_eq!(reply.code, clash, "{guid}: {note}");
+        }
+        assert!(
+            hub.journal
+                .get("20261204IBANK0000000000NOROW0001")
+                .await
+                .unwrap()
+                .is_none(),
+            "nothing journaled"
+        );
+        // A GUID this hub is leading a flight of (its claim not written yet,
+        // its POST perhaps on its way): E901, whatever the row says.
+        let guid = "20261204IBANK0000000000NOROW0001";
+        let t = telegram(guid, 10);
+        let header = crate::header::parse_header(&t).unwrap();
+        let body = &t[crate::header::HEADER_LEN..];
+        let lead = hub.flights.join(guid, &fingerprint("TRF001", body));
+        assert!(matches!(lead, Joined::Lead(_)));
+        let until = Instant::now() + Duration::from_secs(1);
+        let (reply, note) = taken_no_further(&hub, &header, body, "a test", until).await;
+        assert_eq!(reply.code, Code::UNKNOWN, "{note}");
+        drop(lead);
+        let (reply, note) = taken_no_further(&hub, &header, body, "a test", until).await;
+        assert_eq!(reply.code, Code::NO_CAPACITY, "{note}");
+    }
 
     /// Any configured maximum is a number of attempts, the largest too
     /// (it overflowed: a panic in a debug build, no resend at all in a

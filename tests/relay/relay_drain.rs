@@ -153,6 +153,73 @@ async fn draining_answers_in_flight_telegrams_and_refuses_new_ones_with_e903() {
     );
 }
 
+/// E903 says "nothing was sent, no money moved", which during the drain is
+/// true of the telegram but not always of its GUID: a repeat of a transfer
+/// answered 0000 gets its stored answer, and a repeat of one whose POST
+/// still runs past its budget (it was answered E901) gets E901, each with
+/// the close (before, both got E903: found by a review of the one rule). A
+/// new GUID still gets E903. Nothing new is sent. A transfer held in
+/// flight by the core keeps the drain's wait going meanwhile (once it is
+/// over, idle connections are closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_the_drain_a_repeat_gets_what_its_guid_holds_not_e903() {
+    let core = start_core().await;
+    let (hub, _cfg) = start_hub(&core.url(), &HubOpts::budget(1_500)).await;
+    let addr = hub.addr;
+    let (done, slow, new) = (guid("DONE"), guid("SLOW"), guid("NEW"));
+    let held = guid("HELD");
+    for (g, ms) in [(&slow, 10_000), (&held, 8_000)] {
+        core.add_fault(FaultRule::guid(g).delay_ms(ms).phase(Phase::BeforeApply));
+    }
+    let mut replayed = connect(addr, PrefixMode::Ascii).await;
+    let first = exchange(&mut replayed, &transfer(&done, 10)).await;
+    assert_eq!(first.code, "0000", "{first:?}");
+    let mut unknown = connect(addr, PrefixMode::Ascii).await;
+    let a = exchange(&mut unknown, &transfer(&slow, 10)).await;
+    assert_eq!(a.code, "E901", "its POST runs past the budget: {a:?}");
+    let mut fresh = connect(addr, PrefixMode::Ascii).await;
+    assert_eq!(
+        exchange(&mut fresh, &transfer(&guid("OPEN"), 10))
+            .await
+            .code,
+        "0000"
+    );
+
+    let in_flight = in_flight(&core, addr, &held).await;
+    let stopping = drain(hub).await;
+
+    let a = exchange(&mut replayed, &transfer(&done, 10)).await;
+    assert_eq!(
+        a.code, "0000",
+        "a repeat of a transfer answered 0000: {a:?}"
+    );
+    assert_eq!(a.body, first.body, "the stored answer");
+    let a = exchange(&mut unknown, &transfer(&slow, 10)).await;
+    assert_header_only(&a, "TRF001", &slow, "E901");
+    let a = exchange(&mut fresh, &transfer(&new, 10)).await;
+    assert_header_only(&a, "TRF001", &new, "E903");
+    for ch in [&mut replayed, &mut unknown, &mut fresh] {
+        assert!(
+            within(ch.recv()).await.expect("read").is_none(),
+            "the connection stays open after its answer during the drain"
+        );
+    }
+    assert!(!in_flight.is_finished(), "the drain's wait ended first");
+    assert_eq!(within(in_flight).await.unwrap().code, "E901");
+    within(stopping).await.unwrap();
+
+    let stats = core.stats();
+    assert_eq!(
+        stats.by_guid.get(&done).map(|g| (g.post, g.get)),
+        Some((1, 0))
+    );
+    assert_eq!(
+        stats.by_guid.get(&slow).map(|g| (g.post, g.get)),
+        Some((1, 0))
+    );
+    assert!(!stats.by_guid.contains_key(&new), "{stats:?}");
+}
+
 /// A telegram whose last bytes arrive after the telegrams in flight are done
 /// (the drain's wait is over and idle connections are being closed) still
 /// gets its E903 on its open connection, not a close without an answer:
