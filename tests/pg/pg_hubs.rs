@@ -13,7 +13,7 @@ use crate::pg_common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use corebank::{FaultMethod, FaultRule};
+use corebank::{FaultMethod, FaultRule, Phase};
 use pg_common::*;
 use relayhub::journal::postgres::PgJournal;
 use relayhub::journal::{Claim, Finish, State};
@@ -641,4 +641,69 @@ async fn cut_off_from_database_and_core_a_processed_guid_is_not_called_unsent() 
     let resend = send(&hub, &t).await;
     assert_eq!(resend.code, "E901", "{resend:?}");
     assert_eq!(calls(&core, &g), (1, 0), "not posted again, and not asked");
+}
+
+/// A draining hub takes no transfer further, but answers a repeat for its
+/// GUID from the shared journal, not with E903 ("no money moved"): a
+/// transfer another hub answered 0000 gets that answer, one another hub is
+/// posting right now (its row `sending`) gets E901, a new GUID E903. The
+/// draining hub posts and asks nothing (before: E903 for all three).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_draining_hub_answers_a_repeat_from_the_shared_journal() {
+    let Some(base) = test_db() else { return };
+    let url = fresh_schema(&base, "drain").await;
+    let core = start_core().await;
+    let a = spawn_hub(&core.url(), &journal_url(&url, "hub-a", ""), 3_000, None);
+    let b = spawn_hub(&core.url(), &journal_url(&url, "hub-b", ""), 3_000, None);
+    let (done, running, new, held) = (guid("DONE"), guid("RUN"), guid("NEW"), guid("HELD"));
+    let first = send(&a, &transfer(&done, 100)).await;
+    assert_eq!(first.code, "0000", "{first:?}");
+    // Connections to hub b, open before its drain (each proven by a first
+    // exchange).
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let mut ch = b.channel().await;
+        let t = transfer(&guid("OPEN"), 10);
+        assert_eq!(within(ch.exchange(&t)).await.unwrap().code, "0000");
+        open.push(ch);
+    }
+    // Hub a posts `running`, and hub b has `held` in flight (which keeps
+    // its drain's wait going): the core holds both.
+    for g in [&running, &held] {
+        core.add_fault(
+            FaultRule::guid(g)
+                .method(FaultMethod::Post)
+                .delay_ms(2_000)
+                .phase(Phase::BeforeApply),
+        );
+    }
+    let mut at_a = a.channel().await;
+    within(at_a.send(&transfer(&running, 100))).await.unwrap();
+    within(core.wait_received(&running)).await;
+    let mut at_b = b.channel().await;
+    within(at_b.send(&transfer(&held, 100))).await.unwrap();
+    within(core.wait_received(&held)).await;
+
+    b.drain().await;
+    let [mut replayed, mut unknown, mut fresh]: [_; 3] = open.try_into().ok().unwrap();
+    let answer = within(replayed.exchange(&transfer(&done, 100)))
+        .await
+        .unwrap();
+    assert_eq!((answer.code.as_str(), &answer.body), ("0000", &first.body));
+    let answer = within(unknown.exchange(&transfer(&running, 100)))
+        .await
+        .unwrap();
+    assert_eq!(answer.code, "E901", "hub a is posting it: {answer:?}");
+    let answer = within(fresh.exchange(&transfer(&new, 100))).await.unwrap();
+    assert_eq!(answer.code, "E903", "{answer:?}");
+
+    for ch in [&mut at_a, &mut at_b] {
+        let raw = within(ch.recv()).await.unwrap().expect("an answer");
+        let answer = relayhub::client::Answer::parse(&raw).unwrap();
+        assert_eq!(answer.code, "0000", "{answer:?}");
+    }
+    assert_eq!(calls(&core, &done), (1, 0));
+    assert_eq!(calls(&core, &running), (1, 0));
+    assert_eq!(calls(&core, &new), (0, 0));
+    assert_eq!(calls(&core, &held), (1, 0));
 }

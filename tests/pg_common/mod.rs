@@ -332,6 +332,17 @@ impl Hub {
         std::fs::read_to_string(&self.stderr.0).unwrap_or_default()
     }
 
+    /// SIGTERM: the hub begins its drain; returns once its log says so.
+    pub async fn drain(&self) {
+        let pid = self.child.as_ref().expect("the hub runs").id();
+        crate::common::send_signal(pid, "TERM");
+        let started = std::time::Instant::now();
+        while !self.stderr().contains("draining: listeners closed") {
+            assert!(started.elapsed() < PATIENCE, "{}", self.stderr());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     pub async fn channel(&self) -> Channel {
         within(Channel::connect(&self.addr, PrefixMode::Ascii))
             .await
