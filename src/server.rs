@@ -585,6 +585,10 @@ struct Link {
     answered: Notify,
     /// Woken when the writer stops (closing answer, or the channel went away).
     stop: Notify,
+    /// Set by the writer at a closing answer (E903 while the hub drains):
+    /// the reader reads nothing more, queues the telegrams it holds whole
+    /// (each was read, so each is answered before the close), and ends.
+    closing: AtomicBool,
 }
 
 /// A telegram's handling: the hub's answer, or the panic that ended it. It
@@ -992,7 +996,8 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                             tokio::select! {
                                 biased;
                                 got = &mut room => break got,
-                                read = reader.read_buf(&mut buf), if reads && buf.len() < read_ahead => {
+                                read = reader.read_buf(&mut buf), if reads && buf.len() < read_ahead
+                                    && !link.closing.load(Ordering::SeqCst) => {
                                     // The end or a failure is met again by
                                     // the read after these telegrams.
                                     reads = matches!(read, Ok(n) if n > 0);
@@ -1046,6 +1051,10 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     break 'read;
                 }
             }
+        }
+        // After a closing answer every telegram held whole is queued now.
+        if link.closing.load(Ordering::SeqCst) {
+            break 'read;
         }
         if !buf.is_empty() && started.is_none() {
             started = Some(Instant::now());
@@ -1105,7 +1114,12 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             },
             // An answer went out: the idle time counts from now.
             _ = link.answered.notified(), if queued => {}
-            _ = link.stop.notified(), if queued => break,
+            // The writer stopped: the channel is gone, or a closing answer
+            // was written, after which the telegrams held whole are queued
+            // (at the top of the loop) before the reader ends.
+            _ = link.stop.notified(), if queued => if !link.closing.load(Ordering::SeqCst) {
+                break;
+            },
             // Draining: a connection that holds nothing closes, unless the
             // channel's next bytes are already here (read, then answered).
             // Bytes already in the socket are read however long the
@@ -1253,12 +1267,16 @@ async fn write_answers<W: AsyncWrite + Unpin>(
                         rx.close();
                         break;
                     }
-                    // The reader queues no more; the telegrams it already
-                    // queued (pipelined behind this one) are answered
-                    // before the close, as the log counts them.
+                    // The reader reads no more; the telegrams it already
+                    // read whole (pipelined behind this one: queued, or
+                    // waiting for room) are answered before the close, as
+                    // the log counts them. The queue ends when the reader
+                    // has queued the last of them (before, those waiting
+                    // for room were dropped unanswered; found by a
+                    // black-box probe).
                     Then::Close => {
+                        link.closing.store(true, Ordering::SeqCst);
                         link.stop.notify_one();
-                        rx.close();
                     }
                 }
             }

@@ -435,6 +435,67 @@ async fn pipelined_telegrams_during_the_drain_each_get_e903_before_the_close() {
     }
 }
 
+/// Telegrams pipelined behind one in flight on a connection that takes one
+/// at a time (`max_in_flight_per_connection = 1`): the hub reads them whole
+/// while they wait for room. When the drain's first E903 closes the
+/// connection, every one of them is answered before the close, in order (a
+/// repeat of a transfer answered 0000 with that answer); before, only the
+/// first was, and the rest, read and counted as handled, got nothing (found
+/// by a black-box probe). Nothing reaches the core for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegrams_read_whole_while_waiting_for_room_are_answered_by_the_drain() {
+    use tokio::io::AsyncWriteExt;
+    let core = start_core().await;
+    let toml = "[server]\nmax_in_flight_per_connection = 1\n";
+    let opts = HubOpts {
+        budget_ms: Some(3_000),
+        ..HubOpts::toml(toml)
+    };
+    let (hub, _cfg) = start_hub(&core.url(), &opts).await;
+    let done = guid("DONE");
+    let mut ch = connect(hub.addr, PrefixMode::Ascii).await;
+    let first = exchange(&mut ch, &transfer(&done, 10)).await;
+    assert_eq!(first.code, "0000", "{first:?}");
+    let slow = guid("SLOW");
+    core.add_fault(
+        FaultRule::guid(&slow)
+            .delay_ms(800)
+            .phase(Phase::BeforeApply),
+    );
+    let mut conn = slow_in_flight_on(hub.addr, &core, &slow).await;
+    let behind: Vec<String> = (0..5).map(|_| guid("HELD")).collect();
+    let mut burst = Vec::new();
+    for (i, g) in behind.iter().enumerate() {
+        let g = if i == 2 { &done } else { g };
+        burst.extend_from_slice(&framed(&transfer(g, 10)));
+    }
+    conn.write_all(&burst).await.unwrap();
+
+    let stopping = drain(hub).await;
+    let (_, answer) = read_raw_answer(&mut conn).await;
+    assert_answer(&answer, &slow, "0000");
+    for (i, g) in behind.iter().enumerate() {
+        let (_, raw) = read_raw_answer(&mut conn).await;
+        let answer = relayhub::client::Answer::parse(&raw).unwrap();
+        if i == 2 {
+            assert_eq!((&answer.guid, answer.code.as_str()), (&done, "0000"));
+            assert_eq!(answer.body, first.body, "the stored answer");
+        } else {
+            assert_eq!((&answer.guid, answer.code.as_str()), (g, "E903"));
+        }
+    }
+    assert_closed(&mut conn).await;
+    within(stopping).await.unwrap();
+    let stats = core.stats();
+    for (i, g) in behind.iter().enumerate() {
+        assert!(
+            i == 2 || !stats.by_guid.contains_key(g),
+            "{g} reached the core"
+        );
+    }
+    assert_eq!(stats.by_guid.get(&done).map(|g| g.post), Some(1));
+}
+
 /// More telegrams pipelined during the drain than a connection may have in
 /// flight (32 by default): the hub reads what it has room for, and every
 /// telegram it handled (logged and counted E903) is answered; the rest
