@@ -152,6 +152,14 @@ struct Held<H: Answerer> {
     mark: Option<WaitingMark<H>>,
 }
 
+/// The bytes of the telegrams held whole: with the partial one in the
+/// buffer, what the connection's read-ahead counts (before, only the
+/// buffer was counted, so a channel pipelining without end was read without
+/// end while a telegram waited for room; found by a review).
+fn held_bytes<H: Answerer>(held: &std::collections::VecDeque<Held<H>>) -> usize {
+    held.iter().map(|h| h.telegram.len()).sum()
+}
+
 impl Answerer for Hub {
     async fn answer(
         &self,
@@ -673,6 +681,13 @@ impl<W: AsyncWrite + Unpin> AnswerWriter<W> {
         }
     }
 
+    /// Closes the writing side, within the write timeout: a TLS stream
+    /// flushes its close there, and a channel that stopped reading must
+    /// not hold its connection (or a drain) for ever.
+    async fn shutdown(&mut self) {
+        let _ = tokio::time::timeout(self.write_timeout, self.writer.shutdown()).await;
+    }
+
     /// Writes the answer to a telegram whose handling ended, and says what
     /// the connection does next.
     async fn answer(
@@ -996,7 +1011,8 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                             tokio::select! {
                                 biased;
                                 got = &mut room => break got,
-                                read = reader.read_buf(&mut buf), if reads && buf.len() < read_ahead
+                                read = reader.read_buf(&mut buf), if reads
+                                    && buf.len() + held_bytes(&held) < read_ahead
                                     && !link.closing.load(Ordering::SeqCst) => {
                                     // The end or a failure is met again by
                                     // the read after these telegrams.
@@ -1157,7 +1173,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             writer.answer(echo, done, &link).await;
             drop(guard);
         }
-        let _ = writer.writer.shutdown().await;
+        writer.shutdown().await;
     }
     if let Some(Queue { tx, task, .. }) = queue {
         drop(tx);
@@ -1257,16 +1273,12 @@ async fn write_answers<W: AsyncWrite + Unpin>(
                 };
                 let then = writer.answer(echo, done, &link).await;
                 link.answered.notify_one();
-                drop(guard);
-                drop(permit);
+                // Both before the permit is freed, which would let the
+                // reader start (or read) one more telegram:
                 match then {
                     Then::GoOn => {}
-                    // Closed first: the permit just freed must not let the
-                    // reader start a telegram nobody would answer.
-                    Then::Gone => {
-                        rx.close();
-                        break;
-                    }
+                    // The channel is gone: nobody would read an answer.
+                    Then::Gone => rx.close(),
                     // The reader reads no more; the telegrams it already
                     // read whole (pipelined behind this one: queued, or
                     // waiting for room) are answered before the close, as
@@ -1274,10 +1286,14 @@ async fn write_answers<W: AsyncWrite + Unpin>(
                     // has queued the last of them (before, those waiting
                     // for room were dropped unanswered; found by a
                     // black-box probe).
-                    Then::Close => {
-                        link.closing.store(true, Ordering::SeqCst);
-                        link.stop.notify_one();
-                    }
+                    Then::Close => link.closing.store(true, Ordering::SeqCst),
+                }
+                drop(guard);
+                drop(permit);
+                match then {
+                    Then::GoOn => {}
+                    Then::Gone => break,
+                    Then::Close => link.stop.notify_one(),
                 }
             }
             Answer::Unframeable => {
@@ -1289,7 +1305,12 @@ async fn write_answers<W: AsyncWrite + Unpin>(
             }
         }
     }
-    let _ = writer.writer.shutdown().await;
+    // Answers still queued (the channel went away) are dropped before the
+    // shutdown, which is bounded like a write: a TLS stream's close waits
+    // to flush what a channel that stopped reading will not take, and the
+    // drain waits for this connection meanwhile.
+    drop(rx);
+    writer.shutdown().await;
     link.stop.notify_one();
 }
 

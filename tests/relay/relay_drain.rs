@@ -496,6 +496,73 @@ async fn telegrams_read_whole_while_waiting_for_room_are_answered_by_the_drain()
     assert_eq!(stats.by_guid.get(&done).map(|g| g.post), Some(1));
 }
 
+/// While a telegram waits for room the hub reads ahead at most
+/// `max_in_flight_per_connection` telegrams' worth of bytes
+/// (`max_telegram_len` each): a channel pipelining 400 telegrams behind one
+/// in flight on a connection that takes one at a time gets the drain's
+/// answers for what was read (about 4 KiB: some 30 telegrams) and then the
+/// close. Before, telegrams read whole were not counted, so all 400 were
+/// read (and held in memory), and a channel pipelining without end was read
+/// without end (found by a review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_read_ahead_behind_a_telegram_waiting_for_room_is_bounded() {
+    use tokio::io::AsyncWriteExt;
+    let core = start_core().await;
+    let toml = "[server]\nmax_in_flight_per_connection = 1\nmax_telegram_len = 4096\n";
+    let opts = HubOpts {
+        budget_ms: Some(3_000),
+        ..HubOpts::toml(toml)
+    };
+    let (hub, _cfg) = start_hub(&core.url(), &opts).await;
+    let slow = guid("SLOW");
+    core.add_fault(
+        FaultRule::guid(&slow)
+            .delay_ms(800)
+            .phase(Phase::BeforeApply),
+    );
+    let conn = slow_in_flight_on(hub.addr, &core, &slow).await;
+    let (mut reader, mut writer) = conn.into_split();
+    let mut burst = Vec::new();
+    for _ in 0..400 {
+        burst.extend_from_slice(&framed(&transfer(&guid("MANY"), 10)));
+    }
+    let telegram_len = burst.len() / 400;
+    // Written beside the reads: the hub stops taking them.
+    let writing = tokio::spawn(async move {
+        let _ = writer.write_all(&burst).await;
+        writer
+    });
+
+    let stopping = drain(hub).await;
+    let (_, answer) = read_raw_answer(&mut reader).await;
+    assert_answer(&answer, &slow, "0000");
+    let mut answered = 0;
+    loop {
+        let mut prefix = [0u8; 4];
+        use tokio::io::AsyncReadExt;
+        match within(reader.read_exact(&mut prefix)).await {
+            Ok(_) => {}
+            Err(_) => break,
+        }
+        let len: usize = std::str::from_utf8(&prefix).unwrap().parse().unwrap();
+        let mut raw = vec![0u8; len];
+        within(reader.read_exact(&mut raw)).await.unwrap();
+        let answer = relayhub::client::Answer::parse(&raw).unwrap();
+        assert_eq!(answer.code, "E903", "{answer:?}");
+        answered += 1;
+    }
+    within(stopping).await.unwrap();
+    drop(within(writing).await);
+    // The read-ahead (4096 bytes) and the read that crossed it, each of at
+    // most a socket read's worth: far below 400.
+    let most = 2 * (4096 / telegram_len + 1) + 1;
+    assert!(
+        (1..=most).contains(&answered),
+        "{answered} answered, at most {most} expected"
+    );
+    assert_eq!(core.stats().post, 1, "only the first was sent");
+}
+
 /// More telegrams pipelined during the drain than a connection may have in
 /// flight (32 by default): the hub reads what it has room for, and every
 /// telegram it handled (logged and counted E903) is answered; the rest
