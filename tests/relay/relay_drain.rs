@@ -435,6 +435,24 @@ async fn pipelined_telegrams_during_the_drain_each_get_e903_before_the_close() {
     }
 }
 
+/// A core, and a hub before it (3 s budget) whose connections take one
+/// telegram at a time (`max_in_flight_per_connection = 1`, telegrams of at
+/// most 4096 bytes): what a channel pipelines waits for room.
+async fn one_at_a_time_hub() -> (
+    corebank::CoreBank,
+    relayhub::daemon::Daemon,
+    Option<TempFile>,
+) {
+    let core = start_core().await;
+    let toml = "[server]\nmax_in_flight_per_connection = 1\nmax_telegram_len = 4096\n";
+    let opts = HubOpts {
+        budget_ms: Some(3_000),
+        ..HubOpts::toml(toml)
+    };
+    let (hub, cfg) = start_hub(&core.url(), &opts).await;
+    (core, hub, cfg)
+}
+
 /// Telegrams pipelined behind one in flight on a connection that takes one
 /// at a time (`max_in_flight_per_connection = 1`): the hub reads them whole
 /// while they wait for room. When the drain's first E903 closes the
@@ -445,13 +463,7 @@ async fn pipelined_telegrams_during_the_drain_each_get_e903_before_the_close() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn telegrams_read_whole_while_waiting_for_room_are_answered_by_the_drain() {
     use tokio::io::AsyncWriteExt;
-    let core = start_core().await;
-    let toml = "[server]\nmax_in_flight_per_connection = 1\n";
-    let opts = HubOpts {
-        budget_ms: Some(3_000),
-        ..HubOpts::toml(toml)
-    };
-    let (hub, _cfg) = start_hub(&core.url(), &opts).await;
+    let (core, hub, _cfg) = one_at_a_time_hub().await;
     let done = guid("DONE");
     let mut ch = connect(hub.addr, PrefixMode::Ascii).await;
     let first = exchange(&mut ch, &transfer(&done, 10)).await;
@@ -507,13 +519,7 @@ async fn telegrams_read_whole_while_waiting_for_room_are_answered_by_the_drain()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_read_ahead_behind_a_telegram_waiting_for_room_is_bounded() {
     use tokio::io::AsyncWriteExt;
-    let core = start_core().await;
-    let toml = "[server]\nmax_in_flight_per_connection = 1\nmax_telegram_len = 4096\n";
-    let opts = HubOpts {
-        budget_ms: Some(3_000),
-        ..HubOpts::toml(toml)
-    };
-    let (hub, _cfg) = start_hub(&core.url(), &opts).await;
+    let (core, hub, _cfg) = one_at_a_time_hub().await;
     let slow = guid("SLOW");
     core.add_fault(
         FaultRule::guid(&slow)
