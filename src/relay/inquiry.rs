@@ -23,7 +23,7 @@ use crate::rules::{Route, Rules};
 // One per inquiry, on its task's stack for the inquiry's life: a box would
 // only add an allocation.
 #[allow(clippy::large_enum_variant)]
-enum Record {
+pub(super) enum Record {
     Known(Option<Row>),
     /// The journal did not answer in time: a "never received" cannot be judged.
     Unavailable(String),
@@ -214,7 +214,7 @@ pub(super) async fn inquire(
 }
 
 /// The hub's record of `guid`, read by `by`.
-async fn read_record(hub: &Hub, guid: &str, by: Instant) -> Record {
+pub(super) async fn read_record(hub: &Hub, guid: &str, by: Instant) -> Record {
     let (journal, g) = (hub.journal.clone(), guid.to_string());
     match bounded::within(by, async move { journal.get(&g).await }).await {
         Bounded::Done(Ok(row)) => Record::Known(row),

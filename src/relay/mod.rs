@@ -315,44 +315,34 @@ impl Hub {
             Ok(f) => f,
             Err(e) => return (Reply::code(Code::FORMAT), e.to_string()),
         };
-        // Draining: nothing new is sent, and the connection is closed after
-        // the answer. An inquiry gets E903; a transfer, what its GUID's row
-        // holds (E903 when it was never sent), read for a moment at most:
-        // the drain closes connections a second after its wait ends.
-        if self.is_draining() {
+        // Taken no further: the hub is draining (nothing new is sent, and
+        // the connection is closed after the answer; the row is read for a
+        // moment at most: the drain closes connections a second after its
+        // wait ends), or the telegram's budget ran out before its turn (it
+        // waited for room behind its connection's in-flight maximum: no
+        // capacity within the budget, and no claim or call, which would only
+        // turn it into E901; the row is read in the room the budget keeps for
+        // the outcome's write, which this telegram will not make). An
+        // inquiry gets E903; a transfer, what its GUID's row holds (E903 when
+        // it was never sent; E901 from a journal that cannot say in time).
+        let taken_no_further = if self.is_draining() {
+            let until = deadline.reply.min(Instant::now() + DRAINING_READ);
+            Some(("hub is draining", until, true))
+        } else if Instant::now() >= deadline.work {
+            let why = "its budget ran out before its turn on its connection";
+            Some((why, deadline.reply, false))
+        } else {
+            None
+        };
+        if let Some((why, until, close)) = taken_no_further {
             let (mut reply, note) = match route.operation {
                 Operation::Transfer => {
-                    let why = "hub is draining";
-                    let until = deadline.reply.min(Instant::now() + DRAINING_READ);
                     Box::pin(transfer::taken_no_further(self, &header, body, why, until)).await
-                }
-                Operation::Inquiry => (Reply::code(Code::NO_CAPACITY), "hub is draining".into()),
-            };
-            reply.close = true;
-            return (reply, note);
-        }
-        // Its budget ran out before its turn (it waited for room behind its
-        // connection's in-flight maximum): no capacity within the budget,
-        // nothing sent, and no claim or call made, which would only turn it
-        // into E901. A transfer is still answered for its GUID: its row is
-        // read in the room the budget keeps for the outcome's write, which
-        // this telegram will not make (a journal that cannot answer in it
-        // gives E901: the hub does not know).
-        if Instant::now() >= deadline.work {
-            let why = "its budget ran out before its turn on its connection";
-            return match route.operation {
-                Operation::Transfer => {
-                    Box::pin(transfer::taken_no_further(
-                        self,
-                        &header,
-                        body,
-                        why,
-                        deadline.reply,
-                    ))
-                    .await
                 }
                 Operation::Inquiry => (Reply::code(Code::NO_CAPACITY), format!("not sent: {why}")),
             };
+            reply.close = close;
+            return (reply, note);
         }
         // On the telegram's log fields, so the one summary line carries them (masked by the layout).
         // A JSON object: the JSON log format embeds it as one. Written once,

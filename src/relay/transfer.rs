@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 
 use super::bounded::{self, Bounded};
 use super::flights::Joined;
-use super::inquiry::{fits, inquire};
+use super::inquiry::{Record, fits, inquire, read_record};
 use super::reply::{describe, finish_of, replay, reply_for, reply_to_transfer};
 use super::{Deadline, Hub, Reply, settle};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target};
@@ -158,30 +158,19 @@ pub(super) async fn taken_no_further(
     until: Instant,
 ) -> (Reply, String) {
     let guid = header.guid.as_str();
-    let read = if let Some(store) = hub.journal.at_once() {
-        match bounded::at_once(|| store.get(guid)) {
-            Ok(row) => Bounded::Done(row),
-            Err(panic) => Bounded::Failed(panic),
+    // Polled in place: the memory journal answers in this poll.
+    let row = match read_record(hub, guid, until).await {
+        Record::Known(row) => row,
+        Record::Unavailable(e) => {
+            bounded::count_failure("read");
+            return (
+                Reply::code(Code::UNKNOWN),
+                format!(
+                    "not sent: {why}; the GUID's row could not be read ({e}), so an earlier \
+                     attempt of it cannot be ruled out"
+                ),
+            );
         }
-    } else {
-        let (journal, g) = (hub.journal.clone(), guid.to_string());
-        bounded::within(until, async move { journal.get(&g).await }).await
-    };
-    let unreadable = |e: &dyn std::fmt::Display| {
-        bounded::count_failure("read");
-        (
-            Reply::code(Code::UNKNOWN),
-            format!(
-                "not sent: {why}; the GUID's row could not be read ({e}), so an earlier \
-                 attempt of it cannot be ruled out"
-            ),
-        )
-    };
-    let row = match read {
-        Bounded::Done(Ok(row)) => row,
-        Bounded::Done(Err(e)) => return unreadable(&e),
-        Bounded::Failed(e) => return unreadable(&e),
-        Bounded::Late(_) => return unreadable(&"no answer in time"),
     };
     // No attempt in the row that could have left. But this hub may be
     // posting the GUID now, for a telegram on another connection, its claim
