@@ -467,32 +467,69 @@ impl Serving {
         } else {
             info_span!("conn", %peer)
         };
-        connections.spawn(
-            async move {
-                let _permit = permit;
-                metrics::gauge!(crate::metric_names::OPEN_CONNECTIONS).increment(1.0);
-                let carry = Carry {
-                    from_backlog,
-                    ..Carry::default()
-                };
-                match acceptor {
-                    None => {
-                        let adopters = Some(adopters);
-                        serve_plain(stream, peer, hub, limits, in_flight, adopters, carry).await;
-                    }
-                    Some(acceptor) => {
-                        if let Some((tls, cert)) =
-                            handshake(acceptor, stream, limits.tls_handshake_timeout).await
-                        {
-                            serve_connection(tls, peer, cert, hub, limits, in_flight, carry, None)
-                                .await;
-                        }
-                    }
-                }
-                metrics::gauge!(crate::metric_names::OPEN_CONNECTIONS).decrement(1.0);
-            }
-            .instrument(span),
+        let carry = Carry {
+            from_backlog,
+            ..Carry::default()
+        };
+        let task = connection(
+            stream, peer, acceptor, hub, limits, in_flight, adopters, carry, permit,
         );
+        connections.spawn(task.instrument(span));
+    }
+}
+
+/// An accepted connection's task, from its TLS handshake (with `acceptor`)
+/// to its close, holding its slot (`permit`). What this future holds, every
+/// open connection holds while it idles: keep it small (the test
+/// `an_idle_connection_holds_a_small_future`). Spawned as it is: a future
+/// moved into an `async` block and awaited there is stored twice.
+#[allow(clippy::too_many_arguments)]
+async fn connection<H: Answerer>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    hub: Arc<H>,
+    limits: Limits,
+    in_flight: Arc<InFlight>,
+    adopters: Arc<Adopters>,
+    carry: Carry,
+    permit: OwnedSemaphorePermit,
+) {
+    let _permit = permit;
+    let _open = OpenConnection::count();
+    match acceptor {
+        None => {
+            let adopters = Some(adopters);
+            serve_plain(stream, peer, hub, limits, in_flight, adopters, carry).await;
+        }
+        // Boxed: a TLS connection's future is the larger (its handshake, its
+        // stream), and unboxed every plain connection would be its size.
+        Some(acceptor) => {
+            Box::pin(async move {
+                if let Some((tls, cert)) =
+                    handshake(acceptor, stream, limits.tls_handshake_timeout).await
+                {
+                    serve_connection(tls, peer, cert, hub, limits, in_flight, carry, None).await;
+                }
+            })
+            .await
+        }
+    }
+}
+
+/// One open connection in the gauge, for as long as it lives.
+struct OpenConnection;
+
+impl OpenConnection {
+    fn count() -> OpenConnection {
+        metrics::gauge!(crate::metric_names::OPEN_CONNECTIONS).increment(1.0);
+        OpenConnection
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        metrics::gauge!(crate::metric_names::OPEN_CONNECTIONS).decrement(1.0);
     }
 }
 
@@ -1191,8 +1228,13 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
 
 /// Reads and drops what the channel sent, for at most [`SETTLE`] and
 /// 1 MiB, or until it closes its side.
+///
+/// The scratch buffer is on the heap, made only when a connection gets
+/// here: an array would live in the connection's future, and every idle
+/// connection would carry its 4 KiB (10,000 idle connections took 36 MB
+/// more; docs/performance.md).
 async fn discard_unread<R: tokio::io::AsyncRead + Unpin>(reader: &mut R) {
-    let mut scratch = [0u8; 4096];
+    let mut scratch = vec![0u8; 4096];
     let mut left = 1usize << 20;
     let _ = tokio::time::timeout(SETTLE, async {
         while left > 0 {
@@ -1375,6 +1417,37 @@ mod tests {
         assert!(
             !<TcpStream as ChannelStream>::bytes_waiting(&reader),
             "the end of the stream is no bytes"
+        );
+    }
+
+    /// What an open connection costs while it idles is mostly its task's
+    /// future: 10,000 idle connections must stay under 100 MB
+    /// (docs/performance.md). A 4 KiB array held across an await once put
+    /// 36 MB on them, and the TLS branch unboxed made every plain
+    /// connection's future its size (5.3 KB instead of 2.9 KB). 3.3 KB in a
+    /// debug build, less in a release one.
+    #[tokio::test]
+    async fn an_idle_connection_holds_a_small_future() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _channel = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, peer) = listener.accept().await.unwrap();
+        let task = connection(
+            stream,
+            peer,
+            None,
+            Arc::new(PanicsOnPanic1),
+            Limits::from(&ServerConfig::default()),
+            Arc::new(InFlight::default()),
+            Arc::new(Adopters::new()),
+            Carry::default(),
+            Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
+        );
+        let size = std::mem::size_of_val(&task);
+        assert!(
+            size <= 4096,
+            "a connection's future is {size} bytes: every idle connection holds it"
         );
     }
 
