@@ -8,10 +8,10 @@
 #
 # Each relay runs under `valgrind --tool=callgrind` with a release corebank
 # behind it; `relayhub bench` sends SHORT, then (a fresh process) LONG
-# transfers at 2 connections; the difference of the two totals over LONG -
+# transfers at CONNECTIONS connections (2); the difference of the two totals over LONG -
 # SHORT is the relay's instructions per telegram (start-up and shutdown
 # cancel out). Every thread of the relay counts. Settings (environment):
-# SHORT (200), LONG (1200), LOG (info: the relay's RUST_LOG). Needs valgrind
+# SHORT (200), LONG (1200), CONNECTIONS (2), LOG (info: the relay's RUST_LOG). Needs valgrind
 # (`apt-get install valgrind`). Default: `hub:memory yardstick`.
 # Instructions are not time: valgrind counts a `rep movsb` copy byte by byte
 # and hides SHA extensions, so copies and hashing weigh more here than on the
@@ -24,6 +24,7 @@ CORE_BIN=${CORE_BIN:-target/release/corebank}
 YARD_BIN=${YARD_BIN:-target/release/examples/yardstick}
 SHORT=${SHORT:-200}
 LONG=${LONG:-1200}
+CONNECTIONS=${CONNECTIONS:-2}
 LOG=${LOG:-info}
 command -v valgrind >/dev/null || { echo "instructions.sh: valgrind not found" >&2; exit 1; }
 [ $# -eq 0 ] && set -- hub:memory yardstick
@@ -73,7 +74,7 @@ total() {
     local relay_pid=$!
     PIDS+=("$relay_pid")
     local addr; addr=$(address "$out.relay")
-    "$HUB_BIN" bench --to "$addr" -c 2 -n "$n" >"$out.bench" 2>&1 \
+    "$HUB_BIN" bench --to "$addr" -c "$CONNECTIONS" -n "$n" >"$out.bench" 2>&1 \
         || { echo "instructions.sh: the bench failed:" >&2; cat "$out.bench" >&2; exit 1; }
     kill -TERM "$relay_pid"; wait "$relay_pid" 2>/dev/null || true
     kill "$core_pid"; wait "$core_pid" 2>/dev/null || true
