@@ -79,8 +79,10 @@ impl From<&ServerConfig> for Limits {
 /// the server's own, so its handling of a telegram task that fails can be
 /// tested with a task that does.
 trait Answerer: Send + Sync + 'static {
+    /// Owns the hub (`Arc`), so that the future is boxed as it is, with no
+    /// block around it to hold the arguments twice (see [`handling`]).
     fn answer(
-        &self,
+        self: Arc<Self>,
         telegram: Bytes,
         peer: IpAddr,
         cert: Option<Arc<ClientCert>>,
@@ -161,14 +163,17 @@ fn held_bytes<H: Answerer>(held: &std::collections::VecDeque<Held<H>>) -> usize 
 }
 
 impl Answerer for Hub {
-    async fn answer(
-        &self,
+    // A block, not an `async fn`: an `async fn` moves its arguments into
+    // locals and keeps both (the telegram and the certificate twice).
+    #[allow(clippy::manual_async_fn)]
+    fn answer(
+        self: Arc<Self>,
         telegram: Bytes,
         peer: IpAddr,
         cert: Option<Arc<ClientCert>>,
         read_at: Instant,
-    ) -> (Echo, Reply) {
-        self.handle(&telegram, peer, cert.as_deref(), read_at).await
+    ) -> impl Future<Output = (Echo, Reply)> + Send {
+        async move { self.handle(&telegram, peer, cert.as_deref(), read_at).await }
     }
 
     fn waiting_to_start(&self, echo: &Echo) -> bool {
@@ -639,6 +644,11 @@ struct Link {
 /// A telegram's handling: the hub's answer, or the panic that ended it. It
 /// runs on its connection's task while the channel sends one telegram at a
 /// time, and is moved into a task of its own once the channel pipelines.
+///
+/// Its box is one allocation per telegram: kept within the 1,032 bytes
+/// glibc's per-thread cache serves (docs/performance.md, "A telegram's
+/// future under 1 KiB"), which a block around the hub's future, holding
+/// the arguments again, had pushed to 1,072.
 type Handling = CatchUnwind<Pin<Box<dyn Future<Output = (Echo, Reply)> + Send>>>;
 
 fn handling<H: Answerer>(
@@ -648,9 +658,7 @@ fn handling<H: Answerer>(
     cert: Option<Arc<ClientCert>>,
     read_at: Instant,
 ) -> Handling {
-    CatchUnwind(Box::pin(async move {
-        hub.answer(telegram, peer, cert, read_at).await
-    }))
+    CatchUnwind(Box::pin(hub.answer(telegram, peer, cert, read_at)))
 }
 
 /// What the writer sends next.
@@ -1457,7 +1465,7 @@ mod tests {
 
     impl Answerer for PanicsOnPanic1 {
         async fn answer(
-            &self,
+            self: Arc<Self>,
             telegram: Bytes,
             _peer: IpAddr,
             _cert: Option<Arc<ClientCert>>,
@@ -1489,7 +1497,7 @@ mod tests {
 
     impl Answerer for Scripted {
         async fn answer(
-            &self,
+            self: Arc<Self>,
             telegram: Bytes,
             peer: IpAddr,
             cert: Option<Arc<ClientCert>>,
@@ -1536,7 +1544,9 @@ mod tests {
                     );
                 }
             }
-            PanicsOnPanic1.answer(telegram, peer, cert, read_at).await
+            Arc::new(PanicsOnPanic1)
+                .answer(telegram, peer, cert, read_at)
+                .await
         }
     }
 
@@ -1896,7 +1906,7 @@ mod tests {
 
     impl Answerer for StashThenPanic {
         async fn answer(
-            &self,
+            self: Arc<Self>,
             telegram: Bytes,
             peer: IpAddr,
             cert: Option<Arc<ClientCert>>,
@@ -1916,7 +1926,9 @@ mod tests {
                 assert!(self.calls.run_or_stash(work, due).is_ok());
                 panic!("a bug after the call started");
             }
-            PanicsOnPanic1.answer(telegram, peer, cert, read_at).await
+            Arc::new(PanicsOnPanic1)
+                .answer(telegram, peer, cert, read_at)
+                .await
         }
     }
 
