@@ -1459,6 +1459,24 @@ mod tests {
         );
     }
 
+    /// The future `handling` boxes is one allocation per telegram: within
+    /// the 1,032 bytes glibc's per-thread cache serves, or every telegram
+    /// takes a trip to the shared arena (docs/performance.md, "A telegram's
+    /// future under 1 KiB"). 944 bytes now, in a debug build as in a release
+    /// one (`-Zprint-type-sizes`); a block around the hub's future made it
+    /// 1,072 in both.
+    #[tokio::test]
+    async fn a_telegrams_future_fits_the_allocators_cache() {
+        let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
+        let peer = IpAddr::from([127, 0, 0, 1]);
+        let future = hub.answer(Bytes::new(), peer, None, Instant::now());
+        let size = std::mem::size_of_val(&future);
+        assert!(
+            size <= 1032,
+            "a telegram's future is {size} bytes, past glibc's per-thread cache"
+        );
+    }
+
     /// Answers 0000 with the request's header, except that a telegram whose
     /// tx code is `PANIC1` makes its task panic (a bug in the hub).
     struct PanicsOnPanic1;

@@ -379,7 +379,7 @@ async fn core_and_hub() -> (corebank::CoreBank, Hub) {
 }
 
 #[cfg(test)]
-fn test_hub(core_url: String) -> Hub {
+pub(crate) fn test_hub(core_url: String) -> Hub {
     let mut config = crate::config::Config::default();
     config.apply(&crate::config::Overrides {
         core_url: Some(core_url),
