@@ -80,7 +80,9 @@ impl From<&ServerConfig> for Limits {
 /// tested with a task that does.
 trait Answerer: Send + Sync + 'static {
     /// Owns the hub (`Arc`), so that the future is boxed as it is, with no
-    /// block around it to hold the arguments twice (see [`handling`]).
+    /// block around it to hold the arguments twice (see [`handling`]). It
+    /// must do nothing before it is polled: [`handling`] calls it outside
+    /// the guard that turns a panic into an E901.
     fn answer(
         self: Arc<Self>,
         telegram: Bytes,
@@ -476,18 +478,39 @@ impl Serving {
             from_backlog,
             ..Carry::default()
         };
-        let task = connection(
-            stream, peer, acceptor, hub, limits, in_flight, adopters, carry, permit,
-        );
-        connections.spawn(task.instrument(span));
+        connections.spawn(connection_task(
+            stream, peer, acceptor, hub, limits, in_flight, adopters, carry, permit, span,
+        ));
     }
 }
 
-/// An accepted connection's task, from its TLS handshake (with `acceptor`)
-/// to its close, holding its slot (`permit`). What this future holds, every
-/// open connection holds while it idles: keep it small (the test
-/// `an_idle_connection_holds_a_small_future`). Spawned as it is: a future
-/// moved into an `async` block and awaited there is stored twice.
+/// What [`Serving::spawn`] spawns for an accepted connection: its
+/// [`connection`] in its span. What this future holds, every open
+/// connection holds while it idles: keep it small (the test
+/// `an_idle_connection_holds_a_small_future` measures this one). Wrapped in
+/// nothing more: a future moved into an `async` block and awaited there is
+/// stored twice.
+#[allow(clippy::too_many_arguments)]
+fn connection_task<H: Answerer>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    hub: Arc<H>,
+    limits: Limits,
+    in_flight: Arc<InFlight>,
+    adopters: Arc<Adopters>,
+    carry: Carry,
+    permit: OwnedSemaphorePermit,
+    span: tracing::Span,
+) -> impl Future<Output = ()> + Send + 'static {
+    connection(
+        stream, peer, acceptor, hub, limits, in_flight, adopters, carry, permit,
+    )
+    .instrument(span)
+}
+
+/// An accepted connection, from its TLS handshake (with `acceptor`) to its
+/// close, holding its slot (`permit`).
 #[allow(clippy::too_many_arguments)]
 async fn connection<H: Answerer>(
     stream: TcpStream,
@@ -1428,12 +1451,11 @@ mod tests {
         );
     }
 
-    /// What an open connection costs while it idles is mostly its task's
-    /// future: 10,000 idle connections must stay under 100 MB
-    /// (docs/performance.md). A 4 KiB array held across an await once put
-    /// 36 MB on them, and the TLS branch unboxed made every plain
-    /// connection's future its size (5.3 KB instead of 2.9 KB). 3.3 KB in a
-    /// debug build, less in a release one.
+    /// What an open connection costs while it idles is mostly the future
+    /// its task runs: 10,000 idle connections must stay under 100 MB
+    /// (docs/performance.md). In a debug build it is 3,352 bytes; a 4 KiB
+    /// array held across an await gave 6,888, the TLS branch unboxed 5,304,
+    /// and the connection's future awaited in a block of its own 6,672.
     #[tokio::test]
     async fn an_idle_connection_holds_a_small_future() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1441,7 +1463,7 @@ mod tests {
             .await
             .unwrap();
         let (stream, peer) = listener.accept().await.unwrap();
-        let task = connection(
+        let task = connection_task(
             stream,
             peer,
             None,
@@ -1451,6 +1473,7 @@ mod tests {
             Arc::new(Adopters::new()),
             Carry::default(),
             Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
+            tracing::Span::none(),
         );
         let size = std::mem::size_of_val(&task);
         assert!(
@@ -1459,18 +1482,18 @@ mod tests {
         );
     }
 
-    /// The future `handling` boxes is one allocation per telegram: within
+    /// The future [`handling`] boxes is one allocation per telegram: within
     /// the 1,032 bytes glibc's per-thread cache serves, or every telegram
     /// takes a trip to the shared arena (docs/performance.md, "A telegram's
     /// future under 1 KiB"). 944 bytes now, in a debug build as in a release
     /// one (`-Zprint-type-sizes`); a block around the hub's future made it
-    /// 1,072 in both.
+    /// 1,040 to 1,072.
     #[tokio::test]
     async fn a_telegrams_future_fits_the_allocators_cache() {
         let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
         let peer = IpAddr::from([127, 0, 0, 1]);
-        let future = hub.answer(Bytes::new(), peer, None, Instant::now());
-        let size = std::mem::size_of_val(&future);
+        let boxed = handling(hub, Bytes::new(), peer, None, Instant::now());
+        let size = std::mem::size_of_val(&*boxed.0);
         assert!(
             size <= 1032,
             "a telegram's future is {size} bytes, past glibc's per-thread cache"
