@@ -484,12 +484,14 @@ impl Serving {
     }
 }
 
-/// What [`Serving::spawn`] spawns for an accepted connection: its
-/// [`connection`] in its span. What this future holds, every open
+/// What [`Serving::spawn`] spawns for an accepted connection, in its
+/// span: its TLS handshake (with `acceptor`), then its service until it
+/// closes, holding its slot (`permit`). What this future holds, every open
 /// connection holds while it idles: keep it small (the test
-/// `an_idle_connection_holds_a_small_future` measures this one). Wrapped in
-/// nothing more: a future moved into an `async` block and awaited there is
-/// stored twice.
+/// `an_idle_connection_holds_a_small_future` measures it). One block, and
+/// wrapped in nothing more: a future moved into an `async` block and
+/// awaited there is stored twice, and an `async fn` keeps its arguments
+/// twice.
 #[allow(clippy::too_many_arguments)]
 fn connection_task<H: Answerer>(
     stream: TcpStream,
@@ -503,46 +505,31 @@ fn connection_task<H: Answerer>(
     permit: OwnedSemaphorePermit,
     span: tracing::Span,
 ) -> impl Future<Output = ()> + Send + 'static {
-    connection(
-        stream, peer, acceptor, hub, limits, in_flight, adopters, carry, permit,
-    )
-    .instrument(span)
-}
-
-/// An accepted connection, from its TLS handshake (with `acceptor`) to its
-/// close, holding its slot (`permit`).
-#[allow(clippy::too_many_arguments)]
-async fn connection<H: Answerer>(
-    stream: TcpStream,
-    peer: SocketAddr,
-    acceptor: Option<tokio_rustls::TlsAcceptor>,
-    hub: Arc<H>,
-    limits: Limits,
-    in_flight: Arc<InFlight>,
-    adopters: Arc<Adopters>,
-    carry: Carry,
-    permit: OwnedSemaphorePermit,
-) {
-    let _permit = permit;
-    let _open = OpenConnection::count();
-    match acceptor {
-        None => {
-            let adopters = Some(adopters);
-            serve_plain(stream, peer, hub, limits, in_flight, adopters, carry).await;
-        }
-        // Boxed: a TLS connection's future is the larger (its handshake, its
-        // stream), and unboxed every plain connection would be its size.
-        Some(acceptor) => {
-            Box::pin(async move {
-                if let Some((tls, cert)) =
-                    handshake(acceptor, stream, limits.tls_handshake_timeout).await
-                {
-                    serve_connection(tls, peer, cert, hub, limits, in_flight, carry, None).await;
-                }
-            })
-            .await
+    async move {
+        let _permit = permit;
+        let _open = OpenConnection::count();
+        match acceptor {
+            None => {
+                let adopters = Some(adopters);
+                serve_plain(stream, peer, hub, limits, in_flight, adopters, carry).await;
+            }
+            // Boxed: a TLS connection's future is the larger (its
+            // handshake, its stream), and unboxed every plain connection
+            // would be its size.
+            Some(acceptor) => {
+                Box::pin(async move {
+                    if let Some((tls, cert)) =
+                        handshake(acceptor, stream, limits.tls_handshake_timeout).await
+                    {
+                        serve_connection(tls, peer, cert, hub, limits, in_flight, carry, None)
+                            .await;
+                    }
+                })
+                .await
+            }
         }
     }
+    .instrument(span)
 }
 
 /// One open connection in the gauge, for as long as it lives.
@@ -1453,7 +1440,7 @@ mod tests {
 
     /// What an open connection costs while it idles is mostly the future
     /// its task runs: 10,000 idle connections must stay under 100 MB
-    /// (docs/performance.md). In a debug build it is 3,352 bytes; a 4 KiB
+    /// (docs/performance.md). In a debug build it is 3,344 bytes; a 4 KiB
     /// array held across an await gave 6,888, the TLS branch unboxed 5,304,
     /// and the connection's future awaited in a block of its own 6,672.
     #[tokio::test]
