@@ -246,8 +246,15 @@ async fn an_inquiry_behind_a_stalled_journal_still_asks_the_core() {
 /// E901 beside the leader's E903; found by a black-box probe).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_telegrams_of_one_guid_behind_a_stuck_journal_get_one_answer() {
+    // `_dir` bound too: left to `..`, the journal's folder was deleted at
+    // the end of this statement, under the running hub, whose guard then
+    // refused durable writes (E903) whenever an fsync came after it.
     let Stalled {
-        core, hub, lock, ..
+        core,
+        hub,
+        lock,
+        _dir,
+        ..
     } = unknown_then_stalled("STF1", 1_000).await;
     let g = guid("STF2");
     let telegram = transfer(&g, 1_000);
