@@ -27,13 +27,20 @@ fn journal_url(url: &str, hub: &str, extra: &str) -> String {
     with_params(url, &format!("hub_id={hub}{extra}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_guid_sent_to_two_hubs_at_once_is_posted_once() {
-    let Some(base) = test_db() else { return };
-    let url = fresh_schema(&base, "both").await;
+/// A core and two hubs (`hub-a`, `hub-b`, budget 3 s) in front of it,
+/// sharing a fresh schema named after `tag`.
+async fn two_hubs(base: &str, tag: &str) -> (corebank::CoreBank, Hub, Hub) {
+    let url = fresh_schema(base, tag).await;
     let core = start_core().await;
     let a = spawn_hub(&core.url(), &journal_url(&url, "hub-a", ""), 3_000, None);
     let b = spawn_hub(&core.url(), &journal_url(&url, "hub-b", ""), 3_000, None);
+    (core, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_guid_sent_to_two_hubs_at_once_is_posted_once() {
+    let Some(base) = test_db() else { return };
+    let (core, a, b) = two_hubs(&base, "both").await;
 
     for round in 0..3 {
         let g = guid("BOTH");
@@ -651,10 +658,7 @@ async fn cut_off_from_database_and_core_a_processed_guid_is_not_called_unsent() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_draining_hub_answers_a_repeat_from_the_shared_journal() {
     let Some(base) = test_db() else { return };
-    let url = fresh_schema(&base, "drain").await;
-    let core = start_core().await;
-    let a = spawn_hub(&core.url(), &journal_url(&url, "hub-a", ""), 3_000, None);
-    let b = spawn_hub(&core.url(), &journal_url(&url, "hub-b", ""), 3_000, None);
+    let (core, a, b) = two_hubs(&base, "drain").await;
     let (done, running, new, held) = (guid("DONE"), guid("RUN"), guid("NEW"), guid("HELD"));
     let first = send(&a, &transfer(&done, 100)).await;
     assert_eq!(first.code, "0000", "{first:?}");
