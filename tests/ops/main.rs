@@ -14,6 +14,7 @@ mod ops_support;
 mod console;
 mod edges;
 mod first_hour;
+mod idle_memory;
 mod ops_config;
 mod ops_docs;
 mod ops_logs;
