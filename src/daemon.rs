@@ -191,6 +191,7 @@ impl Daemon {
     /// Starts a hub; returns once it takes telegrams.
     pub async fn start(source: Source) -> Result<Daemon, StartError> {
         let config = source.load()?;
+        crate::open_files::fit(&config);
         let ready = Arc::new(AtomicBool::new(false));
         let mut background = Vec::new();
 

@@ -30,15 +30,16 @@
 //! | [`admin`] | the admin HTTP endpoints: metrics, health, readiness |
 //! | [`metric_names`] | every metric's name and meaning (a leaf: imports nothing of the crate) |
 //! | [`daemon`] | start-up, reload and shutdown |
+//! | [`open_files`] | the open-file limit raised for `max_connections` at start |
 //! | [`client`] | the channel side: build, send, decode (for `send`, `bench`, tests) |
 //! | [`random`] | jitter, GUIDs and hub names (not secrets) |
 //! | [`bench`] | the load generator: through the hub or straight to the core, side by side |
 
-// Three places with `unsafe` in the crate, all in the SQLite journal: the
+// Four places with `unsafe` in the crate: three in the SQLite journal (the
 // checkpoint fsyncing the database file through SQLite's own handle and
 // starting its writes (`sync_file_range`), and the syncer asking SQLite for
-// its WAL's file name. Any other must be allowed where it is, with its
-// safety argument written above it.
+// its WAL's file name), and `open_files` raising the open-file limit. Any
+// other must be allowed where it is, with its safety argument written above it.
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -62,6 +63,7 @@ pub mod json_object;
 pub mod layout;
 pub mod meters;
 pub mod metric_names;
+pub mod open_files;
 pub mod outcome;
 pub(crate) mod peek;
 pub mod random;

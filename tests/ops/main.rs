@@ -15,6 +15,7 @@ mod console;
 mod edges;
 mod first_hour;
 mod idle_memory;
+mod open_files;
 mod ops_config;
 mod ops_docs;
 mod ops_logs;
