@@ -35,11 +35,12 @@
 //! | [`random`] | jitter, GUIDs and hub names (not secrets) |
 //! | [`bench`] | the load generator: through the hub or straight to the core, side by side |
 
-// Four places with `unsafe` in the crate: three in the SQLite journal (the
-// checkpoint fsyncing the database file through SQLite's own handle and
-// starting its writes (`sync_file_range`), and the syncer asking SQLite for
-// its WAL's file name), and `open_files` raising the open-file limit. Any
-// other must be allowed where it is, with its safety argument written above it.
+// `unsafe` is denied except where it is allowed item by item, each with its
+// safety argument written above it: the SQLite journal (fsyncing the database
+// file through SQLite's own handle, starting its writes with
+// `sync_file_range`, a lock probe, file identities, asking SQLite for its
+// WAL's file name), `peek` (a non-blocking look at a socket) and `open_files`
+// (the open-file limit). `grep -rn 'allow(unsafe_code)' src` lists them.
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

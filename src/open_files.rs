@@ -42,6 +42,10 @@ pub struct Limits {
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 pub fn raise_to(want: u64) -> std::io::Result<Option<Limits>> {
+    // The limit is the process's: two hubs started in one process (tests)
+    // must not interleave their reads and writes of it.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -82,6 +86,7 @@ pub fn fit(config: &Config) {
     match raise_to(want) {
         Ok(Some(l)) if l.now < want => tracing::warn!(
             limit = l.now,
+            limit_at_start = l.before,
             hard_limit = l.hard,
             needed = want,
             max_connections = config.server.max_connections,
@@ -120,11 +125,29 @@ mod tests {
 
     #[cfg(target_os = "linux")]
     #[test]
+    #[allow(unsafe_code)]
     fn raising_never_lowers_and_never_passes_the_hard_limit() {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit and setrlimit only read and write the struct given.
+        unsafe {
+            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+            // Soft below hard (they are often equal), so the raise has room;
+            // one descriptor less than the hard limit bothers no other test.
+            let lowered = libc::rlimit {
+                rlim_cur: lim.rlim_cur.min(lim.rlim_max - 1),
+                rlim_max: lim.rlim_max,
+            };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lowered), 0);
+        }
         let first = raise_to(0).unwrap().unwrap();
         assert_eq!(first.now, first.before, "asking for less changes nothing");
+        assert!(first.now < first.hard);
+        let one_more = raise_to(first.now + 1).unwrap().unwrap();
+        assert_eq!((one_more.before, one_more.now), (first.now, first.now + 1));
         let all = raise_to(u64::MAX).unwrap().unwrap();
         assert_eq!(all.now, all.hard, "asking for more stops at the hard limit");
-        assert!(all.now >= first.now);
     }
 }
