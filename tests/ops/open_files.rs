@@ -135,3 +135,55 @@ async fn a_hard_limit_below_the_configuration_is_named_at_start() {
     let a = common::exchange(&mut ch, &common::transfer(&common::guid("NOFILE"), 1_000)).await;
     assert_eq!(a.code, "0000", "{a:?}");
 }
+
+/// At its open-file limit the hub cannot accept: channels that connect then
+/// wait in the listen backlog, and the failure is logged at once (then at
+/// most once per 10 s with a count, though it is retried every 50 ms: the
+/// throttle's unit test in src/server.rs). Once connections close, the
+/// waiting ones are accepted and their telegrams answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_past_the_limit_wait_and_are_served_once_others_close() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    const LIMIT: usize = 100;
+    let core = start_core().await;
+    let config = TempFile::new("toml", CONFIG);
+    let hub = spawn_under("-n 100", args(&core.url(), &config)).await;
+    let addr = hub.addr.clone();
+    // More connections than the hub has descriptors; the kernel completes
+    // them all (they wait in the backlog), in order.
+    let mut held: Vec<TcpStream> = tokio::task::spawn_blocking(move || {
+        (0..LIMIT + 20)
+            .map(|i| TcpStream::connect(&addr).unwrap_or_else(|e| panic!("connect {i}: {e}")))
+            .collect()
+    })
+    .await
+    .unwrap();
+    let first = hub.stderr_line_with("accept failed");
+    assert!(
+        first.contains("failures=1") && first.contains("Too many open files"),
+        "{first}"
+    );
+
+    // The last one waits unaccepted; its telegram is read once the first
+    // LIMIT connections (every one the hub could accept, and more) close.
+    let mut last = held.pop().unwrap();
+    let telegram = common::transfer(&common::guid("BACKLOG"), 1_000);
+    let framed = common::framed(&telegram);
+    let answer = tokio::task::spawn_blocking(move || {
+        last.set_read_timeout(Some(ops_support::PATIENCE)).unwrap();
+        last.write_all(&framed).unwrap();
+        held.truncate(held.len() - LIMIT);
+        drop(held);
+        let mut prefix = [0u8; 4];
+        last.read_exact(&mut prefix).expect("an answer's prefix");
+        let len: usize = std::str::from_utf8(&prefix).unwrap().parse().unwrap();
+        let mut body = vec![0u8; len];
+        last.read_exact(&mut body).expect("the answer");
+        relayhub::client::Answer::parse(&body).expect("an answer telegram")
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer.code, "0000", "{answer:?}");
+}
