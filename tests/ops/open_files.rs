@@ -54,18 +54,7 @@ const NEEDED: u64 = 1_000 + 1_024 + 256;
 
 /// The hub's serve arguments for `core_url` and `config`.
 fn args(core_url: &str, config: &TempFile) -> Vec<String> {
-    [
-        "--listen",
-        "127.0.0.1:0",
-        "--core-url",
-        core_url,
-        "--journal",
-        "memory",
-        "--config",
-        config.0.to_str().unwrap(),
-    ]
-    .map(String::from)
-    .to_vec()
+    ops_support::memory_hub_args(core_url, &["--config", config.0.to_str().unwrap()])
 }
 
 /// Starts the hub under `ulimit LIMIT_ARGS` off the runtime's workers.

@@ -61,18 +61,7 @@ impl Hub {
     /// workers): `relayhub serve --listen 127.0.0.1:0 --core-url CORE_URL
     /// --journal memory EXTRA`.
     pub async fn for_core(core_url: &str, extra: &[&str]) -> Hub {
-        let args: Vec<String> = [
-            "--listen",
-            "127.0.0.1:0",
-            "--core-url",
-            core_url,
-            "--journal",
-            "memory",
-        ]
-        .iter()
-        .chain(extra)
-        .map(|a| a.to_string())
-        .collect();
+        let args = memory_hub_args(core_url, extra);
         tokio::task::spawn_blocking(move || {
             Hub::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>())
         })
@@ -278,6 +267,23 @@ impl Drop for Hub {
             let _ = child.wait();
         }
     }
+}
+
+/// `--listen 127.0.0.1:0 --core-url CORE_URL --journal memory EXTRA`: the
+/// arguments of `relayhub serve` for a hub in front of `core_url`.
+pub fn memory_hub_args(core_url: &str, extra: &[&str]) -> Vec<String> {
+    [
+        "--listen",
+        "127.0.0.1:0",
+        "--core-url",
+        core_url,
+        "--journal",
+        "memory",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|a| a.to_string())
+    .collect()
 }
 
 /// A GET with a bounded wait; any status is an answer.
