@@ -130,7 +130,7 @@ pub fn describe_all() {
     describe_counter!(
         CONNECTIONS_REFUSED,
         Unit::Count,
-        "Channel connections closed at once because max_connections were open."
+        "Channel connections closed at once because max_connections were open or the hub was out of file descriptors."
     );
     describe_gauge!(
         JOURNAL_UNKNOWN,

@@ -3,8 +3,9 @@
 //! Every channel connection is a descriptor, and so is every core call's
 //! socket. A login shell's soft limit is often 1,024, far below
 //! `max_connections` (20,000 by default); past it `accept` fails with
-//! `EMFILE` and new channels wait in the listen backlog until one closes, so
-//! a hub started by hand would hold a thousand channels and stall the rest.
+//! `EMFILE`, so a hub started by hand would hold a thousand channels and
+//! turn the rest away (`server::spare_descriptor`; before that, they waited
+//! unanswered in the listen backlog).
 //! The hard limit is usually far higher, and a process may raise its own soft
 //! limit up to it, as many servers do at start. So the hub raises its soft
 //! limit as far as its configuration needs, and warns when the hard limit
@@ -92,7 +93,7 @@ pub fn fit(config: &Config) {
             max_connections = config.server.max_connections,
             "the open-file limit is below what the configuration may hold open \
              (max_connections + each target's max_concurrency + {RESERVE}): \
-             past it new channel connections wait unaccepted until one closes; \
+             past it new channel connections are closed at once; \
              raise LimitNOFILE (systemd) or `ulimit -Hn`, or lower max_connections"
         ),
         Ok(Some(l)) if l.now > l.before => tracing::info!(

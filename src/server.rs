@@ -32,9 +32,12 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
+
+use spare_descriptor::SpareDescriptor;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 mod adoption;
+mod spare_descriptor;
 
 use adoption::{Adopters, Back, Carry};
 
@@ -370,6 +373,8 @@ pub async fn run(
     };
     let mut connections = JoinSet::new();
     let mut accept_failures = Throttle::new(ACCEPT_FAILURE_LINE_EVERY);
+    let mut turned_away = Throttle::new(ACCEPT_FAILURE_LINE_EVERY);
+    let mut spare = SpareDescriptor::open();
     tokio::pin!(shutdown);
     loop {
         let accept_tls = async {
@@ -387,14 +392,30 @@ pub async fn run(
         let (stream, peer) = match accepted {
             Ok(x) => x,
             Err(e) => {
-                // Out of file descriptors and the like: back off, keep
-                // serving. Retried every 50 ms while it lasts: one line per
-                // ACCEPT_FAILURE_LINE_EVERY, with the count since the last.
+                let on = match (&tls, is_tls) {
+                    (Some(t), true) => &t.listener,
+                    _ => &listener,
+                };
+                if spare_descriptor::is_out_of_descriptors(&e) && spare.turn_away(on).await {
+                    metrics::counter!(crate::metric_names::CONNECTIONS_REFUSED).increment(1);
+                    if let Some(connections) = turned_away.note(Instant::now()) {
+                        warn!(
+                            %e,
+                            connections,
+                            "connection refused: out of file descriptors (raise the open-file limit); \
+                             `connections` counts those closed at once since the last such line"
+                        );
+                    }
+                    continue;
+                }
+                // Out of file descriptors with no spare, and the like: back
+                // off, keep serving. Retried every 50 ms while it lasts: one
+                // line per ACCEPT_FAILURE_LINE_EVERY, with the count since the last.
                 if let Some(failures) = accept_failures.note(Instant::now()) {
                     tracing::error!(
                         %e,
                         failures,
-                        "accept failed; new channel connections wait unaccepted \
+                        "accept failed; new channel connections wait in the backlog \
                          (retried every 50 ms; `failures` counts them since the last such line)"
                     );
                 }

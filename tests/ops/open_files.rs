@@ -125,14 +125,14 @@ async fn a_hard_limit_below_the_configuration_is_named_at_start() {
     assert_eq!(a.code, "0000", "{a:?}");
 }
 
-/// At its open-file limit the hub cannot accept: channels that connect then
-/// wait in the listen backlog, and the failure is logged at once (then at
-/// most once per 10 s with a count, though it is retried every 50 ms: the
-/// throttle's unit test in src/server.rs). Once connections close, the
-/// waiting ones are accepted and their telegrams answered.
+/// At its open-file limit the hub turns a channel away at once (it keeps a
+/// descriptor in reserve for that): the channel sees its connection closed,
+/// rather than waiting unanswered in the listen backlog, and the hub says so
+/// (at once, then at most once per 10 s with a count: the throttle's unit
+/// test in src/server.rs). Once connections close, new ones are served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn channels_past_the_limit_wait_and_are_served_once_others_close() {
-    use std::io::{Read, Write};
+async fn a_channel_past_the_limit_is_closed_at_once_and_served_once_others_close() {
+    use std::io::Read;
     use std::net::TcpStream;
 
     const LIMIT: usize = 100;
@@ -140,39 +140,35 @@ async fn channels_past_the_limit_wait_and_are_served_once_others_close() {
     let config = TempFile::new("toml", CONFIG);
     let hub = spawn_under("-n 100", args(&core.url(), &config)).await;
     let addr = hub.addr.clone();
-    // More connections than the hub has descriptors; the kernel completes
-    // them all (they wait in the backlog), in order.
-    let mut held: Vec<TcpStream> = tokio::task::spawn_blocking(move || {
-        (0..LIMIT + 20)
+    // More connections than the hub has descriptors.
+    let (mut held, read) = tokio::task::spawn_blocking(move || {
+        let mut held: Vec<TcpStream> = (0..LIMIT + 20)
             .map(|i| TcpStream::connect(&addr).unwrap_or_else(|e| panic!("connect {i}: {e}")))
-            .collect()
+            .collect();
+        // The last one is past the limit: closed, not left waiting.
+        let mut last = held.pop().unwrap();
+        last.set_read_timeout(Some(ops_support::PATIENCE)).unwrap();
+        let mut byte = [0u8; 1];
+        (held, last.read(&mut byte).map_err(|e| e.kind()))
     })
     .await
     .unwrap();
-    let first = hub.stderr_line_with("accept failed");
     assert!(
-        first.contains("failures=1") && first.contains("Too many open files"),
-        "{first}"
+        matches!(read, Ok(0) | Err(std::io::ErrorKind::ConnectionReset)),
+        "a connection past the limit read {read:?}, not its end; stderr:\n{}",
+        hub.stderr()
+    );
+    let line = hub.stderr_line_with("connection refused: out of file descriptors");
+    assert!(
+        line.contains("connections=1") && line.contains("Too many open files"),
+        "{line}"
     );
 
-    // The last one waits unaccepted; its telegram is read once the first
-    // LIMIT connections (every one the hub could accept, and more) close.
-    let mut last = held.pop().unwrap();
-    let telegram = common::transfer(&common::guid("BACKLOG"), 1_000);
-    let framed = common::framed(&telegram);
-    let answer = tokio::task::spawn_blocking(move || {
-        last.set_read_timeout(Some(ops_support::PATIENCE)).unwrap();
-        last.write_all(&framed).unwrap();
-        held.truncate(held.len() - LIMIT);
-        drop(held);
-        let mut prefix = [0u8; 4];
-        last.read_exact(&mut prefix).expect("an answer's prefix");
-        let len: usize = std::str::from_utf8(&prefix).unwrap().parse().unwrap();
-        let mut body = vec![0u8; len];
-        last.read_exact(&mut body).expect("the answer");
-        relayhub::client::Answer::parse(&body).expect("an answer telegram")
-    })
-    .await
-    .unwrap();
-    assert_eq!(answer.code, "0000", "{answer:?}");
+    // With the first LIMIT closed (every one the hub accepted, and more),
+    // a new channel is served.
+    held.truncate(held.len() - LIMIT);
+    drop(held);
+    let mut ch = hub.channel().await;
+    let a = common::exchange(&mut ch, &common::transfer(&common::guid("AFTER"), 1_000)).await;
+    assert_eq!(a.code, "0000", "{a:?}");
 }
