@@ -33,7 +33,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
-use spare_descriptor::SpareDescriptor;
+use spare_descriptor::{SpareDescriptor, TurnAway};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 mod adoption;
@@ -396,7 +396,15 @@ pub async fn run(
                     (Some(t), true) => &t.listener,
                     _ => &listener,
                 };
-                if spare_descriptor::is_out_of_descriptors(&e) && spare.turn_away(on).await {
+                let turned = if spare_descriptor::is_out_of_descriptors(&e) {
+                    spare.turn_away(on).await
+                } else {
+                    TurnAway::Failed
+                };
+                if turned == TurnAway::NoneWaiting {
+                    continue;
+                }
+                if turned == TurnAway::Closed {
                     metrics::counter!(crate::metric_names::CONNECTIONS_REFUSED).increment(1);
                     if let Some(connections) = turned_away.note(Instant::now()) {
                         warn!(

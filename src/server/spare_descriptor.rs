@@ -7,7 +7,9 @@
 //! and then the telegram it gave up on would still be read and handled. With
 //! a descriptor kept for the purpose, the hub closes it, accepts the waiting
 //! connection, closes that at once (as it does past `max_connections`:
-//! nothing read, so nothing sent), and opens the spare again.
+//! nothing read, so nothing sent), and opens the spare again. At the limit
+//! `accept` fails even with nothing waiting (the kernel takes a descriptor
+//! first): then there is nothing to do but wait for the next connection.
 
 use std::fs::File;
 use std::io;
@@ -28,6 +30,21 @@ pub fn is_out_of_descriptors(e: &io::Error) -> bool {
 /// tried again on the next use).
 pub struct SpareDescriptor(Option<File>);
 
+/// What [`SpareDescriptor::turn_away`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TurnAway {
+    /// A waiting connection was accepted and closed.
+    Closed,
+    /// None was waiting: at the limit, `accept` fails before it looks at the
+    /// backlog. The listener's readiness is spent, so the next accept waits
+    /// for the next connection.
+    NoneWaiting,
+    /// No reserve to give (it could not be reopened last time), or the accept
+    /// failed again (another thread took the freed descriptor first): the
+    /// connection stays in the backlog.
+    Failed,
+}
+
 impl SpareDescriptor {
     pub fn open() -> SpareDescriptor {
         SpareDescriptor(reserve())
@@ -35,17 +52,19 @@ impl SpareDescriptor {
 
     /// With the spare closed for the moment, takes the connection waiting on
     /// `listener`, if one is there now, and closes it; then opens the spare
-    /// again. Whether a connection was turned away.
-    pub async fn turn_away(&mut self, listener: &TcpListener) -> bool {
+    /// again.
+    pub async fn turn_away(&mut self, listener: &TcpListener) -> TurnAway {
         if self.0.take().is_none() {
-            // Nothing to give: the caller backs off as before.
             self.0 = reserve();
-            return false;
+            return TurnAway::Failed;
         }
         let turned = tokio::select! {
             biased;
-            accepted = listener.accept() => accepted.is_ok(),
-            () = std::future::ready(()) => false,
+            accepted = listener.accept() => match accepted {
+                Ok(_) => TurnAway::Closed,
+                Err(_) => TurnAway::Failed,
+            },
+            () = std::future::ready(()) => TurnAway::NoneWaiting,
         };
         self.0 = reserve();
         turned
@@ -77,14 +96,14 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut spare = SpareDescriptor::open();
-        assert!(!spare.turn_away(&listener).await, "nothing waits yet");
+        assert_eq!(spare.turn_away(&listener).await, TurnAway::NoneWaiting);
         assert!(spare.0.is_some());
 
         let mut channel = std::net::TcpStream::connect(addr).unwrap();
         // Taken once the runtime has seen the listener readable (a bounded
         // wait on that, not a sleep).
         tokio::time::timeout(std::time::Duration::from_secs(10), async {
-            while !spare.turn_away(&listener).await {
+            while spare.turn_away(&listener).await != TurnAway::Closed {
                 tokio::task::yield_now().await;
             }
         })

@@ -164,11 +164,18 @@ async fn a_channel_past_the_limit_is_closed_at_once_and_served_once_others_close
         "{line}"
     );
 
-    // With the first LIMIT closed (every one the hub accepted, and more),
-    // a new channel is served.
+    // With the first LIMIT closed (every one the hub accepted, and more)
+    // and seen closed by the hub, a new channel is served.
     held.truncate(held.len() - LIMIT);
     drop(held);
+    hub.scrape_until("every connection closed", |m| {
+        m.must(relayhub::metric_names::OPEN_CONNECTIONS, &[]) == 0.0
+    })
+    .await;
     let mut ch = hub.channel().await;
     let a = common::exchange(&mut ch, &common::transfer(&common::guid("AFTER"), 1_000)).await;
     assert_eq!(a.code, "0000", "{a:?}");
+    // The reserve was there every time: no accept was left to wait, though
+    // at the limit accept fails even with none waiting.
+    assert!(!hub.stderr().contains("accept failed"), "{}", hub.stderr());
 }
