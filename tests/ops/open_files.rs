@@ -54,7 +54,7 @@ const NEEDED: u64 = 1_000 + 1_024 + 256;
 
 /// The hub's serve arguments for `core_url` and `config`.
 fn args(core_url: &str, config: &TempFile) -> Vec<String> {
-    ops_support::memory_hub_args(core_url, &["--config", config.0.to_str().unwrap()])
+    common::memory_hub_args(core_url, &["--config", config.0.to_str().unwrap()])
 }
 
 /// Starts the hub under `ulimit LIMIT_ARGS` off the runtime's workers.

@@ -18,7 +18,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{after, relayhub_bin, send_signal, wait_exit_within};
+use crate::common::{after, memory_hub_args, relayhub_bin, send_signal, wait_exit_within};
 
 /// Upper bound for any wait; never used to order events.
 pub const PATIENCE: Duration = Duration::from_secs(15);
@@ -267,23 +267,6 @@ impl Drop for Hub {
             let _ = child.wait();
         }
     }
-}
-
-/// `--listen 127.0.0.1:0 --core-url CORE_URL --journal memory EXTRA`: the
-/// arguments of `relayhub serve` for a hub in front of `core_url`.
-pub fn memory_hub_args(core_url: &str, extra: &[&str]) -> Vec<String> {
-    [
-        "--listen",
-        "127.0.0.1:0",
-        "--core-url",
-        core_url,
-        "--journal",
-        "memory",
-    ]
-    .iter()
-    .chain(extra)
-    .map(|a| a.to_string())
-    .collect()
 }
 
 /// A GET with a bounded wait; any status is an answer.

@@ -41,20 +41,12 @@ fn send_cli(hub: &str, guid: &str, json: &str) -> (i32, String) {
 
 /// `relayhub serve` on port 0 with the memory journal, calling `core_url`.
 fn serve(core_url: &str, budget_ms: u64) -> Proc {
-    spawn_ready(
-        &relayhub_bin(),
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--core-url",
-            core_url,
-            "--journal",
-            "memory",
-            "--budget-ms",
-            &budget_ms.to_string(),
-        ],
-    )
+    let budget = budget_ms.to_string();
+    let args = memory_hub_args(core_url, &["--budget-ms", &budget]);
+    let args: Vec<&str> = std::iter::once("serve")
+        .chain(args.iter().map(String::as_str))
+        .collect();
+    spawn_ready(&relayhub_bin(), &args)
 }
 
 #[test]
