@@ -12,6 +12,11 @@
 //! reconcile of many rows may take longer, and closing the connection would
 //! cut it short). Bytes read do not restart the clock: a request sent a byte
 //! at a time is closed like an idle connection.
+//!
+//! When the process is out of descriptors all the same (channels, core
+//! connections), [`RESERVED_ADMIN_CONNECTIONS`] admin connections still get
+//! in, each on a descriptor kept in reserve for it: `/metrics` and `/readyz`
+//! answer when an operator most needs them.
 
 use std::future::Future;
 use std::io;
@@ -26,6 +31,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
+
+use crate::reserve_descriptors::{FromReserve, Held, Reserve, is_out_of_descriptors};
 
 /// Admin connections open at once, at most: scrapers, probes and a few
 /// consoles need a handful.
@@ -44,12 +51,18 @@ fn request_time(idle: Duration) -> Duration {
     idle / 3
 }
 
+/// Admin connections served at the open-file limit, at most: a scrape and a
+/// probe at once. Each holds a descriptor kept in reserve for it.
+pub const RESERVED_ADMIN_CONNECTIONS: usize = 2;
+
 /// A TCP listener that hands out at most `limit` connections at once, each
 /// closed after `idle` without progress.
 pub struct AdminListener {
     inner: TcpListener,
     slots: Arc<Semaphore>,
     idle: Duration,
+    /// At the open-file limit, the connections that still get in.
+    reserve: Reserve,
 }
 
 impl AdminListener {
@@ -58,6 +71,7 @@ impl AdminListener {
             inner,
             slots: Arc::new(Semaphore::new(limit.max(1))),
             idle,
+            reserve: Reserve::new(RESERVED_ADMIN_CONNECTIONS),
         }
     }
 }
@@ -71,10 +85,32 @@ impl axum::serve::Listener for AdminListener {
         // take no descriptor of the process.
         // The semaphore is never closed, so a slot always comes.
         let slot = self.slots.clone().acquire_owned().await.ok();
-        // Accept errors are logged and retried as axum does for a listener.
-        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+        let (stream, addr, reserved) = loop {
+            let e = match self.inner.accept().await {
+                Ok((stream, addr)) => break (stream, addr, None),
+                Err(e) => e,
+            };
+            if is_out_of_descriptors(&e) {
+                match self.reserve.accept(&self.inner).await {
+                    FromReserve::Accepted(stream, addr, held) => break (stream, addr, Some(held)),
+                    FromReserve::NoneWaiting => continue,
+                    FromReserve::Failed => {}
+                }
+            }
+            // As axum does for a listener: a connection's own trouble is
+            // its own; anything else is logged and retried in a second.
+            if !matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionRefused
+                    | io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::ConnectionReset
+            ) {
+                tracing::error!(%e, "admin listener: accept failed; retrying in 1 s");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        };
         let _ = stream.set_nodelay(true);
-        (AdminStream::new(stream, slot, self.idle), addr)
+        (AdminStream::new(stream, slot, reserved, self.idle), addr)
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -87,6 +123,10 @@ impl axum::serve::Listener for AdminListener {
 /// it).
 pub struct AdminStream {
     stream: TcpStream,
+    /// The reserved descriptor the connection took at the open-file limit:
+    /// after `stream`, so that it is opened again once the stream's
+    /// descriptor is free.
+    _reserved: Option<Held>,
     _slot: Option<OwnedSemaphorePermit>,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
@@ -129,9 +169,15 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Admi
 }
 
 impl AdminStream {
-    fn new(stream: TcpStream, slot: Option<OwnedSemaphorePermit>, idle: Duration) -> AdminStream {
+    fn new(
+        stream: TcpStream,
+        slot: Option<OwnedSemaphorePermit>,
+        reserved: Option<Held>,
+        idle: Duration,
+    ) -> AdminStream {
         AdminStream {
             stream,
+            _reserved: reserved,
             _slot: slot,
             idle,
             // A new connection's request is due at once.

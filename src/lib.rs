@@ -31,6 +31,7 @@
 //! | [`metric_names`] | every metric's name and meaning (a leaf: imports nothing of the crate) |
 //! | [`daemon`] | start-up, reload and shutdown |
 //! | [`open_files`] | the open-file limit raised for `max_connections` at start |
+//! | [`reserve_descriptors`] | descriptors kept to take a connection off a listener at the open-file limit |
 //! | [`client`] | the channel side: build, send, decode (for `send`, `bench`, tests) |
 //! | [`random`] | jitter, GUIDs and hub names (not secrets) |
 //! | [`bench`] | the load generator: through the hub or straight to the core, side by side |
@@ -69,6 +70,7 @@ pub mod outcome;
 pub(crate) mod peek;
 pub mod random;
 pub mod relay;
+pub mod reserve_descriptors;
 pub mod rules;
 pub mod server;
 pub(crate) mod stash;

@@ -4,7 +4,7 @@
 //! socket. A login shell's soft limit is often 1,024, far below
 //! `max_connections` (20,000 by default); past it `accept` fails with
 //! `EMFILE`, so a hub started by hand would hold a thousand channels and
-//! turn the rest away (`server::spare_descriptor`; before that, they waited
+//! turn the rest away (`reserve_descriptors`; before that, they waited
 //! unanswered in the listen backlog).
 //! The hard limit is usually far higher, and a process may raise its own soft
 //! limit up to it, as many servers do at start. So the hub raises its soft

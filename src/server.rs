@@ -33,11 +33,10 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
-use spare_descriptor::{SpareDescriptor, TurnAway};
+use crate::reserve_descriptors::{self, FromReserve, Reserve};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 mod adoption;
-mod spare_descriptor;
 
 use adoption::{Adopters, Back, Carry};
 
@@ -374,7 +373,8 @@ pub async fn run(
     let mut connections = JoinSet::new();
     let mut accept_failures = Throttle::new(ACCEPT_FAILURE_LINE_EVERY);
     let mut turned_away = Throttle::new(ACCEPT_FAILURE_LINE_EVERY);
-    let mut spare = SpareDescriptor::open();
+    // One descriptor, to turn a channel away at the open-file limit.
+    let spare = Reserve::new(1);
     tokio::pin!(shutdown);
     loop {
         let accept_tls = async {
@@ -396,15 +396,19 @@ pub async fn run(
                     (Some(t), true) => &t.listener,
                     _ => &listener,
                 };
-                let turned = if spare_descriptor::is_out_of_descriptors(&e) {
-                    spare.turn_away(on).await
+                let taken = if reserve_descriptors::is_out_of_descriptors(&e) {
+                    spare.accept(on).await
                 } else {
-                    TurnAway::Failed
+                    FromReserve::Failed
                 };
-                if turned == TurnAway::NoneWaiting {
+                if let FromReserve::NoneWaiting = taken {
                     continue;
                 }
-                if turned == TurnAway::Closed {
+                if let FromReserve::Accepted(stream, _, held) = taken {
+                    // Closed at once, then the reserve opened again in its
+                    // descriptor.
+                    drop(stream);
+                    drop(held);
                     metrics::counter!(crate::metric_names::CONNECTIONS_REFUSED).increment(1);
                     if let Some(connections) = turned_away.note(Instant::now()) {
                         warn!(
@@ -416,7 +420,7 @@ pub async fn run(
                     }
                     continue;
                 }
-                // Out of file descriptors with no spare, and the like: back
+                // Out of file descriptors with no reserve, and the like: back
                 // off, keep serving. Retried every 50 ms while it lasts: one
                 // line per ACCEPT_FAILURE_LINE_EVERY, with the count since the last.
                 if let Some(failures) = accept_failures.note(Instant::now()) {

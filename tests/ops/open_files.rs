@@ -129,7 +129,8 @@ async fn a_hard_limit_below_the_configuration_is_named_at_start() {
 /// descriptor in reserve for that): the channel sees its connection closed,
 /// rather than waiting unanswered in the listen backlog, and the hub says so
 /// (at once, then at most once per 10 s with a count: the throttle's unit
-/// test in src/server.rs). Once connections close, new ones are served.
+/// test in src/server.rs). Its admin endpoint still answers, on descriptors
+/// kept for it. Once connections close, new channels are served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_channel_past_the_limit_is_closed_at_once_and_served_once_others_close() {
     use std::io::Read;
@@ -163,6 +164,12 @@ async fn a_channel_past_the_limit_is_closed_at_once_and_served_once_others_close
         line.contains("connections=1") && line.contains("Too many open files"),
         "{line}"
     );
+    // The operator still sees it: at the limit the admin endpoint answers,
+    // on a descriptor kept for it (before, a scrape waited in the backlog).
+    hub.scrape_until("the refusals counted", |m| {
+        m.must(relayhub::metric_names::CONNECTIONS_REFUSED, &[]) >= 1.0
+    })
+    .await;
 
     // With the first LIMIT closed (every one the hub accepted, and more)
     // and seen closed by the hub, a new channel is served.
