@@ -55,6 +55,9 @@ fn request_time(idle: Duration) -> Duration {
 /// probe at once. Each holds a descriptor kept in reserve for it.
 pub const RESERVED_ADMIN_CONNECTIONS: usize = 2;
 
+/// Tries of the reserve before the admin listener waits a second.
+const RESERVE_TRIES: usize = 3;
+
 /// A TCP listener that hands out at most `limit` connections at once, each
 /// closed after `idle` without progress.
 pub struct AdminListener {
@@ -87,11 +90,24 @@ impl axum::serve::Listener for AdminListener {
         let slot = self.slots.clone().acquire_owned().await.ok();
         let (stream, addr, reserved) = loop {
             let e = match self.inner.accept().await {
-                Ok((stream, addr)) => break (stream, addr, None),
+                Ok((stream, addr)) => {
+                    self.reserve.top_up();
+                    break (stream, addr, None);
+                }
                 Err(e) => e,
             };
             if is_out_of_descriptors(&e) {
-                match self.reserve.accept(&self.inner).await {
+                // A few tries: the descriptor freed for the accept can be
+                // taken by another thread first, and come free again soon.
+                let mut taken = FromReserve::Failed;
+                for _ in 0..RESERVE_TRIES {
+                    taken = self.reserve.accept(&self.inner).await;
+                    if !matches!(taken, FromReserve::Failed) {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                match taken {
                     FromReserve::Accepted(stream, addr, held) => break (stream, addr, Some(held)),
                     FromReserve::NoneWaiting => continue,
                     FromReserve::Failed => {}
@@ -105,7 +121,7 @@ impl axum::serve::Listener for AdminListener {
                     | io::ErrorKind::ConnectionAborted
                     | io::ErrorKind::ConnectionReset
             ) {
-                tracing::error!(%e, "admin listener: accept failed; retrying in 1 s");
+                tracing::warn!(%e, "admin listener: accept failed; retrying in 1 s");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         };

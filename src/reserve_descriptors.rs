@@ -116,7 +116,11 @@ impl Reserve {
 
     /// Opens what is missing of the reserve, as far as the limit allows.
     /// Counted with the descriptors lent out: those come back on their own.
-    fn top_up(&self) {
+    /// A descriptor freed for an accept can be taken by another thread
+    /// first, and then it cannot be opened again at once: callers top up
+    /// whenever a descriptor may have come free (a connection accepted or
+    /// closed), so a reserve that lost one gets it back.
+    pub fn top_up(&self) {
         let lent = Arc::strong_count(&self.files) - 1;
         let mut files = lock(&self.files);
         while files.len() + lent < self.size {

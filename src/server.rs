@@ -387,10 +387,16 @@ pub async fn run(
             _ = &mut shutdown => break,
             accepted = listener.accept() => (accepted, false),
             accepted = accept_tls => (accepted, true),
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {
+                spare.top_up();
+                continue;
+            }
         };
         let (stream, peer) = match accepted {
-            Ok(x) => x,
+            Ok(x) => {
+                spare.top_up();
+                x
+            }
             Err(e) => {
                 let on = match (&tls, is_tls) {
                     (Some(t), true) => &t.listener,
