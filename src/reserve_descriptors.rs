@@ -99,18 +99,13 @@ impl Reserve {
             accepted = listener.accept() => Some(accepted),
             () = std::future::ready(()) => None,
         };
+        // Lent to the connection, or given back at once (opened again as
+        // it drops) when there is none.
+        let held = Held(self.files.clone());
         match accepted {
-            Some(Ok((stream, peer))) => {
-                FromReserve::Accepted(stream, peer, Held(self.files.clone()))
-            }
-            Some(Err(_)) => {
-                drop(Held(self.files.clone()));
-                FromReserve::Failed
-            }
-            None => {
-                drop(Held(self.files.clone()));
-                FromReserve::NoneWaiting
-            }
+            Some(Ok((stream, peer))) => FromReserve::Accepted(stream, peer, held),
+            Some(Err(_)) => FromReserve::Failed,
+            None => FromReserve::NoneWaiting,
         }
     }
 

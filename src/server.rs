@@ -32,8 +32,6 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
-
-use crate::reserve_descriptors::{self, FromReserve, Reserve};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 mod adoption;
@@ -47,6 +45,7 @@ use crate::frame::{FrameCodec, PrefixMode};
 use crate::header::{Echo, local_timestamp, write_response};
 use crate::outcome::Code;
 use crate::relay::{Hub, Reply};
+use crate::reserve_descriptors::{self, FromReserve, Reserve};
 use crate::rules::ClientCert;
 
 /// Channel-side limits, from `[server]`.

@@ -215,7 +215,6 @@ pub fn try_start(cmd: &mut Command) -> Result<Proc, String> {
     })
 }
 
-/// Starts `bin args`, reads its `listening on HOST:PORT` line from stdout.
 /// `--listen 127.0.0.1:0 --core-url CORE_URL --journal memory EXTRA`: the
 /// arguments of `relayhub serve` for a hub in front of `core_url`.
 pub fn memory_hub_args(core_url: &str, extra: &[&str]) -> Vec<String> {
@@ -233,6 +232,7 @@ pub fn memory_hub_args(core_url: &str, extra: &[&str]) -> Vec<String> {
     .collect()
 }
 
+/// Starts `bin args`, reads its `listening on HOST:PORT` line from stdout.
 pub fn spawn_ready(bin: &Path, args: &[&str]) -> Proc {
     try_start(Command::new(bin).args(args)).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -3,9 +3,10 @@
 //! `max_connections` and the targets' calls need, so it can hold that many
 //! channels; and when the hard limit does not allow that, it says so at
 //! start, naming the setting to raise. The real binary, its limits read from
-//! `/proc/PID/limits`. Both tests start it under limits below the 1,024 a
-//! login shell's hard limit can be, so they run wherever that is the hard
-//! limit too.
+//! `/proc/PID/limits`. At the limit it turns channels away at once and its
+//! admin endpoint still answers. Every test starts it under limits below the
+//! 1,024 a login shell's hard limit can be, so they run wherever that is the
+//! hard limit too.
 
 use std::process::Command;
 
