@@ -28,6 +28,8 @@
 //!
 //! * `lock`: one owner per file (a hub, or reconcile with no hub running).
 //! * `open`: checks a file is a healthy journal of a known schema, migrates it.
+//! * `command`: one command and its answer, as the writer runs it and the
+//!   writer or the syncer answers it.
 //! * `writer`: the connection and group commit: a thread of its own, or for
 //!   a command alone, the connection thread that asks for it.
 //! * `syncer`: the WAL's fsyncs for durable writes, after their commit and
@@ -43,6 +45,7 @@
 //! acknowledged before it, with no second connection to open or keep healthy.
 
 mod checkpoint;
+mod command;
 pub mod lock;
 pub(crate) mod open;
 mod syncer;
@@ -59,7 +62,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{AttemptTo, Claim, Event, Finish, JournalError, Row, State};
 use crate::stash;
-use writer::{FnTask, Msg, Task};
+use command::{FnTask, Task};
+use writer::Msg;
 
 /// Rows a prune deletes per transaction. The writer serves the commands that
 /// queued meanwhile between two such batches, so a claim waits for one batch
@@ -221,7 +225,7 @@ impl SqliteJournal {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
-        self.queue(writes, writes, writer::always, f).await
+        self.queue(writes, writes, command::always, f).await
     }
 
     /// A durable write whose result says whether it wrote (`wrote`): one
@@ -414,7 +418,7 @@ impl SqliteJournal {
     ) -> Result<bool, JournalError> {
         let (guid, only_if) = (guid.to_owned(), only_if.to_vec());
         let durable = f.must_be_durable();
-        self.queue(true, durable, writer::always, move |c| {
+        self.queue(true, durable, command::always, move |c| {
             // The writer runs one command at a time, so nothing changes the row
             // between this read and the update.
             let current: Option<(i64, String, u32)> = c

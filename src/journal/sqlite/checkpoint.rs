@@ -70,6 +70,7 @@ use std::time::{Duration, Instant};
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, ffi};
 
+use super::open::BACKSTOP_PAGES;
 use super::syncer::Syncer;
 
 /// How often the WAL is checkpointed while nothing is written.
@@ -78,11 +79,6 @@ pub(super) const INTERVAL: Duration = Duration::from_millis(500);
 /// How often the WAL is checkpointed while it grows (the last pass found
 /// something new): each pass's writes to the file are smaller.
 pub(super) const BUSY_INTERVAL: Duration = Duration::from_millis(100);
-
-/// The writer's own automatic checkpoint, kept only as a backstop should this
-/// thread fall behind or fail: 16,384 pages (32 MiB at the 2 KiB pages of a
-/// journal this build creates, 64 MiB at SQLite's default 4 KiB).
-pub(super) const BACKSTOP_PAGES: i64 = 16_384;
 
 /// A WAL this long (frames) is started over by the writer: half the
 /// backstop, so the next pass still comes before the backstop while the WAL

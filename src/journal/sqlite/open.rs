@@ -37,6 +37,12 @@ pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// so an existing journal keeps its own.
 pub(super) const PAGE_SIZE: i64 = 2048;
 
+/// The writer's own automatic checkpoint, kept only as a backstop should the
+/// checkpoint thread (`checkpoint`) fall behind or fail: 16,384 pages (32 MiB
+/// at the 2 KiB pages of a journal this build creates, 64 MiB at SQLite's
+/// default 4 KiB).
+pub(super) const BACKSTOP_PAGES: i64 = 16_384;
+
 /// Prepared statements kept per connection.
 const STATEMENTS: usize = 64;
 
@@ -88,12 +94,8 @@ pub(super) fn open(path: &Path) -> Result<Connection, String> {
     // Checkpoints run on a thread of their own (`checkpoint`), which also
     // replaces this automatic one with a backstop that sees its errors;
     // until then (the migration) SQLite's own bounds the WAL.
-    conn.pragma_update(
-        None,
-        "wal_autocheckpoint",
-        super::checkpoint::BACKSTOP_PAGES,
-    )
-    .map_err(|e| format!("cannot set wal_autocheckpoint: {e}"))?;
+    conn.pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)
+        .map_err(|e| format!("cannot set wal_autocheckpoint: {e}"))?;
 
     migrate(&conn)?;
     Ok(conn)

@@ -43,7 +43,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use rusqlite::Connection;
 
-use super::writer::Reply;
+use super::command::Reply;
 
 /// Fsyncs the WAL for the durable writes committed before each call.
 pub(super) struct Syncer {

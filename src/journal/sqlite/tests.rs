@@ -1872,9 +1872,9 @@ async fn under_steady_claims_the_wal_starts_over_long_before_the_backstop() {
     // Without the writer finishing the passes, only the writer's own
     // checkpoint at the backstop starts the WAL over.
     assert!(
-        most < checkpoint::BACKSTOP_PAGES as u64 / 2,
+        most < open::BACKSTOP_PAGES as u64 / 2,
         "the WAL grew to {most} frames (backstop {}, finished from {FINISH})",
-        checkpoint::BACKSTOP_PAGES,
+        open::BACKSTOP_PAGES,
     );
 }
 
@@ -2423,7 +2423,7 @@ async fn a_command_that_finds_the_queue_filled_since_waits_for_the_lock_and_runs
     let task: Box<dyn Task> = Box::new(FnTask {
         writes: true,
         durable: true,
-        wrote: writer::always,
+        wrote: command::always,
         f: |_: &Connection| Ok(std::thread::current().name().unwrap_or("?").to_owned()),
         reply,
     });
