@@ -1,22 +1,16 @@
-//! An INQ telegram (a channel asks what became of a transfer), and the
-//! `GET /v1/transfers/{guid}` with safe retries that both it and the transfer
-//! path's settlement use.
-
-use std::time::Duration;
+//! An INQ telegram: a channel asks what became of a transfer.
 
 use tokio::time::Instant;
-use tracing::debug;
 
 use super::bounded::{self, Bounded};
+use super::core_inquiry::inquire;
 use super::reply::{describe, error_of, finish_of, reply_for};
 use super::settle::{self, AttemptFacts, Verdict, ask_where, attempt_age};
 use super::{Deadline, Hub, Reply};
-use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target, parse_retry_after};
 use crate::header::{HEADER_LEN, first_non_guid_byte};
 use crate::journal::{Finish, Row, State};
 use crate::layout::{DecodedFields, encode_fields};
-use crate::metric_names;
-use crate::outcome::{Code, CodeTable, Outcome, classify_inquiry, inquiry_is_retryable};
+use crate::outcome::{Code, Outcome};
 use crate::rules::{Route, Rules};
 
 /// The hub's record of the GUID asked about.
@@ -157,62 +151,6 @@ pub(super) async fn run(
     (reply, note)
 }
 
-/// `GET /v1/transfers/{guid}` with safe retries inside the budget, at `pin`
-/// when given (the URL a transfer was sent to), else across the target's URLs.
-pub(super) async fn inquire(
-    target: &Target,
-    guid: &str,
-    pin: Option<&str>,
-    codes: &CodeTable,
-    deadline: Instant,
-) -> Outcome {
-    let request = CoreRequest::Inquiry {
-        guid: guid.to_string(),
-    };
-    let started = Instant::now();
-    let mut tries = 0u32;
-    let outcome = loop {
-        let url = pin.unwrap_or_else(|| target.url_for(tries));
-        let end = target.attempt_at(&request, url, deadline).await;
-        tries += 1;
-        let (outcome, wait) = match end {
-            CallEnd::Done(Ok(answer)) => {
-                let o = classify_inquiry(answer.status, &answer.body, codes);
-                let retry = inquiry_is_retryable(answer.status);
-                let wait = answer.retry_after.as_deref().and_then(parse_retry_after);
-                (
-                    o,
-                    retry.then(|| wait.unwrap_or_else(|| target.backoff(tries))),
-                )
-            }
-            CallEnd::Done(Err(CallFailure::NotSent(r))) => {
-                (Outcome::NotSent(r), Some(target.backoff(tries)))
-            }
-            CallEnd::Done(Err(CallFailure::MaybeSent(r))) => {
-                (Outcome::Unknown(r), Some(target.backoff(tries)))
-            }
-            CallEnd::Done(Err(CallFailure::NoCapacity(r))) => (Outcome::NoCapacity(r), None),
-            CallEnd::Pending(_) => (
-                Outcome::Unknown("inquiry not answered within the budget".into()),
-                None,
-            ),
-        };
-        match wait {
-            // Retry only what is safe (a GET) and only if the wait fits the budget.
-            Some(pause) if tries < target.inquiry_attempts && fits(pause, deadline) => {
-                metrics::counter!(metric_names::CORE_RETRIES, "target" => target.name.clone(), "operation" => "inquiry").increment(1);
-                debug!(?pause, "retrying the inquiry");
-                tokio::time::sleep(pause).await;
-            }
-            _ => break outcome,
-        }
-    };
-    target.meters.record(&target.name, true, started.elapsed());
-    // Phase timing for the telegram's summary line.
-    crate::telegram_log::record_core_ms(started.elapsed().as_millis() as u64);
-    outcome
-}
-
 /// The hub's record of `guid`, read by `by`.
 pub(super) async fn read_record(hub: &Hub, guid: &str, by: Instant) -> Record {
     let (journal, g) = (hub.journal.clone(), guid.to_string());
@@ -230,15 +168,6 @@ fn attempt_of(row: &Option<Row>) -> Option<(State, u32)> {
     row.as_ref().map(|r| (r.state, r.attempts))
 }
 
-/// Whether a pause (and a little room to call again) ends before `deadline`;
-/// a pause too long to add to the clock does not fit.
-pub(super) fn fits(pause: Duration, deadline: Instant) -> bool {
-    pause
-        .checked_add(Duration::from_millis(5))
-        .and_then(|p| Instant::now().checked_add(p))
-        .is_some_and(|end| end < deadline)
-}
-
 /// A `sending` row no one works on: in a journal of one hub, left by an
 /// outcome write that failed (no call of it runs in this process).
 fn orphaned(hub: &Hub, row: &Row, guid: &str) -> bool {
@@ -247,6 +176,8 @@ fn orphaned(hub: &Hub, row: &Row, guid: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     use super::super::core_and_hub;
@@ -362,14 +293,5 @@ mod tests {
         assert_eq!(sent.code, Code::OK);
         assert!(core.stats().by_guid[orig].applied);
         assert_eq!(asked.code, Code::UNKNOWN, "money moved while it asked");
-    }
-
-    #[test]
-    fn a_pause_past_the_clock_does_not_fit() {
-        let deadline = Instant::now() + Duration::from_secs(3);
-        assert!(fits(Duration::from_millis(10), deadline));
-        assert!(!fits(Duration::from_secs(5), deadline));
-        assert!(!fits(Duration::MAX, deadline));
-        assert!(!fits(Duration::from_secs(u64::MAX / 2), deadline));
     }
 }

@@ -12,7 +12,9 @@
 //!   anything is journaled or sent, and the telegram's deadlines;
 //! * `transfer`: a transfer telegram: single flight, the journal claim, the
 //!   resend policy, the POST, the outcome;
-//! * `inquiry`: an inquiry telegram, and the GET with safe retries;
+//! * `inquiry`: an inquiry telegram;
+//! * `core_inquiry`: the core's GET with safe retries, which an inquiry
+//!   telegram, a resend after E901 and a settlement ask;
 //! * `settle`: "don't know" turned into an answer: what a "never received"
 //!   proves, inquiries after E901, late answers, reconcile;
 //! * `flights`: single flight of a GUID inside this process;
@@ -23,6 +25,7 @@
 //! (`Layout::masked_request`): each field is masked as its layout declares.
 
 mod bounded;
+mod core_inquiry;
 mod flights;
 mod inquiry;
 mod reply;

@@ -19,7 +19,7 @@ use tracing::{error, info, warn};
 
 use super::bounded::{self, Bounded};
 use super::reply::{describe, error_of, finish_of, reply_for, reply_to_transfer};
-use super::{Deadline, Hub, Reply, inquiry};
+use super::{Deadline, Hub, Reply, core_inquiry};
 use crate::core_client::{LateAnswer, Target};
 use crate::journal::{Finish, Journal, JournalError, Row, State, now_ms};
 use crate::layout::Layout;
@@ -195,7 +195,7 @@ pub(super) async fn after_unknown(
 ) -> (Reply, String) {
     let guid = row.guid.as_str();
     let (target, pin, asked_attempt_url) = ask_where(hub, route, row.url.as_deref());
-    let outcome = inquiry::inquire(target, guid, pin, &rules.codes, deadline.work).await;
+    let outcome = core_inquiry::inquire(target, guid, pin, &rules.codes, deadline.work).await;
     let outcome = match outcome {
         Outcome::NeverReceived => match attempt_age(&hub.journal, row, deadline.work).await {
             Ok(attempt_age) => {

@@ -10,8 +10,9 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::bounded::{self, Bounded};
+use super::core_inquiry::{fits, inquire};
 use super::flights::Joined;
-use super::inquiry::{Record, fits, inquire, read_record};
+use super::inquiry::{Record, read_record};
 use super::reply::{describe, finish_of, replay, reply_for, reply_to_transfer};
 use super::{Deadline, Hub, Reply, settle};
 use crate::core_client::{CallEnd, CallFailure, CoreRequest, Target};
