@@ -130,7 +130,7 @@ async fn a_hard_limit_below_the_configuration_is_named_at_start() {
 /// descriptor in reserve for that): the channel sees its connection closed,
 /// rather than waiting unanswered in the listen backlog, and the hub says so
 /// (at once, then at most once per 10 s with a count: the throttle's unit
-/// test in src/server.rs). Its admin endpoint still answers, on descriptors
+/// test in src/server/accept.rs). Its admin endpoint still answers, on descriptors
 /// kept for it. Once connections close, new channels are served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_channel_past_the_limit_is_closed_at_once_and_served_once_others_close() {
