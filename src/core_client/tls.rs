@@ -14,8 +14,10 @@
 //! client's certificate (or wants one and got none) says so with an alert the
 //! client reads *after* writing its request. A TLS stack that refuses a
 //! handshake never decrypts what follows it, so an alert about certificates
-//! or the handshake, read before any byte of an answer on a fresh connection,
-//! also means "not sent" ([`refused_at_handshake`]).
+//! or the handshake, read before any byte of an answer or any session ticket
+//! on a fresh connection, also means "not sent" ([`refused_at_handshake`]).
+//! A ticket comes only from a core whose TLS took the handshake: an alert
+//! after one may follow a request the core passed on.
 //!
 //! Rotation: [`TlsSlot`] holds the config in force; a reload installs a new
 //! one when the files' contents changed. Pooled connections made with the old
@@ -477,17 +479,18 @@ impl fmt::Debug for TlsTransport {
     }
 }
 
-/// True when `e`, an error of a connection that has read no answer byte
-/// (`answered` false) and speaks `version`, is the core refusing our
-/// handshake: an alert of [`is_handshake_refusal`]'s kind actually received
-/// from the peer. Only TLS 1.3 can deliver such a refusal after our request
-/// went out (the client's handshake ends at its own Finished); in TLS 1.2 the
-/// handshake ends with the core's Finished, which says it took our
-/// certificate, so an alert after it is no refusal of the handshake and the
-/// request may have reached the core's application. A reset, an EOF or a
-/// timeout is never a refusal.
-fn refused_before_taking(version: Option<ProtocolVersion>, answered: bool, e: &io::Error) -> bool {
-    !answered
+/// True when `e`, an error of a connection whose core has not shown that it
+/// took our handshake (`accepted` false: no answer byte, no session ticket)
+/// and that speaks `version`, is the core refusing our handshake: an alert
+/// of [`is_handshake_refusal`]'s kind actually received from the peer. Only
+/// TLS 1.3 can deliver such a refusal after our request went out (the
+/// client's handshake ends at its own Finished); in TLS 1.2 the handshake
+/// ends with the core's Finished, which says it took our certificate, so an
+/// alert after it is no refusal of the handshake and the request may have
+/// reached the core's application. A reset, an EOF or a timeout is never a
+/// refusal.
+fn refused_before_taking(version: Option<ProtocolVersion>, accepted: bool, e: &io::Error) -> bool {
+    !accepted
         && version == Some(ProtocolVersion::TLSv1_3)
         && e.get_ref()
             .and_then(|i| i.downcast_ref::<rustls::Error>())
@@ -497,15 +500,27 @@ fn refused_before_taking(version: Option<ProtocolVersion>, answered: bool, e: &i
 }
 
 impl TlsTransport {
-    fn refused(&self, e: &io::Error) -> bool {
-        refused_before_taking(self.stream.conn.protocol_version(), self.answered, e)
+    /// Whether the core's TLS has shown that it took our handshake: a byte of
+    /// an answer was read, or a session ticket. A TLS 1.3 server sends its
+    /// tickets only once it has checked our Finished (and our certificate
+    /// before it), so an alert after a ticket refuses no handshake: a peer
+    /// that reads a request and then sends a handshake alert (a gateway's
+    /// policy, say) may have passed the request on (found by a black-box
+    /// probe: six POSTs of one GUID, each answered "not sent").
+    fn accepted(&self) -> bool {
+        self.answered || self.stream.conn.tls13_tickets_received() > 0
     }
 
-    /// After a failed write or read on a connection that has read no answer
-    /// byte: reads what the core sent before it closed, and returns its
-    /// refusal of the handshake if that is what it was.
+    fn refused(&self, e: &io::Error) -> bool {
+        refused_before_taking(self.stream.conn.protocol_version(), self.accepted(), e)
+    }
+
+    /// After a failed write or read on a connection whose core has not shown
+    /// that it took our handshake: reads what the core sent before it
+    /// closed, and returns its refusal of the handshake if that is what it
+    /// was (a ticket read on the way means it was not).
     fn pending_refusal(&mut self) -> Option<io::Error> {
-        if self.answered {
+        if self.accepted() {
             return None;
         }
         let rustls::StreamOwned { conn, sock } = &mut self.stream;
@@ -665,8 +680,9 @@ mod tests {
     }
 
     /// Only an alert refusing the handshake, received on a TLS 1.3
-    /// connection that has read no answer byte, is "not sent"; nothing else
-    /// read after the request went out is.
+    /// connection whose core has not shown that it took the handshake (no
+    /// answer byte, no session ticket), is "not sent"; nothing else read
+    /// after the request went out is.
     #[test]
     fn only_a_tls13_refusal_alert_before_any_answer_is_not_sent() {
         use rustls::Error as E;
@@ -680,8 +696,8 @@ mod tests {
             false,
             &alert(AlertDescription::BadCertificate)
         ));
-        // An answer byte was read (every pooled connection has read one):
-        // the handshake was accepted.
+        // An answer byte or a session ticket was read (every pooled
+        // connection has read an answer): the handshake was accepted.
         assert!(!refused_before_taking(tls13, true, &required));
         // TLS 1.2: the core's Finished accepted our certificate before the
         // request went out; an alert after it is no refusal of the handshake.

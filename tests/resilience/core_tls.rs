@@ -598,6 +598,120 @@ async fn a_core_that_reads_the_request_then_resets_or_closes_is_e901() {
     );
 }
 
+/// A TLS 1.3 core standing in for a gateway with a policy: it completes the
+/// handshake (its session tickets go out with it), reads the request head,
+/// keeps it, then sends a fatal `access_denied` alert, sealed under its
+/// traffic key as its TLS stack would, and closes. Returns its address and
+/// the heads it read.
+async fn alerting_core(ca: &TestCa) -> (String, Arc<Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = ca.server("core", &["127.0.0.1"], Validity::Current);
+    // One cipher suite, so that the alert is sealed with a known AEAD.
+    let provider = rustls::crypto::CryptoProvider {
+        cipher_suites: vec![rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256],
+        ..rustls::crypto::ring::default_provider()
+    };
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            tls_files::read_certs("cert", &server.cert).unwrap(),
+            tls_files::read_key("key", &server.key).unwrap(),
+        )
+        .unwrap();
+    config.enable_secret_extraction = true;
+    assert!(config.send_tls13_tickets > 0, "the core sends tickets");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, seen) = (acceptor.clone(), seen.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                seen.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&head).into_owned());
+                // The tickets are out before the alert.
+                tls.flush().await.unwrap();
+                let (mut tcp, conn) = tls.into_inner();
+                let secrets = conn.dangerous_extract_secrets().unwrap();
+                let (seq, rustls::ConnectionTrafficSecrets::Aes128Gcm { key, iv }) = secrets.tx
+                else {
+                    panic!("the one suite offered");
+                };
+                tcp.write_all(&sealed_alert(key.as_ref(), iv.as_ref(), seq, 49))
+                    .await
+                    .unwrap();
+            });
+        }
+    });
+    (format!("https://{addr}"), heads)
+}
+
+/// A TLS 1.3 record holding a fatal alert `description`, sealed with
+/// AES-128-GCM under `key` and `iv` as record number `seq` (RFC 8446 5.2-5.3).
+fn sealed_alert(key: &[u8], iv: &[u8], seq: u64, description: u8) -> Vec<u8> {
+    use ring::aead::{AES_128_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+    let key = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, key).unwrap());
+    let mut nonce = [0u8; 12];
+    nonce.copy_from_slice(iv);
+    for (n, s) in nonce[4..].iter_mut().zip(seq.to_be_bytes()) {
+        *n ^= s;
+    }
+    // The alert (fatal, description), then its content type (21).
+    let mut record = vec![2, description, 21];
+    let len = u16::try_from(record.len() + AES_128_GCM.tag_len()).unwrap();
+    let header = [23, 3, 3, (len >> 8) as u8, len as u8];
+    key.seal_in_place_append_tag(
+        Nonce::assume_unique_for_key(nonce),
+        Aad::from(header),
+        &mut record,
+    )
+    .unwrap();
+    [header.as_slice(), &record].concat()
+}
+
+/// The one rule over TLS: an alert of the kind that refuses a handshake
+/// (`access_denied`), read after the core's TLS showed that it took the
+/// handshake (its session tickets), may follow a request the core passed
+/// on: E901, and the POST read once, never the "not sent" of a refused
+/// handshake, which posted the GUID again with each connect attempt and
+/// each resend (found by a black-box probe: six POSTs of one GUID).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_alert_after_the_core_took_the_handshake_is_e901() {
+    let ca = TestCa::new("core CA");
+    let (url, heads) = alerting_core(&ca).await;
+    let dir = TempDir::new("tlsalert");
+    let hub = hub(&dir, &[&url], &target_tls_lines(Some(&ca.cert), None));
+    let g = guid("TLSALERT");
+    let a = send(&hub, &transfer(&g, AMOUNT)).await;
+    if a.code != "E901" {
+        panic!("{a:?}\nhub log:\n{}", hub.stderr());
+    }
+    assert_header_only(&a, "TRF001", &g, "E901");
+    assert_eq!(posts_read(&heads, &g), 1, "the core read the POST once");
+    assert_eq!(
+        hub.log_count(|l| l.contains("TLS handshake with the core failed")),
+        0,
+        "judged a refused handshake:\n{}",
+        hub.stderr()
+    );
+}
+
 /// In TLS 1.2 a core refuses a missing client certificate inside the
 /// handshake, before the hub's handshake ends: E902, nothing read, logged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
