@@ -42,6 +42,20 @@ pub enum TlsFileError {
         index: usize,
         reason: String,
     },
+    /// A certificate whose PEM holds something TLS cannot read as one.
+    #[error("{key} ({}): not a usable certificate: {reason}", file.display())]
+    BadCertificate {
+        key: &'static str,
+        file: PathBuf,
+        reason: String,
+    },
+    /// A key whose PEM holds something TLS cannot read as a private key.
+    #[error("{key} ({}): not a usable private key: {reason}", file.display())]
+    BadKey {
+        key: &'static str,
+        file: PathBuf,
+        reason: String,
+    },
     /// A key that does not go with its certificate (boxed: the error stays small).
     #[error(transparent)]
     KeyMismatch(Box<KeyMismatch>),
@@ -157,7 +171,7 @@ pub fn trust_anchors(
             key,
             file: file.to_path_buf(),
             index: i + 1,
-            reason: e.to_string(),
+            reason: certificate_problem(&e),
         })?;
     }
     Ok(store)
@@ -181,13 +195,47 @@ pub fn read_roots(key: &'static str, file: &Path) -> Result<RootCertStore, TlsFi
     trust_anchors(key, file, &read(key, file)?)
 }
 
+/// What is wrong with a certificate rustls refused, in the operator's words:
+/// rustls says "invalid peer certificate" of any certificate, the hub's own
+/// and a CA's too.
+fn certificate_problem(e: &rustls::Error) -> String {
+    match e {
+        rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding) => {
+            "its DER does not parse as an X.509 certificate".to_string()
+        }
+        rustls::Error::InvalidCertificate(c) => format!("{c:?}"),
+        e => e.to_string(),
+    }
+}
+
 /// Why rustls refused the key of `key_file` with the certificate of
-/// `cert_file` (most often: it is another certificate's key).
+/// `cert_file`, naming the file at fault: the certificate when it does not
+/// parse, the key when it does not (PEM armour around something else), else
+/// the pair (most often: it is another certificate's key).
 pub fn key_mismatch(
     (key, key_file): (&'static str, &Path),
     (cert_key, cert_file): (&'static str, &Path),
     e: rustls::Error,
 ) -> TlsFileError {
+    match &e {
+        rustls::Error::InconsistentKeys(_) => {}
+        rustls::Error::InvalidCertificate(_) => {
+            return TlsFileError::BadCertificate {
+                key: cert_key,
+                file: cert_file.to_path_buf(),
+                reason: certificate_problem(&e),
+            };
+        }
+        // rustls loads the private key before it looks at the
+        // certificate: what else it refuses is the key itself.
+        _ => {
+            return TlsFileError::BadKey {
+                key,
+                file: key_file.to_path_buf(),
+                reason: e.to_string(),
+            };
+        }
+    }
     TlsFileError::KeyMismatch(Box::new(KeyMismatch {
         key,
         file: key_file.to_path_buf(),
@@ -284,6 +332,61 @@ pub(crate) mod tests {
                 && t.contains("does not go with server.tls_cert_file (")
                 && t.contains("leaf.pem")
                 && t.contains("the key does not belong to the certificate"),
+            "{t}"
+        );
+        // PEM armour around something else: the file at fault is named,
+        // and no "peer" (rustls's word for any certificate it refuses).
+        let junk = |name: &str, label: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(
+                &path,
+                format!("-----BEGIN {label}-----\nZ2FyYmFnZQ==\n-----END {label}-----\n"),
+            )
+            .unwrap();
+            path
+        };
+        let junk_cert = junk("junk.pem", "CERTIFICATE");
+        let e = server_builder()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                read_certs("c", &junk_cert).unwrap(),
+                read_key("k", &leaf_key).unwrap(),
+            )
+            .unwrap_err();
+        let t = text(key_mismatch(
+            ("server.tls_key_file", &leaf_key),
+            ("server.tls_cert_file", &junk_cert),
+            e,
+        ));
+        assert!(
+            t.starts_with("server.tls_cert_file (")
+                && t.contains("junk.pem): not a usable certificate: its DER does not parse")
+                && !t.contains("peer")
+                && !t.contains("leaf.key"),
+            "{t}"
+        );
+        let junk_key = junk("junk.key", "PRIVATE KEY");
+        let e = server_builder()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs.clone(), read_key("k", &junk_key).unwrap())
+            .unwrap_err();
+        let t = text(key_mismatch(
+            ("client_key_file", &junk_key),
+            ("client_cert_file", &leaf),
+            e,
+        ));
+        assert!(
+            t.starts_with("client_key_file (")
+                && t.contains("junk.key): not a usable private key: ")
+                && !t.contains("does not go with"),
+            "{t}"
+        );
+        let t = text(read_roots("ca_file", &junk_cert).unwrap_err());
+        assert!(
+            t.contains("junk.pem): certificate 1 cannot be a trust anchor: its DER does not parse")
+                && !t.contains("peer"),
             "{t}"
         );
         // Its own key goes with it.
