@@ -175,7 +175,7 @@ impl Layout {
             file: file.to_owned(),
             reason,
         };
-        let raw: LayoutFile = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        let raw = parse_file(text).map_err(invalid)?;
         if !is_tx_code(&raw.tx_code) {
             return Err(invalid(format!(
                 "tx_code {:?} must be 6 characters of A-Z and 0-9",
@@ -249,6 +249,75 @@ impl Layout {
     }
 }
 
+/// Reads a layout file: JSON first (a syntax error names its line and
+/// column), then its shape, then each value, a wrong one named by its path
+/// (`request[2].type`). The file and every field must be objects: serde would
+/// also read a struct from an array by position, where a value in the wrong
+/// place changes a field's meaning with no key to catch it (`max` where
+/// `min` was meant), which the unknown-key check exists to prevent.
+fn parse_file(text: &str) -> Result<LayoutFile, String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let Some(file) = value.as_object() else {
+        return Err(format!(
+            "a layout file is one JSON object with named keys (tx_code, request, ...), not {}",
+            json_kind(&value)
+        ));
+    };
+    for list in ["request", "response"] {
+        let Some(fields) = file.get(list).and_then(serde_json::Value::as_array) else {
+            continue;
+        };
+        if let Some((i, field)) = fields.iter().enumerate().find(|(_, f)| !f.is_object()) {
+            return Err(format!(
+                "{list}[{i}] is {}: write each field as an object with named keys \
+                 (name, type, length, ...)",
+                json_kind(field)
+            ));
+        }
+    }
+    serde_path_to_error::deserialize(&value).map_err(|e| {
+        let path = e.path().to_string();
+        match path.as_str() {
+            // The file itself (a key missing or unknown there).
+            "." => e.into_inner().to_string(),
+            _ => format!("{}: {}", named_path(file, &path), e.into_inner()),
+        }
+    })
+}
+
+/// A value's path in the words of the other layout errors:
+/// `request[2].type` as ``request field `amount`, key `type` `` (``request
+/// field #3`` when it has no name), `request_length` as ``key
+/// `request_length` ``.
+fn named_path(file: &serde_json::Map<String, serde_json::Value>, path: &str) -> String {
+    let in_list = ["request", "response"].into_iter().find_map(|list| {
+        let rest = path.strip_prefix(list)?.strip_prefix('[')?;
+        let (index, after) = rest.split_once(']')?;
+        let index = index.parse::<usize>().ok()?;
+        let field = match file.get(list)?.get(index)?.get("name") {
+            Some(serde_json::Value::String(name)) => format!("{list} field `{name}`"),
+            _ => format!("{list} field #{}", index + 1),
+        };
+        Some(match after.strip_prefix('.') {
+            Some(key) => format!("{field}, key `{key}`"),
+            None => field,
+        })
+    });
+    in_list.unwrap_or_else(|| format!("key `{path}`"))
+}
+
+/// What a JSON value is, for an error message.
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
 fn is_tx_code(s: &str) -> bool {
     s.len() == 6
         && s.bytes()
@@ -305,9 +374,21 @@ fn check_fields(list: &str, fields: &[Field], declared: usize) -> Result<(), Str
             .ok_or_else(|| format!("{list} field lengths add up to more than usize"))?;
     }
     if total != declared {
-        return Err(format!(
-            "{list}_length is {declared} but the {list} fields add up to {total}"
-        ));
+        let mismatch =
+            format!("{list}_length is {declared} but the {list} fields add up to {total}");
+        let mut end = 0;
+        let past = fields.iter().find_map(|f| {
+            let start = end;
+            end += f.length;
+            (end > declared).then_some((f, start, end))
+        });
+        return Err(match past {
+            Some((f, start, end)) => format!(
+                "{mismatch}: field `{}` (body bytes {start}..{end}) runs past byte {declared}",
+                f.name
+            ),
+            None => format!("{mismatch}: body bytes {total}..{declared} belong to no field"),
+        });
     }
     Ok(())
 }

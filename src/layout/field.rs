@@ -51,9 +51,11 @@ pub(crate) fn decode_in<'a>(
             Some((tx_code, list)) => format!("layout {tx_code} {list}"),
             None => "the layout".to_owned(),
         };
+        // At the first bad byte: the first one past the layout's length in
+        // a long body, the first one missing (the end) in a short one.
         return Err(error(
             "body",
-            base,
+            base.saturating_add(bytes.len().min(need)),
             format!("body is {} bytes, {whose} needs {need}", bytes.len()),
         ));
     }
@@ -321,9 +323,10 @@ fn encode_one(
             }
             JsonRef::Number(n) => {
                 let n = n.as_u64().ok_or_else(|| {
-                    fail(format!(
-                        "{n} is not a non-negative integer or a string of digits"
-                    ))
+                    fail(match too_large(n) {
+                        Some(big) => format!("{big} does not fit in {} digits", f.length),
+                        None => format!("{n} is not a non-negative integer or a string of digits"),
+                    })
                 })?;
                 put_zero_padded(n, f.length, out).map_err(fail)?;
             }
@@ -337,9 +340,12 @@ fn encode_one(
         },
         FieldType::U => {
             let n = match value {
-                JsonRef::Number(n) => n
-                    .as_u64()
-                    .ok_or_else(|| fail(format!("{n} is not a non-negative integer")))?,
+                JsonRef::Number(n) => n.as_u64().ok_or_else(|| {
+                    fail(match too_large(n) {
+                        Some(big) => format!("{big} does not fit in {} digits", f.length),
+                        None => format!("{n} is not a non-negative integer"),
+                    })
+                })?,
                 JsonRef::Str(s) => {
                     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
                         return Err(fail(format!("{s:?} is not a string of digits")));
@@ -397,6 +403,15 @@ fn encode_h(s: &str, out: &mut Vec<u8>) -> Result<(), String> {
 }
 
 /// Writes `n` right-aligned and zero-padded in `width` digits, or says it does not fit.
+/// A whole number above `u64::MAX`, which JSON reading keeps only as a
+/// rounded float (2^64 reads as 1.8446744073709552e+19): said as what it is,
+/// not as "not a non-negative integer" in a float's digits.
+fn too_large(n: &serde_json::Number) -> Option<String> {
+    let f = n.as_f64()?;
+    (f.is_finite() && f.fract() == 0.0 && f >= u64::MAX as f64)
+        .then(|| format!("a number above {}", u64::MAX))
+}
+
 fn put_zero_padded(n: u64, width: usize, out: &mut Vec<u8>) -> Result<(), String> {
     let mut buf = [0u8; 20];
     let digits = crate::decimal::digits(n, &mut buf).as_bytes();

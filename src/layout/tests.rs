@@ -208,11 +208,26 @@ fn invalid_layouts_fail_with_a_specific_reason() {
             "missing_response_length.json",
             "missing field `response_length`",
         ),
-        ("negative_length.json", "invalid value: integer `-1`"),
+        (
+            "negative_length.json",
+            "request field `a`, key `length`: invalid value: integer `-1`",
+        ),
+        (
+            "field_as_array.json",
+            "request[0] is an array: write each field as an object with named keys",
+        ),
+        (
+            "file_as_array.json",
+            "a layout file is one JSON object with named keys (tx_code, request, ...), not an array",
+        ),
+        (
+            "fields_short_of_length.json",
+            "request_length is 10 but the request fields add up to 8: body bytes 8..10 belong to no field",
+        ),
         ("not_json.json", "EOF while parsing"),
         (
             "request_length_mismatch.json",
-            "request_length is 60 but the request fields add up to 68",
+            "request_length is 60 but the request fields add up to 68: field `memo` (body bytes 48..68) runs past byte 60",
         ),
         (
             "response_length_mismatch.json",
@@ -222,11 +237,17 @@ fn invalid_layouts_fail_with_a_specific_reason() {
             "u_too_long.json",
             "request field `amount`: type U is at most 19 digits (to fit a u64), not 20",
         ),
-        ("unknown_field_key.json", "unknown field `pad`"),
-        ("unknown_key.json", "unknown field `encoding`"),
+        (
+            "unknown_field_key.json",
+            "request field `a`, key `pad`: unknown field `pad`",
+        ),
+        (
+            "unknown_key.json",
+            "key `encoding`: unknown field `encoding`",
+        ),
         (
             "unknown_type.json",
-            "unknown variant `X`, expected one of `AN`, `N`, `U`, `H`",
+            "request field `a`, key `type`: unknown variant `X`, expected one of `AN`, `N`, `U`, `H`",
         ),
         (
             "zero_length.json",
@@ -268,10 +289,7 @@ fn invalid_layouts_fail_with_a_specific_reason() {
 #[test]
 fn error_display_names_the_file() {
     let e = Layout::from_json("x/BAD.json", "{}").unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "layout x/BAD.json: missing field `tx_code` at line 1 column 2"
-    );
+    assert_eq!(e.to_string(), "layout x/BAD.json: missing field `tx_code`");
 }
 
 #[test]
@@ -380,21 +398,24 @@ fn decode_err(fields: &[Field], bytes: &[u8]) -> FieldError {
 
 #[test]
 fn body_length_must_match() {
+    // A short body is wrong where it ends (64 + 60), a long one at its
+    // first byte past the layout (64 + 45).
     let e = trf001().decode_request(&[b' '; 60], 64).unwrap_err();
     assert_eq!(
         e,
         FieldError {
             field: "body".into(),
-            offset: 64,
+            offset: 124,
             reason: "body is 60 bytes, layout TRF001 request needs 68".into()
         }
     );
     assert_eq!(
         e.to_string(),
-        "field `body` at byte 64: body is 60 bytes, layout TRF001 request needs 68"
+        "field `body` at byte 124: body is 60 bytes, layout TRF001 request needs 68"
     );
     let e = decode_err(&trf001().response, &[b'0'; 46]);
     assert_eq!(e.reason, "body is 46 bytes, the layout needs 45");
+    assert_eq!(e.offset, 109);
     let e = trf001().decode_response(b"", 64).unwrap_err();
     assert_eq!(e.reason, "body is 0 bytes, layout TRF001 response needs 45");
 }
@@ -733,6 +754,11 @@ fn encode_n() {
         enc(json!(1.5)).unwrap_err().reason,
         "1.5 is not a non-negative integer or a string of digits"
     );
+    let over: Value = serde_json::from_str("18446744073709551616").unwrap();
+    assert_eq!(
+        enc(over).unwrap_err().reason,
+        "a number above 18446744073709551615 does not fit in 4 digits"
+    );
     assert_eq!(
         enc(json!(true)).unwrap_err().reason,
         "expected a string of 4 digits, got a boolean"
@@ -769,6 +795,12 @@ fn encode_u() {
     assert_eq!(
         enc(json!(2.0)).unwrap_err().reason,
         "2.0 is not a non-negative integer"
+    );
+    // 2^64 is read as a rounded float: said as the whole number it was.
+    let over: Value = serde_json::from_str("18446744073709551616").unwrap();
+    assert_eq!(
+        enc(over).unwrap_err().reason,
+        "a number above 18446744073709551615 does not fit in 5 digits"
     );
     assert_eq!(
         enc(json!("")).unwrap_err().reason,
