@@ -59,6 +59,17 @@ pub enum ReloadError {
     /// A target's certificate or key file cannot be used; the files in force stay.
     #[error("target {name}: {source}")]
     TargetTls { name: String, source: TlsFileError },
+    /// A channel that only a TLS listener can serve (`cert_names`), while
+    /// this hub has none until a restart: in force now, the channel table
+    /// would shut that channel out (every telegram E103) with no listener it
+    /// could show its certificate on.
+    #[error(
+        "channel.{channel}.cert_names: only a TLS listener can show a client certificate, \
+         and this hub has none until a restart (server.tls_listen waits for one); in force \
+         now, channel {channel} could not call at all: restart the hub to add the listener \
+         and the channel together"
+    )]
+    NeedsTlsListener { channel: String },
     /// The file is empty (or blank): most likely caught while being written.
     /// Every key has a default, so it would otherwise drop the routes and the
     /// channel table in force.
@@ -365,6 +376,13 @@ impl Daemon {
                 }
                 _ => None,
             };
+            if self.tls.is_none()
+                && let Some(c) = config.channels.iter().find(|c| !c.cert_names.is_empty())
+            {
+                return Err(ReloadError::NeedsTlsListener {
+                    channel: c.id.clone(),
+                });
+            }
             let target_tls = read_tls(&config, self.hub.targets())?;
             Ok((
                 rules,

@@ -520,6 +520,48 @@ async fn a_reload_that_routes_to_an_added_target_says_it_waits_for_a_restart() {
     }
 }
 
+/// A reload that adds the TLS listener and a channel known by its client
+/// certificate is refused whole: the listener waits for a restart, and the
+/// channel table alone would shut that channel out (every telegram E103,
+/// no listener to show its certificate on). The running table stays, so
+/// the channel's telegrams on the plain listener go on (before: the reload
+/// was taken, and IBANK got E103 until a restart; found by a black-box
+/// probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_needs_a_tls_listener_added_is_refused() {
+    let core = start_core().await;
+    let ca = common::certs::TestCa::new("channels CA");
+    let hub_cert = ca.server("hub", &["127.0.0.1"], common::certs::Validity::Current);
+    let dir = TempDir::new("fh-addtls");
+    let cfg = write(&dir, "relayhub.toml", &target(&core.url()));
+    let hub = serve_config(&cfg);
+    let g = guid("ADDTLS1");
+    assert_eq!(hub.send(&transfer(&g, 1_000)).await.code, "0000");
+    write(
+        &dir,
+        "relayhub.toml",
+        &format!(
+            "[server]\ntls_listen = \"127.0.0.1:0\"\ntls_cert_file = {c:?}\ntls_key_file = {k:?}\n\
+             tls_client_ca_file = {ca:?}\n\n[[channel]]\nid = \"IBANK\"\n\
+             cert_names = [\"ibank.channels.example\"]\ntx_codes = [\"TRF001\", \"INQ001\"]\n\n{}",
+            target(&core.url()),
+            c = hub_cert.cert.display().to_string(),
+            k = hub_cert.key.display().to_string(),
+            ca = ca.cert.display().to_string(),
+        ),
+    );
+    let line = reload(&hub);
+    for want in [
+        "refused",
+        "channel.IBANK.cert_names",
+        "server.tls_listen waits for one",
+    ] {
+        assert!(line.contains(want), "{line} lacks {want:?}");
+    }
+    let g = guid("ADDTLS2");
+    assert_eq!(hub.send(&transfer(&g, 1_000)).await.code, "0000");
+}
+
 /// An own-bank transfer by the TRF001 layout, sent as tx code `tx`.
 fn transfer_as_tx(tx: &str, guid: &str) -> Vec<u8> {
     let mut t = transfer(guid, 1_000);
