@@ -906,12 +906,8 @@ impl Job {
                 tracing::error!(
                     // This thread is not in the telegram's span: its GUID here.
                     guid = self.request.guid(),
-                    // The Host header made for the URL: no path, no userinfo.
-                    host = self
-                        .host
-                        .as_ref()
-                        .and_then(|h| h.to_str().ok())
-                        .unwrap_or("?"),
+                    // The URL's host and port: no path, no userinfo.
+                    host = self.host_text(),
                     "the core's answer is not HTTP as the hub reads it ({reason}): a TLS core \
                      named http:// in the target's urls (it needs https://), or a core or \
                      gateway that frames its answers wrongly; {}",
@@ -928,6 +924,24 @@ impl Job {
                 CallFailure::NotSent(reason)
             }
         })
+    }
+
+    /// The host the call went to, for a log line: the `Host` header made for
+    /// a transfer's URL, else (an inquiry's URL is made per call) the URL's
+    /// host and port.
+    fn host_text(&self) -> String {
+        if let Some(text) = self.host.as_ref().and_then(|h| h.to_str().ok()) {
+            return text.to_owned();
+        }
+        match &self.uri {
+            Ok(uri) => match (uri.host(), uri.port_u16()) {
+                (Some(host), Some(port)) => format!("{host}:{port}"),
+                (Some(host), None) => host.to_owned(),
+                (None, _) => "?".to_owned(),
+            },
+            // A URL that does not parse: its text may hold credentials.
+            Err(_) => "?".to_owned(),
+        }
     }
 
     /// The request to the core: what every request carries (the deadline

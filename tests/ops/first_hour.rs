@@ -1002,7 +1002,8 @@ async fn the_hub_s_line_names_a_mismatched_prefix() {
 async fn an_answer_that_is_not_http_is_logged_as_a_configuration_error() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let tls_core = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", tls_core.local_addr().unwrap());
+    let host = tls_core.local_addr().unwrap().to_string();
+    let url = format!("http://{host}");
     tokio::spawn(async move {
         while let Ok((mut s, _)) = tls_core.accept().await {
             let mut request = [0u8; 4096];
@@ -1021,9 +1022,17 @@ async fn an_answer_that_is_not_http_is_logged_as_a_configuration_error() {
     assert_eq!(answer.code, "E901", "{answer:?}");
     let line = log_line(&hub, "the core's answer is not HTTP", 0);
     assert!(
-        line.contains("ERROR") && line.contains("a TLS core named http://"),
+        line.contains("ERROR")
+            && line.contains("a TLS core named http://")
+            && line.contains(&format!("host=\"{host}\"")),
         "{line}"
     );
+    // The resend is asked by inquiry, whose line names the host too (it
+    // said `host="?"`: found by a black-box probe).
+    let again = hub.send(&transfer(&g, 1_000)).await;
+    assert_eq!(again.code, "E901", "{again:?}");
+    let line = log_line(&hub, "the core's answer is not HTTP", 1);
+    assert!(line.contains(&format!("host=\"{host}\"")), "{line}");
 }
 
 /// An admin port in use is named as the admin listener's, not taken for
