@@ -856,7 +856,18 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                 }
                 Ok(Ok(_)) => from_backlog = false,
                 Ok(Err(e)) => {
-                    debug!(%e, "read failed");
+                    // A TLS error after the handshake (a record that fails
+                    // its check, a renegotiation refused) is a channel's
+                    // doing, like a failed handshake: said at INFO. A reset
+                    // is said when it cuts a telegram.
+                    if e.get_ref().is_some_and(|i| i.is::<rustls::Error>()) {
+                        let cut = if buf.is_empty() { "" } else { " in the middle of a telegram; nothing forwarded" };
+                        info!(%e, buffered = buf.len(), "TLS error from the channel; connection closed{cut}");
+                    } else if !buf.is_empty() {
+                        info!(%e, buffered = buf.len(), "connection failed in the middle of a telegram; nothing forwarded");
+                    } else {
+                        debug!(%e, "read failed");
+                    }
                     break;
                 }
                 // Waiting for our own answers is not idling.

@@ -320,8 +320,10 @@ fn announce(line: std::fmt::Arguments<'_>) {
 
 fn init_logging(config: &Config, format: Option<LogFormat>) -> Result<logging::Logging, String> {
     let format = format.unwrap_or(config.logging.format);
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.logging.filter))
+    let filter = std::env::var(tracing_subscriber::EnvFilter::DEFAULT_ENV)
+        .ok()
+        .and_then(|spec| logging::filter(&spec).ok())
+        .map_or_else(|| logging::filter(&config.logging.filter), Ok)
         .map_err(|e| format!("logging.filter: {e}"))?;
     logging::init(format, filter)
 }

@@ -261,6 +261,44 @@ async fn tls_and_plain_side_by_side_and_a_certificate_is_its_channel() {
 
 /// TLS on both sides at once: a channel with its client certificate, a core
 /// over HTTPS that requires the hub's client certificate. 0000, one POST.
+/// A TLS error after the handshake (here a record that fails its check) is
+/// a channel's doing, like a failed handshake: the connection is closed and
+/// an INFO line says so (before: closed with no line at all; found by a
+/// black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_record_after_the_handshake_is_logged() {
+    use relayhub::tls_files;
+    let core = start_core().await;
+    let pki = pki();
+    let mut hub = start(&pki, &core.url(), 5_000).await;
+    let config = rustls::ClientConfig::builder_with_provider(tls_files::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(tls_files::read_roots("ca", &pki.ca.cert).unwrap())
+        .with_client_auth_cert(
+            tls_files::read_certs("cert", &pki.ibank.cert).unwrap(),
+            tls_files::read_key("key", &pki.ibank.key).unwrap(),
+        )
+        .unwrap();
+    let tcp = within(TcpStream::connect(&hub.tls)).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut tls =
+        within(tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp))
+            .await
+            .unwrap();
+    // An application-data record of zeros, which no key seals.
+    let mut forged = vec![0x17, 0x03, 0x03, 0x00, 0x20];
+    forged.extend_from_slice(&[0; 32]);
+    tls.get_mut().0.write_all(&forged).await.unwrap();
+    let line = hub
+        .wait_log(0, |l| l.contains("TLS error from the channel"))
+        .await;
+    assert!(
+        line.contains("INFO") && line.contains("connection closed"),
+        "{line}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transfer_over_tls_on_both_sides_answers_0000_with_one_post() {
     let core_tls = CoreTls::new();

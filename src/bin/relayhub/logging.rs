@@ -50,6 +50,20 @@ impl Logging {
     }
 }
 
+/// The level filter of `spec` (`[logging] filter` or `RUST_LOG`), with the
+/// TLS library's own lines kept to ERROR unless `spec` names `rustls`: a
+/// channel can make rustls warn at will (a renegotiation request writes
+/// "Sending warning alert NoRenegotiation" with the build's source paths),
+/// which is no WARN an operator acts on, and the hub logs and counts the TLS
+/// events that are (found by a black-box probe).
+pub fn filter(spec: &str) -> Result<EnvFilter, String> {
+    let filter = EnvFilter::try_new(spec).map_err(|e| e.to_string())?;
+    if spec.contains("rustls") {
+        return Ok(filter);
+    }
+    Ok(filter.add_directive("rustls=error".parse().map_err(|e| format!("{e}"))?))
+}
+
 /// Installs the global subscriber writing `format` to stderr.
 pub fn init(format: LogFormat, filter: EnvFilter) -> Result<Logging, String> {
     let (writer, guard, dropped) = batched(std::io::stderr())
@@ -717,6 +731,22 @@ mod tests {
     use serde_json::{Value, json};
     use tracing::{info, info_span, warn};
     use tracing_subscriber::fmt::MakeWriter;
+
+    /// The TLS library's own lines are kept to ERROR (a channel can make
+    /// rustls warn at will), unless the filter names rustls.
+    #[test]
+    fn the_tls_library_is_kept_to_errors_unless_named() {
+        let f = super::filter("info").unwrap().to_string();
+        assert!(f.contains("rustls=error"), "{f}");
+        let f = super::filter("relayhub=debug,warn").unwrap().to_string();
+        assert!(f.contains("rustls=error"), "{f}");
+        let f = super::filter("info,rustls=debug").unwrap().to_string();
+        assert!(
+            !f.contains("rustls=error") && f.contains("rustls=debug"),
+            "{f}"
+        );
+        assert!(super::filter("relayhub=[").is_err());
+    }
 
     use super::{HumanLine, JsonLine, JsonObjectFields, OneLine, OneLineFields, Utc};
 
