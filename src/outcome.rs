@@ -124,6 +124,10 @@ struct CodeTableFile {
 
 const BUILTIN_CODES: &str = include_str!("../layouts/codes/codes.json");
 
+/// The B-codes of the standard table (docs/protocol.md section 6): a code
+/// table maps business results onto these, and a channel knows no other.
+pub const STANDARD_B_CODES: [&str; 3] = ["B201", "B202", "B203"];
+
 impl CodeTable {
     /// The shipped table, compiled in.
     pub fn builtin() -> CodeTable {
@@ -140,7 +144,9 @@ impl CodeTable {
         CodeTable::from_json(&file, &text)
     }
 
-    /// Parses a table; every value must be a B-code (`B` and three digits).
+    /// Parses a table; every value must be a B-code of the standard table
+    /// ([`STANDARD_B_CODES`]): a `B299` would reach channels that know no
+    /// such code (found by a black-box probe).
     pub fn from_json(file: &str, text: &str) -> Result<CodeTable, CodeTableError> {
         let err = |reason: String| CodeTableError {
             file: file.into(),
@@ -150,10 +156,11 @@ impl CodeTable {
         let mut business = BTreeMap::new();
         for (result, code) in parsed.business {
             let c = Code::parse(&code)
-                .filter(|c| c.0[0] == b'B' && c.0[1..].iter().all(u8::is_ascii_digit))
+                .filter(|_| STANDARD_B_CODES.contains(&code.as_str()))
                 .ok_or_else(|| {
                     err(format!(
-                        "business.{result}: {code:?} is not a B-code like B201"
+                        "business.{result}: {code:?} is not a B-code of the standard table ({})",
+                        STANDARD_B_CODES.join(", ")
                     ))
                 })?;
             business.insert(result, c);
@@ -575,6 +582,18 @@ mod tests {
     fn code_table_refuses_non_b_codes() {
         let e = CodeTable::from_json("x.json", r#"{"business":{"X":"E901"}}"#).unwrap_err();
         assert!(e.to_string().contains("business.X"), "{e}");
+        // A B-code outside the standard table reaches channels that know none.
+        let e = CodeTable::from_json("x.json", r#"{"business":{"X":"B299"}}"#).unwrap_err();
+        assert!(
+            e.to_string().contains(
+                r#"business.X: "B299" is not a B-code of the standard table (B201, B202, B203)"#
+            ),
+            "{e}"
+        );
+        for code in STANDARD_B_CODES {
+            let json = format!(r#"{{"business":{{"X":"{code}"}}}}"#);
+            assert!(CodeTable::from_json("x.json", &json).is_ok(), "{code}");
+        }
         assert!(CodeTable::from_json("x.json", r#"{"business":{},"extra":1}"#).is_err());
     }
 
