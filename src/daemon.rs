@@ -578,7 +578,19 @@ pub fn restart_only_changes(running: &Config, file: &Config) -> Vec<PendingKey> 
 }
 
 /// A config as dotted keys -> values; `[[target]]` entries keyed by name.
+/// A target's timing left unset is shown as the value it takes (derived
+/// from the budget): the key written at that value changes nothing, and the
+/// line shows what runs, not "unset" (found by a black-box probe).
 fn flat(config: &Config) -> std::collections::BTreeMap<String, String> {
+    let budget = std::time::Duration::from_millis(config.server.budget_ms);
+    let mut config = config.clone();
+    for t in &mut config.targets {
+        let ms = |d: std::time::Duration| Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        t.connect_timeout_ms = ms(t.effective_connect_timeout(budget));
+        t.queue_wait_ms = ms(t.effective_queue_wait(budget));
+        t.wire_grace_ms = ms(t.effective_wire_grace(budget));
+    }
+    let config = &config;
     fn walk(prefix: &str, v: &toml::Value, out: &mut std::collections::BTreeMap<String, String>) {
         match v {
             toml::Value::Table(t) => {
@@ -771,15 +783,34 @@ mod tests {
                 "server.budget_ms (3000 -> 2000)",
                 "target.core.auth.bearer (hidden -> hidden)",
                 "target.core.urls ([\"http://a:1\"] -> [\"http://b:1\"])",
+                // Derived from the budget: the budget + the late-answer window + 5 s.
+                "target.core.wire_grace_ms (38000 -> 37000)",
             ]
         );
         assert!(restart_only_changes(&a, &a).is_empty());
+        // A timing written at the value it takes unset changes nothing; at
+        // another value it is shown against the value that runs, not "unset".
+        let same = cfg(
+            "[server]\nbudget_ms = 3000\n[[target]]\nname = \"core\"\nurls = [\"http://a:1\"]\n\
+             auth = { bearer = \"old\" }\nconnect_timeout_ms = 500\nqueue_wait_ms = 100\n\
+             wire_grace_ms = 38000\n",
+        );
+        assert!(restart_only_changes(&a, &same).is_empty());
+        let other = cfg(
+            "[server]\nbudget_ms = 3000\n[[target]]\nname = \"core\"\nurls = [\"http://a:1\"]\n\
+             auth = { bearer = \"old\" }\nconnect_timeout_ms = 300\n",
+        );
+        let changes: Vec<String> = restart_only_changes(&a, &other)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(changes, ["target.core.connect_timeout_ms (500 -> 300)"]);
         let r = Reloaded {
             restart_pending: restart_only_changes(&a, &b),
         };
         assert!(
             r.to_string()
-                .starts_with("4 changed keys wait for a restart: journal.")
+                .starts_with("5 changed keys wait for a restart: journal.")
         );
         let one = Reloaded {
             restart_pending: restart_only_changes(&a, &b).into_iter().take(1).collect(),
