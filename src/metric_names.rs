@@ -145,7 +145,7 @@ pub fn describe_all() {
     describe_counter!(
         CONFIG_RELOADS,
         Unit::Count,
-        "Configuration reloads (SIGHUP), by result: ok or refused (the previous configuration stays)."
+        "Configuration reloads (SIGHUP), by result: ok, refused (the previous configuration stays) or ignored (the hub was draining)."
     );
     describe_counter!(
         JOURNAL_ERRORS,

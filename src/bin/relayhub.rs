@@ -355,7 +355,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     }
     signals.wait(&daemon).await;
     tracing::info!("stopping: draining telegrams in flight");
-    daemon.shutdown().await;
+    signals.drain(daemon.shutdown()).await;
     counting.abort();
     tracing::info!("stopped");
     drop(logging);
@@ -394,6 +394,23 @@ impl Signals {
             }
         }
     }
+
+    /// Runs the drain to its end; a SIGHUP meanwhile reloads nothing (the
+    /// hub is stopping) but says so, rather than pass unseen (found by a
+    /// black-box probe: a `systemctl reload` during a stop left no trace).
+    async fn drain(&mut self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return,
+                _ = self.hup.recv() => {
+                    metrics::counter!(relayhub::metric_names::CONFIG_RELOADS, "result" => "ignored")
+                        .increment(1);
+                    tracing::warn!("reload ignored: the hub is draining, and stops once its telegrams in flight are answered");
+                }
+            }
+        }
+    }
 }
 
 #[cfg(not(unix))]
@@ -407,6 +424,10 @@ impl Signals {
 
     async fn wait(&mut self, _daemon: &Daemon) {
         let _ = tokio::signal::ctrl_c().await;
+    }
+
+    async fn drain(&mut self, shutdown: impl std::future::Future<Output = ()>) {
+        shutdown.await;
     }
 }
 

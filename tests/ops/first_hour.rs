@@ -562,6 +562,36 @@ async fn a_reload_that_needs_a_tls_listener_added_is_refused() {
     assert_eq!(hub.send(&transfer(&g, 1_000)).await.code, "0000");
 }
 
+/// A SIGHUP while the hub drains reloads nothing, and says so (before: no
+/// line and no count; found by a black-box probe); the transfer in flight
+/// still gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_during_the_drain_is_ignored_and_says_so() {
+    use tokio::io::AsyncWriteExt;
+    let core = start_core().await;
+    let dir = TempDir::new("fh-hupdrain");
+    let cfg = write(&dir, "relayhub.toml", &target(&core.url()));
+    let hub = serve_config(&cfg);
+    let g = guid("HUPDRAIN");
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .delay_ms(1_500),
+    );
+    let mut ch = tokio::net::TcpStream::connect(&hub.addr).await.unwrap();
+    ch.write_all(&framed(&transfer(&g, 1_000))).await.unwrap();
+    let seen = g.clone();
+    within(core.wait_stats(move |s| s.by_guid.get(&seen).is_some_and(|x| x.post == 1))).await;
+    send_signal(hub.pid, "TERM");
+    log_line(&hub, "stopping: draining", 0);
+    send_signal(hub.pid, "HUP");
+    let line = log_line(&hub, "reload ignored", 0);
+    assert!(line.contains("WARN") && line.contains("draining"), "{line}");
+    let (_, raw) = read_raw_answer(&mut ch).await;
+    let answer = relayhub::client::Answer::parse(&raw).unwrap();
+    assert_eq!(answer.code, "0000", "{answer:?}");
+}
+
 /// An own-bank transfer by the TRF001 layout, sent as tx code `tx`.
 fn transfer_as_tx(tx: &str, guid: &str) -> Vec<u8> {
     let mut t = transfer(guid, 1_000);
