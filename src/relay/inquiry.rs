@@ -1,6 +1,7 @@
 //! An INQ telegram: a channel asks what became of a transfer.
 
 use tokio::time::Instant;
+use tracing::warn;
 
 use super::bounded::{self, Bounded};
 use super::core_inquiry::inquire;
@@ -131,6 +132,21 @@ pub(super) async fn run(
                     attempt: None,
                 };
                 settle::settle_write(&hub.journal, orig, from, finish, deadline).await;
+            } else {
+                // Processed, but without the body a resend would replay: the
+                // row stays unknown (the channel's answer is still true), and
+                // the operator sees why the unknown count did not fall (found
+                // by a black-box probe).
+                let why = match rules.route(&row.tx_code) {
+                    None => format!("{} has no route any more", row.tx_code),
+                    Some(_) => format!("the answer does not fit {}'s response layout", row.tx_code),
+                };
+                warn!(
+                    orig_guid = orig,
+                    "inquiry: the core says processed, but the transfer stays unknown in the \
+                     journal: {why}, so no answer can be stored for a resend to replay; \
+                     relayhub journal reconcile names it too"
+                );
             }
         } else if reply.code == Code::NEVER_RECEIVED {
             let mut finish = finish_of(&reply, &outcome, "settled by an inquiry telegram".into());

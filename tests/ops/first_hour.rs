@@ -592,6 +592,47 @@ async fn a_reload_during_the_drain_is_ignored_and_says_so() {
     assert_eq!(answer.code, "0000", "{answer:?}");
 }
 
+/// An INQ001 about a transfer left unknown whose tx code has lost its route
+/// (a reload took it away) gets the core's true answer, but its row stays
+/// unknown, since no answer can be stored for a resend to replay; a WARN
+/// line says why, as reconcile does (before: no line, and the unknown count
+/// did not fall with no reason given; found by a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inquiry_that_cannot_settle_a_transfer_without_a_route_says_why() {
+    let core = start_core().await;
+    let dir = TempDir::new("fh-inqnoroute");
+    let hub = serve_three_routes(&core.url(), &dir, "");
+    let g = guid("NOROUTE");
+    core.add_fault(
+        FaultRule::guid(&g)
+            .method(FaultMethod::Post)
+            .status(502)
+            .phase(corebank::Phase::AfterApply)
+            .times(1),
+    );
+    let a = hub.send(&transfer_as_tx("TRF002", &g)).await;
+    assert_eq!(a.code, "E901", "{a:?}");
+    write(
+        &dir,
+        "relayhub.toml",
+        &format!(
+            "{}{}{}",
+            target(&core.url()),
+            route("TRF001", "transfer", None),
+            route("INQ001", "inquiry", None),
+        ),
+    );
+    let line = reload(&hub);
+    assert!(line.contains("in force"), "{line}");
+    let a = hub.send(&inquiry(&guid("NOROUTEQ"), &g)).await;
+    assert_eq!(a.code, "0000", "{a:?}");
+    let line = log_line(&hub, "stays unknown in the journal", 0);
+    assert!(
+        line.contains("WARN") && line.contains("TRF002 has no route any more") && line.contains(&g),
+        "{line}"
+    );
+}
+
 /// An own-bank transfer by the TRF001 layout, sent as tx code `tx`.
 fn transfer_as_tx(tx: &str, guid: &str) -> Vec<u8> {
     let mut t = transfer(guid, 1_000);
