@@ -62,6 +62,11 @@ pub enum ChannelRefusal {
     },
     /// The connection's certificate is no channel's.
     CertificateUnmapped(ClientCert),
+    /// The connection's certificate names more than one channel.
+    CertificateOfSeveral {
+        cert: ClientCert,
+        channels: Vec<String>,
+    },
     /// The channel has `cert_names` and the connection shows no certificate.
     CertificateMissing,
 }
@@ -85,6 +90,13 @@ impl std::fmt::Display for ChannelRefusal {
             }
             ChannelRefusal::CertificateUnmapped(cert) => {
                 write!(f, "the connection's {cert} is in no channel's cert_names")
+            }
+            ChannelRefusal::CertificateOfSeveral { cert, channels } => {
+                write!(
+                    f,
+                    "the connection's {cert} names channels {}: a certificate must name one",
+                    channels.join(" and ")
+                )
             }
             ChannelRefusal::CertificateMissing => {
                 f.write_str("channel has cert_names and the connection shows no client certificate")
@@ -321,11 +333,26 @@ impl Rules {
         tx_code: &str,
     ) -> Result<(), ChannelRefusal> {
         if let Some(cert) = cert {
-            let owner = cert
+            // Every channel its names give: a certificate that names two
+            // (a PKI mistake) is no one's, rather than whichever name comes
+            // first in it (found by a black-box probe).
+            let mut owners: Vec<&String> = cert
                 .names
                 .iter()
-                .find_map(|n| self.cert_channels.get(n))
-                .ok_or_else(|| ChannelRefusal::CertificateUnmapped(cert.clone()))?;
+                .filter_map(|n| self.cert_channels.get(n))
+                .collect();
+            owners.sort();
+            owners.dedup();
+            let owner = match owners.as_slice() {
+                [] => return Err(ChannelRefusal::CertificateUnmapped(cert.clone())),
+                [one] => *one,
+                several => {
+                    return Err(ChannelRefusal::CertificateOfSeveral {
+                        cert: cert.clone(),
+                        channels: several.iter().map(|c| c.to_string()).collect(),
+                    });
+                }
+            };
             if owner != channel_id {
                 return Err(ChannelRefusal::CertificateOfAnother {
                     cert: cert.clone(),
@@ -462,6 +489,30 @@ mod tests {
             Err(ChannelRefusal::CertificateMissing)
         );
         assert_eq!(check("NOBODY", None), Err(ChannelRefusal::UnknownChannel));
+        // Two channels' names in one certificate: no one's, in either order.
+        for names in [
+            ["ibank.channels.test", "corp-cn"],
+            ["corp-cn", "ibank.channels.test"],
+        ] {
+            let both = cert(&names);
+            for id in ["IBANK", "CORP"] {
+                let refusal = check(id, Some(&both)).unwrap_err();
+                assert!(
+                    refusal
+                        .to_string()
+                        .ends_with("names channels CORP and IBANK: a certificate must name one"),
+                    "{refusal}"
+                );
+            }
+        }
+        // One channel named twice (SAN and CN) is that channel.
+        assert_eq!(
+            check(
+                "IBANK",
+                Some(&cert(&["ibank.channels.test", "IBANK.channels.test"]))
+            ),
+            Ok(())
+        );
     }
 
     /// A tx code the channel table leaves out is named in the refusal.
