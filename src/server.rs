@@ -666,6 +666,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
         mut idle_from,
         mut inline,
         mut from_backlog,
+        mut framed,
     } = carry;
     buf.reserve(512);
     // The last telegram outlasted an adopter's patience: not lent again
@@ -697,6 +698,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     mark,
                 })) => {
                     started = None;
+                    framed = true;
                     let guard = in_flight.enter();
                     let alone =
                         direct.is_some() && inline.is_none() && buf.is_empty() && held.is_empty();
@@ -789,6 +791,15 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                             " (the bytes begin {record}: the channel speaks TLS, and this \
                              listener is plain; TLS channels connect to tls_listen)"
                         ),
+                        // A telegram framed before says the prefix mode
+                        // is right: most likely an earlier length was wrong
+                        // and these bytes are the rest of that telegram
+                        // (before, they were blamed on the other mode's
+                        // prefix; found by a black-box probe).
+                        None if framed => " (a telegram was framed on this connection before, so \
+                            its prefix mode is right: most likely an earlier telegram's length \
+                            prefix was wrong, and these bytes are what was left of it)"
+                            .to_string(),
                         None => crate::frame::other_prefix(limits.prefix, &buf)
                             .map(|(what, other)| {
                                 format!(

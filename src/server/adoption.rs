@@ -116,6 +116,9 @@ pub(super) struct Carry {
     /// Taken from the listener's backlog by a draining hub, nothing read
     /// from it yet: its channel may not have sent its telegram yet.
     pub from_backlog: bool,
+    /// A telegram was framed on this connection: its prefix mode is right,
+    /// so bytes that cannot be framed later are no other mode's prefix.
+    pub framed: bool,
 }
 
 /// How a lent connection comes back.
@@ -219,6 +222,7 @@ impl Adopters {
 fn kept(lent: Lent) -> (StdStream, Carry) {
     let carry = Carry {
         inline: Some(flight(&lent.start, lent.telegram, lent.read_at, lent.guard)),
+        framed: true,
         ..Carry::default()
     };
     (lent.stream, carry)
@@ -416,6 +420,7 @@ fn carry(buf: BytesMut, started: Option<Instant>, idle_from: Instant) -> Carry {
         idle_from: Some(idle_from),
         inline: None,
         from_backlog: false,
+        framed: true,
     }
 }
 
@@ -575,6 +580,7 @@ fn hand_back(held: Held) {
         stream,
         Carry {
             inline: Some(flight),
+            framed: true,
             ..Carry::default()
         },
     ));

@@ -1062,6 +1062,29 @@ async fn the_hub_s_line_names_a_mismatched_prefix() {
         let line = log_line(&hub, "unframeable input", 0);
         assert!(line.contains(want), "{listener}: {line}");
     }
+    // A prefix too short in front of a whole telegram, on the binary
+    // listener: its first 100 bytes are framed (and refused), and what is
+    // left, ASCII digits of the amount, is no prefix of the other mode: the
+    // line says an earlier length was most likely wrong (before, it blamed
+    // the ascii prefix; found by a black-box probe).
+    let dir = TempDir::new("fh-prefix");
+    let cfg = write(
+        &dir,
+        "relayhub.toml",
+        &format!("[server]\nprefix = \"binary\"\n\n{}", target(&core.url())),
+    );
+    let hub = serve_config(&cfg);
+    let mut s = tokio::net::TcpStream::connect(&hub.addr).await.unwrap();
+    let mut wire = 100u32.to_be_bytes().to_vec();
+    wire.extend_from_slice(&telegram);
+    s.write_all(&wire).await.unwrap();
+    let line = log_line(&hub, "unframeable input", 0);
+    assert!(
+        line.contains("a telegram was framed on this connection before")
+            && line.contains("an earlier telegram's length prefix was wrong")
+            && !line.contains("seems to send the ascii prefix"),
+        "{line}"
+    );
 }
 
 /// A core URL given as `http://` for a core that speaks TLS: its answer is
