@@ -506,18 +506,34 @@ async fn the_fixture_binary_serves_https_and_requires_client_certificates_when_t
     assert_eq!(a.code, "E902", "{a:?}\nhub log:\n{}", without.stderr());
 }
 
+/// What a [`head_reading_core`] does once it has read a request head.
+enum AfterHead {
+    /// Cuts the connection: a reset (RST) when the head contains `TLSRST`,
+    /// else a close without a TLS close (FIN).
+    Cut,
+    /// Sends a fatal alert of this description, sealed under its traffic
+    /// key as its TLS stack would (its config must offer only
+    /// TLS13_AES_128_GCM_SHA256 and allow secret extraction), and closes.
+    SealedAlert(u8),
+}
+
 /// A bare TLS server on a free port standing in for a core: for each
 /// connection that completes the handshake it reads the request head, keeps
-/// it, then cuts the connection: a reset (RST) when the head contains
-/// `TLSRST`, else a close without a TLS close (FIN). Returns its address and
-/// the heads it read.
-async fn cutting_core(config: rustls::ServerConfig) -> (String, Arc<Mutex<Vec<String>>>) {
-    use tokio::io::AsyncReadExt;
+/// it, then does `after`. Returns its address and the heads it read.
+async fn head_reading_core(
+    config: rustls::ServerConfig,
+    after: AfterHead,
+) -> (String, Arc<Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let heads = Arc::new(Mutex::new(Vec::<String>::new()));
     let seen = heads.clone();
+    let alert = match after {
+        AfterHead::Cut => None,
+        AfterHead::SealedAlert(description) => Some(description),
+    };
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             let (acceptor, seen) = (acceptor.clone(), seen.clone());
@@ -536,6 +552,19 @@ async fn cutting_core(config: rustls::ServerConfig) -> (String, Arc<Mutex<Vec<St
                 let head = String::from_utf8_lossy(&head).into_owned();
                 let reset = head.contains("TLSRST");
                 seen.lock().unwrap().push(head);
+                if let Some(description) = alert {
+                    // The tickets are out before the alert.
+                    tls.flush().await.unwrap();
+                    let (mut tcp, conn) = tls.into_inner();
+                    let secrets = conn.dangerous_extract_secrets().unwrap();
+                    let (seq, rustls::ConnectionTrafficSecrets::Aes128Gcm { key, iv }) = secrets.tx
+                    else {
+                        panic!("the one suite offered");
+                    };
+                    let record = sealed_alert(key.as_ref(), iv.as_ref(), seq, description);
+                    tcp.write_all(&record).await.unwrap();
+                    return;
+                }
                 let (tcp, _) = tls.into_inner();
                 if reset {
                     tcp.set_zero_linger().expect("SO_LINGER 0");
@@ -574,7 +603,7 @@ async fn a_core_that_reads_the_request_then_resets_or_closes_is_e901() {
             tls_files::read_key("key", &server.key).unwrap(),
         )
         .unwrap();
-    let (url, heads) = cutting_core(config).await;
+    let (url, heads) = head_reading_core(config, AfterHead::Cut).await;
     let dir = TempDir::new("tlsrst");
     let hub = hub(&dir, &[&url], &target_tls_lines(Some(&ca.cert), None));
     for tag in ["TLSRST", "TLSFIN"] {
@@ -600,11 +629,9 @@ async fn a_core_that_reads_the_request_then_resets_or_closes_is_e901() {
 
 /// A TLS 1.3 core standing in for a gateway with a policy: it completes the
 /// handshake (its session tickets go out with it), reads the request head,
-/// keeps it, then sends a fatal `access_denied` alert, sealed under its
-/// traffic key as its TLS stack would, and closes. Returns its address and
-/// the heads it read.
+/// keeps it, then sends a fatal `access_denied` alert and closes. Returns
+/// its address and the heads it read.
 async fn alerting_core(ca: &TestCa) -> (String, Arc<Mutex<Vec<String>>>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = ca.server("core", &["127.0.0.1"], Validity::Current);
     // One cipher suite, so that the alert is sealed with a known AEAD.
     let provider = rustls::crypto::CryptoProvider {
@@ -622,44 +649,8 @@ async fn alerting_core(ca: &TestCa) -> (String, Arc<Mutex<Vec<String>>>) {
         .unwrap();
     config.enable_secret_extraction = true;
     assert!(config.send_tls13_tickets > 0, "the core sends tickets");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let heads = Arc::new(Mutex::new(Vec::<String>::new()));
-    let seen = heads.clone();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, seen) = (acceptor.clone(), seen.clone());
-            tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match tls.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                seen.lock()
-                    .unwrap()
-                    .push(String::from_utf8_lossy(&head).into_owned());
-                // The tickets are out before the alert.
-                tls.flush().await.unwrap();
-                let (mut tcp, conn) = tls.into_inner();
-                let secrets = conn.dangerous_extract_secrets().unwrap();
-                let (seq, rustls::ConnectionTrafficSecrets::Aes128Gcm { key, iv }) = secrets.tx
-                else {
-                    panic!("the one suite offered");
-                };
-                tcp.write_all(&sealed_alert(key.as_ref(), iv.as_ref(), seq, 49))
-                    .await
-                    .unwrap();
-            });
-        }
-    });
-    (format!("https://{addr}"), heads)
+    // access_denied.
+    head_reading_core(config, AfterHead::SealedAlert(49)).await
 }
 
 /// A TLS 1.3 record holding a fatal alert `description`, sealed with
@@ -734,7 +725,7 @@ async fn a_tls12_core_refusing_the_client_certificate_is_e902() {
             tls_files::read_key("key", &server.key).unwrap(),
         )
         .unwrap();
-    let (url, heads) = cutting_core(config).await;
+    let (url, heads) = head_reading_core(config, AfterHead::Cut).await;
     let dir = TempDir::new("tls12");
     let mut hub = hub(&dir, &[&url], &target_tls_lines(Some(&ca.cert), None));
     let g = guid("TLS12");
