@@ -440,6 +440,19 @@ impl Daemon {
         for task in &self.background {
             task.abort();
         }
+        // The telegrams are answered: the journal is made whole in its file.
+        match self._journal_owner.close_cleanly(self.hub.journal()).await {
+            Ok(true) => info!("journal copied into its file: the file alone holds it now"),
+            Ok(false) => {}
+            Err(e) => {
+                metrics::counter!(crate::metric_names::JOURNAL_ERRORS, "stage" => "checkpoint")
+                    .increment(1);
+                warn!(
+                    error = %e,
+                    "the journal's -wal still holds recent rows: keep it with the file (copy, back up and move them together)"
+                );
+            }
+        }
     }
 }
 

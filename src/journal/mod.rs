@@ -232,6 +232,25 @@ pub struct Ownership {
 }
 
 impl Ownership {
+    /// At a clean stop: a SQLite journal is copied into its file and its
+    /// `-wal` emptied, and the lock file says so, so that the file alone is
+    /// the whole journal (see [`sqlite::SqliteJournal::checkpoint_into_file`]).
+    /// Other stores have nothing to do.
+    /// Whether there was a file to make whole.
+    pub async fn close_cleanly(&mut self, journal: &Journal) -> Result<bool, JournalError> {
+        let (Some(lock), Journal::Sqlite(j)) = (self.lock.as_mut(), journal) else {
+            return Ok(false);
+        };
+        j.checkpoint_into_file().await?;
+        lock.mark_whole_in_file().map_err(|e| {
+            JournalError::Write(format!(
+                "the journal was copied into its file, but its lock file {} could not say so: {e}",
+                lock.path().display()
+            ))
+        })?;
+        Ok(true)
+    }
+
     /// The lock file held, for a SQLite journal.
     pub fn lock_file(&self) -> Option<&std::path::Path> {
         self.lock.as_ref().map(|l| l.path())

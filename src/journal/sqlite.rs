@@ -454,6 +454,39 @@ impl SqliteJournal {
     }
 
     /// A GUID's row, if journaled.
+    /// At a clean stop: copies the WAL into the database file and empties
+    /// it (`wal_checkpoint(TRUNCATE)`), so that the file alone holds the
+    /// journal. A stopped hub's `-wal` otherwise held most of it (a new
+    /// journal's tables too), and a copy of the file alone was an empty
+    /// journal, whose start took every GUID for new (found by a black-box
+    /// probe). Refused, with the WAL kept whole, when the journal refuses
+    /// durable writes (a failed fsync: nothing is copied then) or when a
+    /// reader kept the checkpoint from finishing.
+    pub async fn checkpoint_into_file(&self) -> Result<(), JournalError> {
+        let broken = self
+            .shared
+            .syncer
+            .refusal()
+            .or_else(|| self.checkpoints.as_ref().and_then(|c| c.broken()));
+        if let Some(why) = broken {
+            return Err(JournalError::Write(why));
+        }
+        let (busy, frames, copied): (i64, i64, i64) = self
+            .call(false, |c| {
+                c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+            })
+            .await?;
+        if busy != 0 {
+            return Err(JournalError::Write(format!(
+                "the checkpoint could not finish ({copied} of {frames} WAL frames copied): \
+                 another connection was using the journal"
+            )));
+        }
+        Ok(())
+    }
+
     pub async fn get(&self, guid: &str) -> Result<Option<Row>, JournalError> {
         let guid = guid.to_owned();
         self.call(false, move |c| select_row(c, &guid)).await

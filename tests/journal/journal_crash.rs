@@ -618,57 +618,104 @@ async fn a_journal_found_empty_beside_its_lock_file_is_refused() {
     hub.sigkill();
 }
 
-/// A journal whose `-wal` was lost between runs (deleted after a crash or a
-/// stop, or the file copied without it) lost its latest rows: a start is
-/// refused, naming the `-wal`, instead of posting their GUIDs again (before:
-/// accepted silently, and every resend of those GUIDs was posted a second
-/// time; found by a black-box probe). The hub keeps its `-wal` at a clean
-/// stop as after a crash, so a missing one may have held rows.
+/// A journal whose `-wal` was lost after a crash (deleted, or the file
+/// copied without it) lost its latest rows: a start is refused, naming the
+/// `-wal`, instead of posting their GUIDs again (before: accepted silently,
+/// and every resend of those GUIDs was posted a second time; found by a
+/// black-box probe).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_journal_whose_wal_was_lost_between_runs_is_refused() {
+async fn a_journal_whose_wal_was_lost_after_a_crash_is_refused() {
     let core = start_core().await;
     let dir = TempDir::new("journal-wal-lost");
-    for (name, stop_cleanly) in [("crashed.db", false), ("stopped.db", true)] {
-        let file = dir.join(name);
-        let mut wal = file.clone().into_os_string();
-        wal.push("-wal");
-        let wal = std::path::PathBuf::from(wal);
-        // A journal with its tables in the file, as after the hub's first
-        // checkpoints, and a transfer since, in the -wal alone.
-        let mut hub = start_hub_process(&core.url(), &file, 3_000);
-        let mut ch = hub.channel().await;
-        let answer = within(ch.exchange(&transfer(&guid("WALOLD"), 1_000)))
-            .await
-            .unwrap();
-        assert_eq!(answer.code, "0000", "{answer:?}");
-        checkpoint_keeping_the_wal(&file);
-        let g = guid("WALLOST");
-        let answer = within(ch.exchange(&transfer(&g, 1_000))).await.unwrap();
-        assert_eq!(answer.code, "0000", "{answer:?}");
-        if stop_cleanly {
-            assert!(hub.terminate().success());
-        } else {
-            hub.sigkill();
-        }
-        assert!(wal.exists(), "{name}: the -wal is kept");
+    let file = dir.join("crashed.db");
+    let wal = wal_of(&file);
+    // A journal with its tables in the file, as after the hub's first
+    // checkpoints, and a transfer since, in the -wal alone.
+    let mut hub = start_hub_process(&core.url(), &file, 3_000);
+    let mut ch = hub.channel().await;
+    let answer = within(ch.exchange(&transfer(&guid("WALOLD"), 1_000)))
+        .await
+        .unwrap();
+    assert_eq!(answer.code, "0000", "{answer:?}");
+    checkpoint_keeping_the_wal(&file);
+    let g = guid("WALLOST");
+    let answer = within(ch.exchange(&transfer(&g, 1_000))).await.unwrap();
+    assert_eq!(answer.code, "0000", "{answer:?}");
+    hub.sigkill();
+    assert!(wal.exists(), "the -wal is kept");
 
-        remove_journal_files(&file, &["-wal", "-shm"]);
-        // A reader that finds no -wal makes an empty one: still a lost one.
-        let listed = relayhub(&["journal", "--journal", file.to_str().unwrap(), "list"]);
-        assert!(listed.code == Some(0), "{listed:?}");
-        let refused = serve_on(&core.url(), &file);
-        assert!(
-            refused.code != Some(0)
-                && refused.stderr.contains("its -wal file is gone")
-                && refused.stderr.contains("its lock file"),
-            "{name}: {refused:?}"
+    remove_journal_files(&file, &["-wal", "-shm"]);
+    // A reader that finds no -wal makes an empty one: still a lost one.
+    let listed = relayhub(&["journal", "--journal", file.to_str().unwrap(), "list"]);
+    assert!(listed.code == Some(0), "{listed:?}");
+    let refused = serve_on(&core.url(), &file);
+    assert!(
+        refused.code != Some(0)
+            && refused.stderr.contains("its -wal file is gone")
+            && refused.stderr.contains("its lock file"),
+        "{refused:?}"
+    );
+    assert!(
+        std::fs::metadata(&wal).map_or(0, |m| m.len()) == 0,
+        "left as found"
+    );
+    assert_eq!(posts(&core, &g), 1);
+}
+
+/// A clean stop copies the journal into its file and empties the `-wal`
+/// (its lock file then no longer says it keeps one), so the file alone is
+/// the whole journal: a copy of it, without its `-wal` or its lock file,
+/// replays every answer, and the original starts again without its `-wal`.
+/// Before, a stopped hub's `-wal` held nearly everything (a new journal's
+/// tables too): a copy of the file alone started as an empty journal and
+/// posted every resend again (found by a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_leaves_the_whole_journal_in_its_file() {
+    let core = start_core().await;
+    let dir = TempDir::new("journal-clean-stop");
+    let file = dir.join("stopped.db");
+    let mut hub = start_hub_process(&core.url(), &file, 3_000);
+    let mut ch = hub.channel().await;
+    let g = guid("WHOLE");
+    let telegram = transfer(&g, 1_000);
+    let first = within(ch.exchange(&telegram)).await.unwrap();
+    assert_eq!(first.code, "0000", "{first:?}");
+    assert!(hub.terminate().success());
+    assert_eq!(
+        std::fs::metadata(wal_of(&file)).map_or(0, |m| m.len()),
+        0,
+        "the -wal is empty"
+    );
+    let lock = std::fs::read_to_string(dir.join("stopped.db.lock")).unwrap();
+    assert!(
+        lock.contains("opened the journal") && !lock.contains("keeps the journal's -wal file"),
+        "{lock}"
+    );
+    // The file alone, elsewhere.
+    let elsewhere = TempDir::new("journal-clean-copy");
+    let copy = elsewhere.join("copy.db");
+    std::fs::copy(&file, &copy).unwrap();
+    remove_journal_files(&file, &["-wal", "-shm"]);
+    for journal in [&copy, &file] {
+        let mut hub = start_hub_process(&core.url(), journal, 3_000);
+        let mut ch = hub.channel().await;
+        let again = within(ch.exchange(&telegram)).await.unwrap();
+        assert_eq!(
+            (&again.code, &again.body),
+            (&first.code, &first.body),
+            "{}: replayed",
+            journal.display()
         );
-        assert!(
-            std::fs::metadata(&wal).map_or(0, |m| m.len()) == 0,
-            "{name}: left as found"
-        );
-        assert_eq!(posts(&core, &g), 1);
+        assert!(hub.terminate().success());
     }
+    assert_eq!(posts(&core, &g), 1);
+}
+
+/// The journal's `-wal` file.
+fn wal_of(file: &std::path::Path) -> std::path::PathBuf {
+    let mut wal = file.as_os_str().to_owned();
+    wal.push("-wal");
+    std::path::PathBuf::from(wal)
 }
 
 /// A journal file with a second hard link is refused at start: a hub on

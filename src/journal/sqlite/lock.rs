@@ -186,6 +186,28 @@ impl FileLock {
         Ok(())
     }
 
+    /// Notes in the lock file (both names) that the journal is whole in its
+    /// file (a clean stop emptied the `-wal` into it): the next start takes
+    /// a missing or empty `-wal` as no loss. The next owner's
+    /// [`FileLock::mark_opened`] says that it keeps the `-wal` again.
+    pub fn mark_whole_in_file(&mut self) -> std::io::Result<()> {
+        for file in std::iter::once(&mut self._file).chain(self._given.as_mut()) {
+            let mut text = String::new();
+            file.rewind()?;
+            file.read_to_string(&mut text)?;
+            let kept: String = text
+                .lines()
+                .filter(|l| *l != KEEPS_WAL)
+                .map(|l| format!("{l}\n"))
+                .collect();
+            file.set_len(0)?;
+            file.rewind()?;
+            file.write_all(kept.as_bytes())?;
+            file.sync_all()?;
+        }
+        Ok(())
+    }
+
     /// The lock file's path.
     pub fn path(&self) -> &Path {
         &self.path
