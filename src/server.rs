@@ -524,7 +524,7 @@ async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
 ) -> Option<&'q Queue> {
     if let Some(writer) = direct.take() {
         let (tx, rx) = mpsc::channel(capacity);
-        let task = tokio::spawn(write_answers(writer, rx, link.clone()));
+        let task = tokio::spawn(write_answers(writer, rx, link.clone()).in_current_span());
         let permits = Arc::new(Semaphore::new(capacity));
         let queue = queue.insert(Queue { tx, task, permits });
         if let Some(Inline {
