@@ -708,6 +708,17 @@ async fn a_clean_stop_leaves_the_whole_journal_in_its_file() {
         );
         assert!(hub.terminate().success());
     }
+    // A crash before the first transfer after a clean stop: the start wrote
+    // to the emptied -wal before its lock file said the hub keeps it, so
+    // the next start finds a -wal and is not refused (the first version of
+    // this change was refused: "its -wal file is gone").
+    let mut hub = start_hub_process(&core.url(), &file, 3_000);
+    hub.sigkill();
+    let mut hub = start_hub_process(&core.url(), &file, 3_000);
+    let mut ch = hub.channel().await;
+    let again = within(ch.exchange(&telegram)).await.unwrap();
+    assert_eq!(again.code, "0000", "{again:?}");
+    assert!(hub.terminate().success());
     assert_eq!(posts(&core, &g), 1);
 }
 

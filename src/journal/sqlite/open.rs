@@ -298,6 +298,12 @@ fn migrate_locked(conn: &Connection) -> Result<(), String> {
         ))
         .map_err(|e| format!("cannot record schema version {to}: {e}"))?;
     }
+    // One frame in the -wal, which SQLite writes with its header: a -wal a
+    // clean stop emptied holds one again before the lock file says that the
+    // hub keeps it, so a crash before the first transfer does not leave an
+    // empty -wal that the next start takes for a lost one.
+    conn.execute_batch(&format!("PRAGMA user_version = {}", MIGRATIONS.len()))
+        .map_err(|e| format!("cannot write to the journal: {e}"))?;
     check_tables(conn)
 }
 
