@@ -365,23 +365,27 @@ impl Journal {
                     ),
                     empty,
                 ))
-            } else if held.wal_kept_before() && !sqlite::open::holds_a_wal(path) {
-                Some((
-                    format!(
-                        "its -wal file is gone, but its lock file {lock} is there: a hub had \
+            } else {
+                let problem = held
+                    .wal_kept_before()
+                    .then(|| sqlite::open::wal_problem(path))
+                    .flatten();
+                problem.map(|problem| {
+                    (
+                        format!(
+                            "its -wal file {problem}, but its lock file {lock} is there: a hub had \
                          the journal open, and it keeps the -wal file, so the -wal was deleted, \
-                         moved or not copied with the file since, and the rows only it held \
-                         (the latest transfers) may be lost. (Another SQLite program that \
+                         moved, damaged or not copied with the file since, and the rows only it \
+                         held (the latest transfers) may be lost. (Another SQLite program that \
                          opened the journal read-write since, with no hub running, copies the \
                          -wal into the file as it closes and deletes it: then nothing is lost)"
-                    ),
-                    format!(
-                        "to start with what the file alone holds instead, remove {lock} (a \
+                        ),
+                        format!(
+                            "to start with what the file alone holds instead, remove {lock} (a \
                          resend of a GUID only the -wal held would then be posted again)"
-                    ),
-                ))
-            } else {
-                None
+                        ),
+                    )
+                })
             };
             if let Some((what, instead)) = lost {
                 return Err(JournalError::Open {

@@ -645,9 +645,6 @@ async fn a_journal_whose_wal_was_lost_after_a_crash_is_refused() {
     assert!(wal.exists(), "the -wal is kept");
 
     remove_journal_files(&file, &["-wal", "-shm"]);
-    // A reader that finds no -wal makes an empty one: still a lost one.
-    let listed = relayhub(&["journal", "--journal", file.to_str().unwrap(), "list"]);
-    assert!(listed.code == Some(0), "{listed:?}");
     let refused = serve_on(&core.url(), &file);
     assert!(
         refused.code != Some(0)
@@ -655,9 +652,28 @@ async fn a_journal_whose_wal_was_lost_after_a_crash_is_refused() {
             && refused.stderr.contains("its lock file"),
         "{refused:?}"
     );
+    // A reader that finds no -wal makes an empty one: still a lost one, and
+    // so is one cut short (each named for what it is; before, all were
+    // "gone": found by a black-box probe).
+    let listed = relayhub(&["journal", "--journal", file.to_str().unwrap(), "list"]);
+    assert!(listed.code == Some(0), "{listed:?}");
+    let refused = serve_on(&core.url(), &file);
+    assert!(
+        refused.code != Some(0) && refused.stderr.contains("its -wal file is empty"),
+        "{refused:?}"
+    );
     assert!(
         std::fs::metadata(&wal).map_or(0, |m| m.len()) == 0,
         "left as found"
+    );
+    std::fs::write(&wal, [0x37, 0x7f, 0x06, 0x82]).unwrap();
+    let refused = serve_on(&core.url(), &file);
+    assert!(
+        refused.code != Some(0)
+            && refused
+                .stderr
+                .contains("its -wal file is damaged: 4 bytes, shorter than a WAL's 32-byte header"),
+        "{refused:?}"
     );
     assert_eq!(posts(&core, &g), 1);
 }

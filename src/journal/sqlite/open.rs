@@ -112,19 +112,37 @@ pub(crate) fn wal_of(path: &Path) -> PathBuf {
 }
 
 /// Whether the journal's `-wal` file is there with at least its header (32
-/// bytes, beginning with the WAL's magic number). A hub's `-wal` always has
-/// one once the journal is made (its tables are written through it, and a
-/// reset keeps `journal_size_limit` bytes); an empty one was made by a
-/// reader that found none (`journal list`, `sqlite3 -readonly`), so it
-/// stands for a lost one (found by a probe), as does a shorter one (a copy
-/// cut short) or one without the magic (another file), which SQLite would
-/// take for empty (found by a review).
-pub(crate) fn holds_a_wal(path: &Path) -> bool {
+/// bytes, beginning with the WAL's magic number). A running hub's `-wal`
+/// always has one (its start writes a frame, and a reset keeps
+/// `journal_size_limit` bytes); an empty one was made by a reader that found
+/// none (`journal list`, `sqlite3 -readonly`), so it stands for a lost one
+/// (found by a probe), as does a shorter one (a copy cut short) or one
+/// without the magic (another file), which SQLite would take for empty
+/// (found by a review). `None` when it is; else what is wrong with it, for the refusal's words:
+/// "is gone", "is empty", or what it is instead (before, every case read
+/// "is gone"; found by a black-box probe).
+pub(crate) fn wal_problem(path: &Path) -> Option<String> {
     use std::io::Read;
+    let wal = wal_of(path);
+    let Ok(mut file) = std::fs::File::open(&wal) else {
+        return Some("is gone".into());
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
     let mut header = [0u8; 32];
-    std::fs::File::open(wal_of(path))
-        .and_then(|mut f| f.read_exact(&mut header))
-        .is_ok_and(|()| matches!(header[..4], [0x37, 0x7f, 0x06, 0x82 | 0x83]))
+    match file.read_exact(&mut header) {
+        _ if len == 0 => Some(
+            "is empty (a reader such as `relayhub journal list` makes an empty one where it \
+             finds none)"
+                .into(),
+        ),
+        Err(_) => Some(format!(
+            "is damaged: {len} bytes, shorter than a WAL's 32-byte header"
+        )),
+        Ok(()) if matches!(header[..4], [0x37, 0x7f, 0x06, 0x82 | 0x83]) => None,
+        Ok(()) => Some(format!(
+            "is damaged: {len} bytes that do not begin with a WAL's magic number"
+        )),
+    }
 }
 
 /// The `-wal` file stays when `conn` is the last connection to close

@@ -2622,21 +2622,39 @@ async fn a_wal_counts_only_with_its_header() {
         .await
         .unwrap();
     let path = db(&dir);
-    assert!(open::holds_a_wal(&path), "a hub's -wal");
+    assert_eq!(open::wal_problem(&path), None, "a hub's -wal");
     let header = std::fs::read(dir.path().join("journal.db-wal")).unwrap()[..32].to_vec();
     let other = dir.path().join("other.db");
     let wal = dir.path().join("other.db-wal");
     let mut wrong_magic = header.clone();
     wrong_magic[0] = b'S';
-    for (bytes, holds) in [
-        (&header[..], true),
-        (&header[..0], false),
-        (&header[..31], false),
-        (&wrong_magic[..], false),
+    for (bytes, problem) in [
+        (&header[..], None),
+        (&header[..0], Some("is empty")),
+        (
+            &header[..31],
+            Some("is damaged: 31 bytes, shorter than a WAL's 32-byte header"),
+        ),
+        (
+            &wrong_magic[..],
+            Some("is damaged: 32 bytes that do not begin with a WAL's magic number"),
+        ),
     ] {
         std::fs::write(&wal, bytes).unwrap();
-        assert_eq!(open::holds_a_wal(&other), holds, "{} bytes", bytes.len());
+        let found = open::wal_problem(&other);
+        match problem {
+            None => assert_eq!(found, None),
+            Some(want) => assert!(
+                found.as_deref().is_some_and(|f| f.starts_with(want)),
+                "{} bytes: {found:?}",
+                bytes.len()
+            ),
+        }
     }
     std::fs::remove_file(&wal).unwrap();
-    assert!(!open::holds_a_wal(&other), "no -wal");
+    assert_eq!(
+        open::wal_problem(&other).as_deref(),
+        Some("is gone"),
+        "no -wal"
+    );
 }
