@@ -92,6 +92,24 @@ pub struct SqliteJournal {
 const ROW_COLUMNS: &str = "guid, tx_code, fingerprint, state, code, answer, attempts, \
      last_attempt_ms, answered_ms, last_error, created_ms, updated_ms, url, grace_ms, grace_attempt";
 
+/// What a reader should be told before it looks at the journal at `path`:
+/// its lock file says a hub keeps its `-wal`, and the `-wal` is not there
+/// whole, so the latest rows are missing from what it shows (a GUID shown
+/// missing, or `sending`, may have moved money). Checked before the reader
+/// opens it: SQLite makes an empty `-wal` where it finds none.
+pub fn missing_wal_warning(path: &Path) -> Option<String> {
+    if !lock::says_wal_kept(path) {
+        return None;
+    }
+    let problem = open::wal_problem(path)?;
+    Some(format!(
+        "warning: the journal's -wal file {problem}, but its lock file says a hub keeps one: the \
+         rows only the -wal held (the latest transfers) are missing from what is shown, and a \
+         GUID shown as missing or `sending` may have moved money; put the -wal back beside \
+         the file"
+    ))
+}
+
 impl SqliteJournal {
     /// Opens (creating if absent) the journal at `path`, and starts its writer,
     /// which commits up to `max_batch` queued commands in one transaction.

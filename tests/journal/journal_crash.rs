@@ -655,8 +655,25 @@ async fn a_journal_whose_wal_was_lost_after_a_crash_is_refused() {
     // A reader that finds no -wal makes an empty one: still a lost one, and
     // so is one cut short (each named for what it is; before, all were
     // "gone": found by a black-box probe).
+    // The reader says what it cannot show (before, `show` said "not in the
+    // journal" of a GUID the lost -wal held, with no warning; found by a
+    // black-box probe).
+    let shown = relayhub(&["journal", "--journal", file.to_str().unwrap(), "show", &g]);
+    assert!(
+        shown
+            .stderr
+            .contains("warning: the journal's -wal file is gone")
+            && shown.stderr.contains("may have moved money"),
+        "{shown:?}"
+    );
     let listed = relayhub(&["journal", "--journal", file.to_str().unwrap(), "list"]);
     assert!(listed.code == Some(0), "{listed:?}");
+    assert!(
+        listed
+            .stderr
+            .contains("warning: the journal's -wal file is empty"),
+        "{listed:?}"
+    );
     let refused = serve_on(&core.url(), &file);
     assert!(
         refused.code != Some(0) && refused.stderr.contains("its -wal file is empty"),

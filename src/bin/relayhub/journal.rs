@@ -345,9 +345,15 @@ async fn open_to_look(spec: &str, create: bool) -> Result<Journal, String> {
         eprintln!("{} created", describe(spec));
         journal
     } else {
-        Journal::open_read_only(spec)
+        // Before the open, which makes an empty -wal where there is none.
+        let warning = file_of(spec).and_then(relayhub::journal::sqlite::missing_wal_warning);
+        let journal = Journal::open_read_only(spec)
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        if let Some(warning) = warning {
+            eprintln!("{warning}");
+        }
+        journal
     };
     Ok(journal)
 }

@@ -90,6 +90,17 @@ pub fn one_link(db: &Path) -> Result<(), String> {
     }
 }
 
+/// Whether a lock file beside the journal at `db` (under its one name, or
+/// the name given) says its owner keeps the `-wal` file: read, not taken,
+/// for a reader that looks at a journal beside a live or a stopped hub.
+pub fn says_wal_kept(db: &Path) -> bool {
+    [lock_path(&one_name(db)), lock_path(db)]
+        .iter()
+        .any(|lock| {
+            std::fs::read_to_string(lock).is_ok_and(|text| text.lines().any(|l| l == KEEPS_WAL))
+        })
+}
+
 /// `<db>.lock`, beside the database file.
 pub fn lock_path(db: &Path) -> PathBuf {
     let mut name = db.as_os_str().to_owned();
