@@ -750,3 +750,51 @@ fn journal_help_lists_only_the_flags_each_command_uses() {
         ["--create", "--help", "--journal", "--limit", "--state"]
     );
 }
+
+/// An empty file is no journal for any tool: `reconcile` refuses it as
+/// `list` does, and makes a journal of it only with `--create` (before, it
+/// made one unasked, so a journal emptied by accident became a new one;
+/// found by a black-box probe). Its refusal comes alone, without the note
+/// about the wire grace that a reconcile prints once it has the journal.
+#[test]
+fn an_empty_file_is_a_journal_only_with_create() {
+    let dir = TempDir::new("tools-empty");
+    let file = dir.join("journal.db");
+    std::fs::write(&file, b"").unwrap();
+    let journal = path_str(&file);
+    let core_url = "http://127.0.0.1:1";
+    for args in [
+        vec!["journal", "--journal", journal, "list"],
+        vec![
+            "journal",
+            "--journal",
+            journal,
+            "reconcile",
+            "--core-url",
+            core_url,
+        ],
+    ] {
+        let out = relayhub(&args);
+        assert!(
+            out.code != Some(0)
+                && out
+                    .stderr
+                    .contains("an empty file, not a relayhub journal (yet)")
+                && !out.stderr.contains("wire grace"),
+            "{args:?}: {out:?}"
+        );
+    }
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 0, "left as found");
+    let made = relayhub(&[
+        "journal",
+        "--journal",
+        journal,
+        "--create",
+        "reconcile",
+        "--core-url",
+        core_url,
+    ]);
+    assert_eq!(made.code, Some(0), "{made:?}");
+    let list = relayhub(&["journal", "--journal", journal, "list"]);
+    assert_eq!(list.code, Some(0), "{list:?}");
+}

@@ -317,6 +317,14 @@ fn check_exists(spec: &str, create: bool) -> Result<(), String> {
              systemd /var/lib/relayhub/journal.db), or give --create to start an empty journal",
             shown(path)
         )),
+        // A file emptied by accident may be a lost journal: not made into a
+        // new one unasked (before, reconcile did so where list refused;
+        // found by a black-box probe).
+        Some(path) if !create && path.metadata().is_ok_and(|m| m.len() == 0) => Err(format!(
+            "journal {}: an empty file, not a relayhub journal (yet). Check --journal, or give \
+             --create to make an empty journal in it",
+            shown(path)
+        )),
         _ => Ok(()),
     }
 }
@@ -410,12 +418,6 @@ async fn reconcile(
         for target in &mut config.targets {
             target.wire_grace_ms = Some(MAX_WINDOW_MS + MAX_BUDGET_MS + 5_000);
         }
-        eprintln!(
-            "without --config, the hub's wire grace is known only where an attempt carries it: \
-             a \"never received\" settles (E904) an attempt stamped with its grace once that \
-             has passed, and one from an older build only a day and 10 minutes after it, \
-             E901 before; give the hub's config (--config) to settle those sooner"
-        );
     }
     let spec = spec.as_str();
     let (journal, _owner) = match open_journal(
@@ -441,6 +443,15 @@ async fn reconcile(
         Err(e) => return Err(e.to_string()),
     };
     eprintln!("{}", describe(spec));
+    // Once the journal is open: a refusal comes first, alone.
+    if grace_unknown {
+        eprintln!(
+            "without --config, the hub's wire grace is known only where an attempt carries it: \
+             a \"never received\" settles (E904) an attempt stamped with its grace once that \
+             has passed, and one from an older build only a day and 10 minutes after it, \
+             E901 before; give the hub's config (--config) to settle those sooner"
+        );
+    }
     let mut targets = build_targets(&config).map_err(|e| e.to_string())?;
     if grace_unknown {
         for target in &mut targets {
