@@ -34,6 +34,7 @@
 //! | [`reserve_descriptors`] | descriptors kept to take a connection off a listener at the open-file limit |
 //! | [`client`] | the channel side: build, send, decode (for `send`, `bench`, tests) |
 //! | [`random`] | jitter, GUIDs and hub names (not secrets) |
+//! | [`throttle`] | one log line per period for an event that repeats, with its count |
 //! | [`bench`] | the load generator: through the hub or straight to the core, side by side |
 
 // `unsafe` is denied except where it is allowed item by item, each with its
@@ -75,4 +76,5 @@ pub mod rules;
 pub mod server;
 pub(crate) mod stash;
 pub mod telegram_log;
+pub mod throttle;
 pub mod tls_files;

@@ -12,6 +12,7 @@ use crate::catch_unwind::{CatchUnwind, Panic, panic_message};
 use crate::metric_names;
 use crate::outcome::Code;
 use crate::stash;
+use crate::throttle::Throttle;
 
 /// A journal call raced against the deadline.
 pub(super) enum Bounded<T> {
@@ -61,9 +62,29 @@ fn failed(panic: &Panic) -> String {
     format!("journal task failed: {}", panic_message(panic))
 }
 
-/// Counts a journal failure on the telegram path, by stage.
+/// Counts a journal failure on the telegram path, by stage. A claim that
+/// fails means the journal takes no new transfer (a full disk, say): said at
+/// WARN, at once and then at most every 10 s with the count, beside each
+/// telegram's INFO summary line (before, only those said it; found by a
+/// black-box probe).
 pub(super) fn count_failure(stage: &'static str) {
     metrics::counter!(metric_names::JOURNAL_ERRORS, "stage" => stage).increment(1);
+    if stage == "claim" {
+        static CLAIMS: std::sync::Mutex<Option<Throttle>> = std::sync::Mutex::new(None);
+        let mut claims = CLAIMS.lock().unwrap_or_else(|p| p.into_inner());
+        let due = claims
+            .get_or_insert_with(|| Throttle::new(std::time::Duration::from_secs(10)))
+            .note(Instant::now());
+        if let Some(failures) = due {
+            tracing::warn!(
+                failures,
+                "the journal could not take transfers' claims: nothing of them was sent, and \
+                 each telegram's summary line says why (a full disk, a failed write, a \
+                 database that does not answer); `failures` counts them since the last such \
+                 line"
+            );
+        }
+    }
 }
 
 /// A claim that cannot be made where the journal shows no attempt of the

@@ -571,7 +571,19 @@ async fn a_journal_that_refuses_writes_still_answers_the_guids_it_holds() {
         assert_eq!(answer.code, "E903", "{answer:?}");
     }
     assert_eq!((posts(&core, &not_sent), gets(&core, &not_sent)), (0, 0));
-    hub.sigkill();
+    // The operator hears of it at WARN, once for these failures, not only in
+    // each telegram's INFO line (found by a black-box probe).
+    let status = hub.terminate();
+    assert!(status.success(), "{status:?}");
+    let log = hub.stderr();
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("the journal could not take transfers' claims"))
+        .collect();
+    assert!(
+        warned.len() == 1 && warned[0].contains("WARN") && warned[0].contains("failures=1"),
+        "{warned:#?}"
+    );
 }
 
 /// A journal file found empty (here truncated to 0 bytes, its -wal gone)
