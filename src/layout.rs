@@ -250,8 +250,8 @@ impl Layout {
 }
 
 /// Reads a layout file: JSON first (a syntax error names its line and
-/// column), then its shape, then each value, a wrong one named by its path
-/// (`request[2].type`). The file and every field must be objects: serde would
+/// column), then its shape, then each value from the text, a wrong one named
+/// by its path (`request[2].type`) and its line and column. The file and every field must be objects: serde would
 /// also read a struct from an array by position, where a value in the wrong
 /// place changes a field's meaning with no key to catch it (`max` where
 /// `min` was meant), which the unknown-key check exists to prevent.
@@ -275,7 +275,12 @@ fn parse_file(text: &str) -> Result<LayoutFile, String> {
             ));
         }
     }
-    serde_path_to_error::deserialize(&value).map_err(|e| {
+    // From the text again, not the value: a key written twice is an error
+    // there (`"log": "mask", "log": "clear"` must not log in clear), where a
+    // JSON value keeps the last one (found by a review).
+    let mut text = serde_json::Deserializer::from_str(text);
+    let raw = serde_path_to_error::deserialize(&mut text);
+    raw.map_err(|e| {
         let path = e.path().to_string();
         match path.as_str() {
             // The file itself (a key missing or unknown there).

@@ -246,6 +246,10 @@ fn invalid_layouts_fail_with_a_specific_reason() {
             "key `encoding`: unknown field `encoding`",
         ),
         (
+            "duplicate_key.json",
+            "request field `account`: duplicate field `log`",
+        ),
+        (
             "unknown_type.json",
             "request field `a`, key `type`: unknown variant `X`, expected one of `AN`, `N`, `U`, `H`",
         ),
@@ -289,7 +293,10 @@ fn invalid_layouts_fail_with_a_specific_reason() {
 #[test]
 fn error_display_names_the_file() {
     let e = Layout::from_json("x/BAD.json", "{}").unwrap_err();
-    assert_eq!(e.to_string(), "layout x/BAD.json: missing field `tx_code`");
+    assert_eq!(
+        e.to_string(),
+        "layout x/BAD.json: missing field `tx_code` at line 1 column 2"
+    );
 }
 
 #[test]
