@@ -472,14 +472,18 @@ impl SqliteJournal {
     }
 
     /// A GUID's row, if journaled.
-    /// At a clean stop: copies the WAL into the database file and empties
-    /// it (`wal_checkpoint(TRUNCATE)`), so that the file alone holds the
-    /// journal. A stopped hub's `-wal` otherwise held most of it (a new
-    /// journal's tables too), and a copy of the file alone was an empty
-    /// journal, whose start took every GUID for new (found by a black-box
-    /// probe). Refused, with the WAL kept whole, when the journal refuses
-    /// durable writes (a failed fsync: nothing is copied then) or when a
-    /// reader kept the checkpoint from finishing.
+    /// At a clean stop: copies the WAL into the database file
+    /// (`wal_checkpoint(RESTART)`, which fsyncs the file), then starts the
+    /// WAL over with one durable frame, so that the file alone holds the
+    /// journal and the `-wal` holds nothing the file lacks. A stopped hub's
+    /// `-wal` otherwise held most of it (a new journal's tables too), and a
+    /// copy of the file alone was an empty journal, whose start took every
+    /// GUID for new (found by a black-box probe). The `-wal` is never left
+    /// empty, which a crash before the lock file says so would take for a
+    /// lost one (a review found that window with `TRUNCATE`). Refused, with
+    /// the WAL kept whole, when the journal refuses durable writes (a failed
+    /// fsync: nothing is copied then) or when the checkpoint cannot finish
+    /// (tried again while the hub's own checkpoint thread runs a pass).
     pub async fn checkpoint_into_file(&self) -> Result<(), JournalError> {
         let broken = self
             .shared
@@ -489,20 +493,37 @@ impl SqliteJournal {
         if let Some(why) = broken {
             return Err(JournalError::Write(why));
         }
-        let (busy, frames, copied): (i64, i64, i64) = self
-            .call(false, |c| {
-                c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        let mut tries = 0;
+        loop {
+            let (busy, frames, copied): (i64, i64, i64) = self
+                .call(false, |c| {
+                    c.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                    })
                 })
-            })
-            .await?;
-        if busy != 0 {
-            return Err(JournalError::Write(format!(
-                "the checkpoint could not finish ({copied} of {frames} WAL frames copied): \
-                 another connection was using the journal"
-            )));
+                .await?;
+            if busy == 0 {
+                break;
+            }
+            // Another checkpoint (the thread's pass) is refused at once, not
+            // waited for: a few more tries.
+            tries += 1;
+            if tries == 40 {
+                return Err(JournalError::Write(format!(
+                    "the checkpoint could not finish ({copied} of {frames} WAL frames copied): \
+                     another connection was using the journal"
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
-        Ok(())
+        // The write after a finished RESTART starts the WAL over: its header
+        // (new salts, which retire the frames after it) and one frame, on
+        // disk before the lock file says the file alone holds the journal.
+        self.call(true, |c| {
+            let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            c.execute_batch(&format!("PRAGMA user_version = {version}"))
+        })
+        .await
     }
 
     pub async fn get(&self, guid: &str) -> Result<Option<Row>, JournalError> {

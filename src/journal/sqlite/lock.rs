@@ -94,11 +94,11 @@ pub fn one_link(db: &Path) -> Result<(), String> {
 /// the name given) says its owner keeps the `-wal` file: read, not taken,
 /// for a reader that looks at a journal beside a live or a stopped hub.
 pub fn says_wal_kept(db: &Path) -> bool {
-    [lock_path(&one_name(db)), lock_path(db)]
-        .iter()
-        .any(|lock| {
-            std::fs::read_to_string(lock).is_ok_and(|text| text.lines().any(|l| l == KEEPS_WAL))
-        })
+    let read = |lock: PathBuf| std::fs::read_to_string(lock).unwrap_or_default();
+    let kept = |text: &str| text.lines().any(|l| l == KEEPS_WAL);
+    // As [`FileLock::acquire`] reads them: the one name's, once current.
+    let one = read(lock_path(&one_name(db)));
+    kept(&one) || (!one.lines().any(|l| l == FORMAT) && kept(&read(lock_path(db))))
 }
 
 /// `<db>.lock`, beside the database file.
@@ -159,7 +159,12 @@ impl FileLock {
             path,
             _given: given,
             opened_before: opened.opened || given_opened.opened,
-            wal_kept_before: opened.wal_kept || given_opened.wal_kept,
+            // The one name's lock, once a build that keeps it wrote it,
+            // is the latest word: the given name's may be from an older run
+            // through that name (a link), before a clean stop under the one
+            // name (found by a review: a start through the link was refused
+            // for the -wal that stop had emptied).
+            wal_kept_before: opened.wal_kept || (!opened.current && given_opened.wal_kept),
         })
     }
 
@@ -201,19 +206,32 @@ impl FileLock {
     /// file (a clean stop emptied the `-wal` into it): the next start takes
     /// a missing or empty `-wal` as no loss. The next owner's
     /// [`FileLock::mark_opened`] says that it keeps the `-wal` again.
+    ///
+    /// The line is the file's last (this build writes it last): cut off by
+    /// one `ftruncate`, so that a crash leaves the file with or without it,
+    /// never without the lines before it (an empty lock file no longer says
+    /// the journal was opened; found by a review). Elsewhere, the rest is
+    /// written over it and the file cut to the new length.
     pub fn mark_whole_in_file(&mut self) -> std::io::Result<()> {
+        let last = format!("{KEEPS_WAL}\n");
         for file in std::iter::once(&mut self._file).chain(self._given.as_mut()) {
             let mut text = String::new();
             file.rewind()?;
             file.read_to_string(&mut text)?;
-            let kept: String = text
-                .lines()
-                .filter(|l| *l != KEEPS_WAL)
-                .map(|l| format!("{l}\n"))
-                .collect();
-            file.set_len(0)?;
-            file.rewind()?;
-            file.write_all(kept.as_bytes())?;
+            if let Some(kept) = text.strip_suffix(&last) {
+                file.set_len(kept.len() as u64)?;
+            } else if text.lines().any(|l| l == KEEPS_WAL) {
+                let kept: String = text
+                    .lines()
+                    .filter(|l| *l != KEEPS_WAL)
+                    .map(|l| format!("{l}\n"))
+                    .collect();
+                file.rewind()?;
+                file.write_all(kept.as_bytes())?;
+                file.set_len(kept.len() as u64)?;
+            } else {
+                continue;
+            }
             file.sync_all()?;
         }
         Ok(())
@@ -230,6 +248,8 @@ impl FileLock {
 struct Found {
     opened: bool,
     wal_kept: bool,
+    /// Written by a build of this lock format, which keeps it up to date.
+    current: bool,
 }
 
 /// Takes the lock file at `path`, and writes this process's name in it;
@@ -274,6 +294,7 @@ fn take(path: &Path) -> Result<(File, Found), LockError> {
     let found = Found {
         opened: says_opened(&before),
         wal_kept: before.lines().any(|l| l == KEEPS_WAL),
+        current: before.lines().any(|l| l == FORMAT),
     };
     let mut me = holder_name();
     me.push_str(FORMAT);
@@ -356,6 +377,45 @@ mod tests {
             !FileLock::acquire(&emptied).unwrap().opened_before(),
             "empty"
         );
+    }
+
+    /// A clean stop's note (no `-wal` kept) cuts only that line off, and
+    /// the one name's lock is the latest word on the `-wal`: a stale note
+    /// under a link's name, from an older run through the link, does not
+    /// make the next start through it look for a `-wal` (both found by a
+    /// review).
+    #[test]
+    fn a_clean_stop_drops_only_the_wal_note_and_the_one_name_decides() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.db");
+        let link = dir.path().join("link.db");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        // An earlier run through the link, crashed: both locks say kept.
+        let mut crashed = FileLock::acquire(&link).unwrap();
+        crashed.mark_opened().unwrap();
+        drop(crashed);
+        // A run under the one name, stopped cleanly.
+        let mut stopped = FileLock::acquire(&real).unwrap();
+        assert!(stopped.wal_kept_before());
+        stopped.mark_opened().unwrap();
+        stopped.mark_whole_in_file().unwrap();
+        drop(stopped);
+        let text = std::fs::read_to_string(lock_path(&real)).unwrap();
+        assert!(
+            text.ends_with(&format!("{FORMAT}\n{OPENED}\n")) && !text.contains(KEEPS_WAL),
+            "{text:?}"
+        );
+        assert!(
+            std::fs::read_to_string(lock_path(&link))
+                .unwrap()
+                .contains(KEEPS_WAL),
+            "the link's lock is stale"
+        );
+        let through_link = FileLock::acquire(&link).unwrap();
+        assert!(through_link.opened_before());
+        assert!(!through_link.wal_kept_before(), "the one name decides");
+        drop(through_link);
+        assert!(!says_wal_kept(&link) && !says_wal_kept(&real));
     }
 
     /// The holder's message names who, not the lock file's notes.
