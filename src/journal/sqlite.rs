@@ -471,7 +471,6 @@ impl SqliteJournal {
         .await
     }
 
-    /// A GUID's row, if journaled.
     /// At a clean stop: copies the WAL into the database file
     /// (`wal_checkpoint(RESTART)`, which fsyncs the file), then starts the
     /// WAL over with one durable frame, so that the file alone holds the
@@ -526,6 +525,7 @@ impl SqliteJournal {
         .await
     }
 
+    /// A GUID's row, if journaled.
     pub async fn get(&self, guid: &str) -> Result<Option<Row>, JournalError> {
         let guid = guid.to_owned();
         self.call(false, move |c| select_row(c, &guid)).await

@@ -324,7 +324,11 @@ fn encode_one(
             JsonRef::Number(n) => {
                 let n = n.as_u64().ok_or_else(|| {
                     fail(match too_large(n) {
-                        Some(big) => format!("{big} does not fit in {} digits", f.length),
+                        // Read as a rounded float: its digits are not known.
+                        Some(big) => format!(
+                            "{big} cannot be read exactly as a JSON number; send it as a string \
+                             of digits"
+                        ),
                         None => format!("{n} is not a non-negative integer or a string of digits"),
                     })
                 })?;

@@ -764,7 +764,8 @@ fn encode_n() {
     let over: Value = serde_json::from_str("18446744073709551616").unwrap();
     assert_eq!(
         enc(over).unwrap_err().reason,
-        "a number above 18446744073709551615 does not fit in 4 digits"
+        "a number above 18446744073709551615 cannot be read exactly as a JSON number; send it \
+         as a string of digits"
     );
     assert_eq!(
         enc(json!(true)).unwrap_err().reason,

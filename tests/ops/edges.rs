@@ -30,6 +30,31 @@ use tokio::io::AsyncWriteExt;
 /// Upper bound for the waits of this suite; never used to order events.
 const WAIT: Duration = Duration::from_secs(15);
 
+/// A hub process on the config file at `config` (memory journal, port 0,
+/// the core at `core_url`), its stderr read; `command` sets its environment.
+async fn spawn_on_config(config: &std::path::Path, core_url: &str, command: Command) -> Hub {
+    let path = config.display().to_string();
+    let url = core_url.to_string();
+    tokio::task::spawn_blocking(move || {
+        Hub::spawn_with(
+            command,
+            &[
+                "--config",
+                &path,
+                "--listen",
+                "127.0.0.1:0",
+                "--core-url",
+                &url,
+                "--journal",
+                "memory",
+            ],
+            Stderr::Read,
+        )
+    })
+    .await
+    .unwrap()
+}
+
 /// SIGTERM off the runtime; the exit status and everything the hub wrote to stderr.
 async fn stop(mut hub: Hub) -> (std::process::ExitStatus, String) {
     tokio::task::spawn_blocking(move || {
@@ -295,28 +320,9 @@ async fn human_lines_in_a_pipe_have_no_colour_codes_and_readable_fields() {
 async fn a_refused_reload_is_one_log_line() {
     let core = start_core().await;
     let config = TempFile::new("toml", "[server]\nbudget_ms = 2000\n");
-    let path = config.0.display().to_string();
-    let url = core.url();
-    let hub = tokio::task::spawn_blocking(move || {
-        let mut cmd = Command::new(relayhub_bin());
-        cmd.env_remove("RUST_LOG");
-        Hub::spawn_with(
-            cmd,
-            &[
-                "--config",
-                &path,
-                "--listen",
-                "127.0.0.1:0",
-                "--core-url",
-                &url,
-                "--journal",
-                "memory",
-            ],
-            Stderr::Read,
-        )
-    })
-    .await
-    .unwrap();
+    let mut cmd = Command::new(relayhub_bin());
+    cmd.env_remove("RUST_LOG");
+    let hub = spawn_on_config(&config.0, &core.url(), cmd).await;
     // A TOML error is several lines of text (position, excerpt, caret).
     std::fs::write(&config.0, "[server\nbudget_ms = 2000\n").unwrap();
     send_signal(hub.pid(), "HUP");
@@ -344,30 +350,11 @@ async fn a_channel_that_never_reads_loses_its_connection_not_the_hub() {
         "toml",
         "[server]\nmax_connections = 1\nwrite_timeout_ms = 300\n",
     );
-    let path = config.0.display().to_string();
-    let url = core.url();
-    let hub = tokio::task::spawn_blocking(move || {
-        let mut cmd = Command::new(relayhub_bin());
-        // Tens of thousands of E101 summaries are not what this is about;
-        // the connection's span (made where connections are accepted) is.
-        cmd.env("RUST_LOG", "warn,relayhub::server::accept=info");
-        Hub::spawn_with(
-            cmd,
-            &[
-                "--config",
-                &path,
-                "--listen",
-                "127.0.0.1:0",
-                "--core-url",
-                &url,
-                "--journal",
-                "memory",
-            ],
-            Stderr::Read,
-        )
-    })
-    .await
-    .unwrap();
+    let mut cmd = Command::new(relayhub_bin());
+    // Tens of thousands of E101 summaries are not what this is about; the
+    // connection's span (made where connections are accepted) is.
+    cmd.env("RUST_LOG", "warn,relayhub::server::accept=info");
+    let hub = spawn_on_config(&config.0, &core.url(), cmd).await;
 
     // A small receive buffer, and far more answers than the buffers on both
     // sides hold.
@@ -422,26 +409,7 @@ async fn connections_refused_past_the_limit_are_one_line_and_all_counted() {
     use tokio::io::AsyncReadExt;
     let core = start_core().await;
     let config = TempFile::new("toml", "[server]\nmax_connections = 1\n");
-    let path = config.0.display().to_string();
-    let url = core.url();
-    let hub = tokio::task::spawn_blocking(move || {
-        Hub::spawn_with(
-            Command::new(relayhub_bin()),
-            &[
-                "--config",
-                &path,
-                "--listen",
-                "127.0.0.1:0",
-                "--core-url",
-                &url,
-                "--journal",
-                "memory",
-            ],
-            Stderr::Read,
-        )
-    })
-    .await
-    .unwrap();
+    let hub = spawn_on_config(&config.0, &core.url(), Command::new(relayhub_bin())).await;
     let mut held = hub.channel().await;
     assert_eq!(exchange(&mut held, &unrouted("EDGMX")).await.code, "E101");
     const REFUSED: usize = 50;
