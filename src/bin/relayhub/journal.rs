@@ -144,6 +144,11 @@ pub async fn run(args: JournalArgs) -> Result<ExitCode, String> {
             let spec = args.journal.as_deref().unwrap_or(DEFAULT_JOURNAL);
             let j = open_to_look(spec, args.create).await?;
             let rows = j.list(state, limit).await.map_err(|e| e.to_string())?;
+            // The total, not the rows shown: operators read it as the size
+            // of the backlog. Read with the rows, before they are printed
+            // (a slow reader of stdout made it a later moment's; found by a
+            // black-box probe).
+            let total = j.count(state).await.map_err(|e| e.to_string())?;
             for r in &rows {
                 println!(
                     "{}  {}  {:<8}  {}  attempts={}  created={}  updated={}  {}",
@@ -157,10 +162,9 @@ pub async fn run(args: JournalArgs) -> Result<ExitCode, String> {
                     r.last_error.as_deref().unwrap_or("")
                 );
             }
-            // The total, not the rows shown: operators read it as the size
-            // of the backlog.
-            let total = j.count(state).await.map_err(|e| e.to_string())?;
-            let shown = if (rows.len() as u64) < total {
+            // "More" only where the limit cut the list: rows written between
+            // the two reads are not the limit's doing.
+            let shown = if rows.len() == limit && (rows.len() as u64) < total {
                 format!(" (the first {} shown; --limit shows more)", rows.len())
             } else {
                 String::new()
