@@ -930,18 +930,14 @@ impl Job {
     /// a transfer's URL, else (an inquiry's URL is made per call) the URL's
     /// host and port.
     fn host_text(&self) -> String {
-        if let Some(text) = self.host.as_ref().and_then(|h| h.to_str().ok()) {
-            return text.to_owned();
-        }
-        match &self.uri {
-            Ok(uri) => match (uri.host(), uri.port_u16()) {
-                (Some(host), Some(port)) => format!("{host}:{port}"),
-                (Some(host), None) => host.to_owned(),
-                (None, _) => "?".to_owned(),
-            },
-            // A URL that does not parse: its text may hold credentials.
-            Err(_) => "?".to_owned(),
-        }
+        // A URL that does not parse has none: its text may hold credentials.
+        let made = self.uri.as_ref().ok().and_then(host_header);
+        self.host
+            .as_ref()
+            .or(made.as_ref())
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("?")
+            .to_owned()
     }
 
     /// The request to the core: what every request carries (the deadline

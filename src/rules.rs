@@ -333,26 +333,26 @@ impl Rules {
         tx_code: &str,
     ) -> Result<(), ChannelRefusal> {
         if let Some(cert) = cert {
-            // Every channel its names give: a certificate that names two
-            // (a PKI mistake) is no one's, rather than whichever name comes
-            // first in it (found by a black-box probe).
-            let mut owners: Vec<&String> = cert
-                .names
-                .iter()
-                .filter_map(|n| self.cert_channels.get(n))
-                .collect();
-            owners.sort();
-            owners.dedup();
-            let owner = match owners.as_slice() {
-                [] => return Err(ChannelRefusal::CertificateUnmapped(cert.clone())),
-                [one] => *one,
-                several => {
-                    return Err(ChannelRefusal::CertificateOfSeveral {
-                        cert: cert.clone(),
-                        channels: several.iter().map(|c| c.to_string()).collect(),
-                    });
-                }
-            };
+            // A certificate whose names give two channels (a PKI mistake)
+            // is no one's, rather than whichever name comes first in it
+            // (found by a black-box probe). No list is made unless it is.
+            let mut owners = cert.names.iter().filter_map(|n| self.cert_channels.get(n));
+            let owner = owners
+                .next()
+                .ok_or_else(|| ChannelRefusal::CertificateUnmapped(cert.clone()))?;
+            if owners.any(|o| o != owner) {
+                let mut channels: Vec<String> = cert
+                    .names
+                    .iter()
+                    .filter_map(|n| self.cert_channels.get(n).cloned())
+                    .collect();
+                channels.sort();
+                channels.dedup();
+                return Err(ChannelRefusal::CertificateOfSeveral {
+                    cert: cert.clone(),
+                    channels,
+                });
+            }
             if owner != channel_id {
                 return Err(ChannelRefusal::CertificateOfAnother {
                     cert: cert.clone(),
