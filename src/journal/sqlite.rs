@@ -246,6 +246,26 @@ impl SqliteJournal {
         self.queue(writes, writes, command::always, f).await
     }
 
+    /// Holds the writer inside a batch until the returned sender is dropped
+    /// or signalled, so a test can queue commands and know they share later
+    /// batches, or that they wait.
+    #[cfg(test)]
+    pub(crate) async fn pause(&self) -> std::sync::mpsc::Sender<()> {
+        let (started_tx, started_rx) = oneshot::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let j = self.clone();
+        tokio::spawn(async move {
+            j.call(false, move |_| {
+                let _ = started_tx.send(());
+                let _ = release_rx.recv();
+                Ok(())
+            })
+            .await
+        });
+        started_rx.await.expect("writer paused");
+        release_tx
+    }
+
     /// A durable write whose result says whether it wrote (`wrote`): one
     /// that did not is answered at the commit, with no fsync to wait for.
     async fn write_if<T, F>(&self, wrote: fn(&T) -> bool, f: F) -> Result<T, JournalError>

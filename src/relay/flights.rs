@@ -3,11 +3,13 @@
 //! journal or the core.
 
 use foldhash::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
-use tokio::sync::watch;
+use tokio::sync::{SetOnce, watch};
 
 use super::Reply;
+use crate::journal::Row;
 
 struct Flight {
     fingerprint: String,
@@ -17,9 +19,13 @@ struct Flight {
     reply: Option<watch::Sender<Option<Reply>>>,
 }
 
-/// The transfers in flight in this process, by GUID.
+/// The transfers in flight in this process, by GUID, and the transfers
+/// that wait for room to start.
 #[derive(Default)]
-pub(super) struct Flights(Mutex<HashMap<String, Flight>>);
+pub(super) struct Flights {
+    by_guid: Mutex<HashMap<String, Flight>>,
+    pub(super) waiting: Waiting,
+}
 
 /// What joining a GUID's flight made of the caller.
 pub(super) enum Joined<'a> {
@@ -51,9 +57,14 @@ impl Lead<'_> {
         }
     }
 
-    /// Takes the flight out of the list, once.
+    /// Takes the flight out of the list, once. A row of the GUID read
+    /// ahead for a waiting telegram is stale from now on (it may predate
+    /// this flight's claim): marked so before the flight leaves the list, so
+    /// that whoever sees the flight gone sees the mark.
     fn end(&mut self) -> Option<Flight> {
-        self.flights.take()?.lock().remove(self.guid)
+        let flights = self.flights.take()?;
+        flights.waiting.flight_ended(self.guid);
+        flights.lock().remove(self.guid)
     }
 }
 
@@ -65,7 +76,23 @@ impl Drop for Lead<'_> {
 
 impl Flights {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Flight>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.by_guid.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The GUID's row as read while a telegram of it waited for room, if
+    /// that read is done and still holds: no flight of the GUID runs, and
+    /// none ended since the read began. A row changes from "never sent" or
+    /// "not sent" to anything else only by a claim, which only a flight
+    /// makes, and a flight's claim is written before it ends, or nothing is
+    /// sent; a row read after a flight ended has its claim.
+    pub(super) fn row_read_ahead(&self, guid: &str) -> Option<Option<Row>> {
+        let ahead = self.waiting.read_ahead(guid)?;
+        // The flight first: one gone from the list marked the read stale
+        // before it left.
+        if self.contains(guid) || ahead.stale.load(Ordering::SeqCst) {
+            return None;
+        }
+        ahead.row.get().cloned()
     }
 
     /// Leads the GUID's flight, or follows the one already in the air.
@@ -109,22 +136,58 @@ impl Flights {
 /// to come, so they count as handled by this hub as much as a flight does.
 /// A count per GUID: the same GUID may wait on several connections.
 #[derive(Default)]
-pub(super) struct Waiting(Mutex<HashMap<String, u32>>);
+pub(super) struct Waiting(Mutex<HashMap<String, Waiter>>);
+
+struct Waiter {
+    count: u32,
+    ahead: Option<Arc<ReadAhead>>,
+}
+
+/// A waiting GUID's row, read while its telegrams wait: when the budget
+/// runs out before their turn, their answer is the row's (the stored
+/// answer, E901 or E903) without a read of the journal at that moment, when
+/// thousands of such telegrams may want one at once (a probe saw SQLite's
+/// reads, all due together, answer them past the budget, or too late to
+/// say anything but E901).
+pub(super) struct ReadAhead {
+    /// A flight of the GUID ended since the read began.
+    stale: AtomicBool,
+    /// The row as read; unset while the read runs, and for good when it failed.
+    pub(super) row: SetOnce<Option<Row>>,
+}
 
 impl Waiting {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Waiter>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(super) fn add(&self, guid: &str) {
-        *self.lock().entry(guid.to_string()).or_insert(0) += 1;
+    /// Counts one more telegram of the GUID waiting. With `read_ahead` (the
+    /// journal's reads are worth doing before they are needed), the GUID's
+    /// first waiting telegram gets a [`ReadAhead`] to fill, which later
+    /// ones share; the read must begin after this returns.
+    pub(super) fn add(&self, guid: &str, read_ahead: bool) -> Option<Arc<ReadAhead>> {
+        let mut waiting = self.lock();
+        let waiter = waiting.entry(guid.to_string()).or_insert(Waiter {
+            count: 0,
+            ahead: None,
+        });
+        waiter.count += 1;
+        if !read_ahead || waiter.ahead.is_some() {
+            return None;
+        }
+        let ahead = Arc::new(ReadAhead {
+            stale: AtomicBool::new(false),
+            row: SetOnce::new(),
+        });
+        waiter.ahead = Some(ahead.clone());
+        Some(ahead)
     }
 
     pub(super) fn remove(&self, guid: &str) {
         let mut waiting = self.lock();
-        if let Some(n) = waiting.get_mut(guid) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(waiter) = waiting.get_mut(guid) {
+            waiter.count -= 1;
+            if waiter.count == 0 {
                 waiting.remove(guid);
             }
         }
@@ -132,6 +195,19 @@ impl Waiting {
 
     pub(super) fn contains(&self, guid: &str) -> bool {
         self.lock().contains_key(guid)
+    }
+
+    /// The GUID's read ahead, while a telegram of it waits.
+    pub(super) fn read_ahead(&self, guid: &str) -> Option<Arc<ReadAhead>> {
+        self.lock().get(guid)?.ahead.clone()
+    }
+
+    /// A flight of the GUID ends: its read ahead, if any, may predate the
+    /// flight's claim.
+    fn flight_ended(&self, guid: &str) {
+        if let Some(ahead) = self.lock().get(guid).and_then(|w| w.ahead.as_ref()) {
+            ahead.stale.store(true, Ordering::SeqCst);
+        }
     }
 }
 
@@ -182,8 +258,8 @@ mod tests {
     #[test]
     fn a_guid_waits_until_its_last_telegram_starts() {
         let waiting = Waiting::default();
-        waiting.add("G1");
-        waiting.add("G1");
+        waiting.add("G1", false);
+        waiting.add("G1", false);
         waiting.remove("G1");
         assert!(waiting.contains("G1"), "one still waits");
         waiting.remove("G1");

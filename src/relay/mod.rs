@@ -112,7 +112,6 @@ pub struct Hub {
     budget: Duration,
     policy: ResendPolicy,
     flights: flights::Flights,
-    waiting: flights::Waiting,
     late_calls: settle::LateCalls,
     draining: AtomicBool,
 }
@@ -136,7 +135,6 @@ impl Hub {
             budget,
             policy,
             flights: flights::Flights::default(),
-            waiting: flights::Waiting::default(),
             late_calls: settle::LateCalls::default(),
             draining: AtomicBool::new(false),
         }
@@ -194,21 +192,44 @@ impl Hub {
             .rules()
             .route(tx_code)
             .is_some_and(|r| r.operation == Operation::Transfer);
-        if transfer {
-            self.waiting.add(guid);
+        if transfer && let Some(ahead) = self.flights.waiting.add(guid, self.reads_ahead()) {
+            self.read_ahead(guid, ahead);
         }
         transfer
     }
 
+    /// Whether a waiting transfer's row is read while it waits: with the
+    /// SQLite journal. The memory journal answers in place when the row is
+    /// wanted; PostgreSQL is shared, and another hub's claim, which this
+    /// hub's flights do not see, could make a row read ahead stale.
+    fn reads_ahead(&self) -> bool {
+        matches!(self.journal, Journal::Sqlite(_))
+    }
+
+    /// Reads the GUID's row into `ahead`, in a task of its own. A read that
+    /// fails leaves it unset, and the row is then read at the telegram's turn.
+    fn read_ahead(&self, guid: &str, ahead: Arc<flights::ReadAhead>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let journal = self.journal.clone();
+        let guid = guid.to_string();
+        runtime.spawn(async move {
+            if let Ok(row) = journal.get(&guid).await {
+                let _ = ahead.row.set(row);
+            }
+        });
+    }
+
     /// A telegram [`Hub::waiting_to_start`] counted has ended.
     pub fn no_longer_waiting(&self, guid: &str) {
-        self.waiting.remove(guid);
+        self.flights.waiting.remove(guid);
     }
 
     /// Whether this hub handles a transfer of the GUID now: a telegram of it
     /// in flight or waiting to start, or a call of it past its budget.
     fn handles(&self, guid: &str) -> bool {
-        self.posting(guid) || self.waiting.contains(guid)
+        self.posting(guid) || self.flights.waiting.contains(guid)
     }
 
     /// Whether this hub has a call of the GUID's transfer under way: a
@@ -383,6 +404,12 @@ async fn core_and_hub() -> (corebank::CoreBank, Hub) {
 
 #[cfg(test)]
 pub(crate) fn test_hub(core_url: String) -> Hub {
+    test_hub_on(core_url, Journal::Memory(Default::default()))
+}
+
+/// [`test_hub`] with the journal given.
+#[cfg(test)]
+pub(crate) fn test_hub_on(core_url: String, journal: Journal) -> Hub {
     let mut config = crate::config::Config::default();
     config.apply(&crate::config::Overrides {
         core_url: Some(core_url),
@@ -395,7 +422,7 @@ pub(crate) fn test_hub(core_url: String) -> Hub {
     Hub::new(
         Rules::build(&config, &names).expect("rules"),
         vec![Arc::new(target)],
-        Journal::Memory(Default::default()),
+        journal,
         budget,
         ResendPolicy::from(&config.journal),
     )

@@ -146,7 +146,8 @@ pub(super) async fn run(
 /// sent, or certainly not sent, is E903. A POST of the GUID that this hub
 /// runs, and a read that fails or is late, are E901: money may have moved
 /// (counted as a journal failure of stage `read`). With the memory journal
-/// the read is in place; SQLite's and PostgreSQL's may not fit in what is
+/// the read is in place; SQLite's is made while the telegram waits for
+/// room (`Flights::row_read_ahead`), and PostgreSQL's may not fit in what is
 /// left of a budget that ran out waiting, and then the answer is E901 even
 /// for a GUID never sent: the hub does not know. (Before: E903 without a
 /// look, to repeats of transfers that had moved money; found by a review of
@@ -159,8 +160,13 @@ pub(super) async fn taken_no_further(
     until: Instant,
 ) -> (Reply, String) {
     let guid = header.guid.as_str();
-    // Polled in place: the memory journal answers in this poll.
-    let row = match read_record(hub, guid, until).await {
+    // Read while the telegram waited for room, when that read still holds;
+    // otherwise now. Polled in place: the memory journal answers in this poll.
+    let record = match hub.flights.row_read_ahead(guid) {
+        Some(row) => Record::Known(row),
+        None => read_record(hub, guid, until).await,
+    };
+    let row = match record {
         Record::Known(row) => row,
         Record::Unavailable(e) => {
             bounded::count_failure("read");
@@ -848,25 +854,119 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{Map, Value};
 
+    /// A TRF001 telegram of the GUID and amount, from IBANK.
+    fn telegram(guid: &str, amount: u64) -> Vec<u8> {
+        let fields = serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
+            "to_account": "1002003004002", "amount": amount, "memo": "x" });
+        crate::client::build_telegram(
+            &crate::layout::builtin()["TRF001"],
+            guid,
+            "IBANK",
+            "20261204120000",
+            fields.as_object().unwrap(),
+        )
+        .unwrap()
+    }
+
+    /// With the SQLite journal, a transfer that waits for room on its
+    /// connection has its row read while it waits, and when its budget runs
+    /// out before its turn it is answered from that read, without waiting
+    /// for the journal then (a probe: thousands of such reads, due at once,
+    /// answered past the budget, or E901 for GUIDs never sent). A flight of
+    /// the GUID since the read, which may have claimed it, makes the row be
+    /// read again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_transfer_is_answered_from_its_row_read_while_it_waited() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = crate::journal::sqlite::SqliteJournal::open(&dir.path().join("j.db"), 64)
+            .expect("a journal");
+        let journal = crate::journal::Journal::Sqlite(sqlite.clone());
+        let hub = super::super::test_hub_on("http://127.0.0.1:9".into(), journal);
+        let never = "20261204IBANK0000000000AHEAD0001";
+        let done = "20261204IBANK0000000000AHEAD0002";
+        let (t_never, t_done) = (telegram(never, 10), telegram(done, 10));
+        let body = |t: &[u8]| t[crate::header::HEADER_LEN..].to_vec();
+        let fp = fingerprint("TRF001", &body(&t_done));
+        let to = AttemptTo::url("http://127.0.0.1:9");
+        let claim = hub.journal.claim_to(done, "TRF001", &fp, to, 1).await;
+        assert_eq!(claim.unwrap(), Claim::New);
+        let stored = Finish {
+            state: State::Done,
+            code: "0000".into(),
+            answer: Some(b"stored answer".to_vec()),
+            error: None,
+            note: "set by the test".into(),
+            attempt: None,
+        };
+        hub.journal.finish(done, stored, 2).await.unwrap();
+
+        for guid in [never, done] {
+            assert!(hub.waiting_to_start("TRF001", guid), "a transfer waits");
+            let ahead = hub.flights.waiting.read_ahead(guid).expect("read ahead");
+            ahead.row.wait().await;
+        }
+        // The journal answers nothing from now on.
+        let release = sqlite.pause().await;
+        let ask = |t: Vec<u8>| {
+            let hub = &hub;
+            async move {
+                let header = crate::header::parse_header(&t).unwrap();
+                let until = Instant::now() + Duration::from_millis(200);
+                taken_no_further(hub, &header, &body(&t), "a test", until).await
+            }
+        };
+        let (reply, note) = ask(t_never.clone()).await;
+        assert_eq!(reply.code, Code::NO_CAPACITY, "{note}");
+        let (reply, note) = ask(t_done.clone()).await;
+        assert_eq!(reply.code, Code::OK, "{note}");
+        assert_eq!(reply.body, b"stored answer", "{note}");
+        assert!(note.contains("replayed the stored answer 0000"), "{note}");
+        // Another body: E102 from the row read ahead too.
+        let (reply, note) = ask(telegram(done, 11)).await;
+        assert_eq!(reply.code, Code::FORMAT, "{note}");
+
+        // A flight of the GUID began and ended since: its claim may be in
+        // the row, so the row is read again, which the journal does not
+        // answer in time: E901.
+        let lead = hub
+            .flights
+            .join(never, &fingerprint("TRF001", &body(&t_never)));
+        assert!(matches!(lead, Joined::Lead(_)));
+        let (reply, note) = ask(t_never.clone()).await;
+        assert_eq!(reply.code, Code::UNKNOWN, "while it runs: {note}");
+        drop(lead);
+        let (reply, note) = ask(t_never.clone()).await;
+        assert_eq!(reply.code, Code::UNKNOWN, "{note}");
+        assert!(note.contains("could not be read"), "{note}");
+        drop(release);
+        for guid in [never, done] {
+            hub.no_longer_waiting(guid);
+            assert!(
+                hub.flights.waiting.read_ahead(guid).is_none(),
+                "gone with its telegram"
+            );
+        }
+    }
+
+    /// With the memory journal, which answers in place, nothing is read ahead.
+    #[tokio::test]
+    async fn the_memory_journal_reads_nothing_ahead() {
+        let hub = super::super::test_hub("http://127.0.0.1:9".into());
+        assert!(hub.waiting_to_start("TRF001", "20261204IBANK0000000000AHEAD0003"));
+        assert!(
+            hub.flights
+                .waiting
+                .read_ahead("20261204IBANK0000000000AHEAD0003")
+                .is_none()
+        );
+    }
+
     /// A transfer the hub takes no further (draining, or its budget gone
     /// before its turn) is answered for its GUID as the journal holds it:
     /// E903 only where no attempt of it could have moved money.
     #[tokio::test]
     async fn a_transfer_taken_no_further_is_answered_as_its_guid_stands() {
         let hub = super::super::test_hub("http://127.0.0.1:9".into());
-        let layouts = crate::layout::builtin();
-        let telegram = |guid: &str, amount: u64| {
-            let fields = serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
-                "to_account": "1002003004002", "amount": amount, "memo": "x" });
-            crate::client::build_telegram(
-                &layouts["TRF001"],
-                guid,
-                "IBANK",
-                "20261204120000",
-                fields.as_object().unwrap(),
-            )
-            .unwrap()
-        };
         let store = hub.journal.at_once().expect("a memory journal");
         let outcome = |state: State, code: &str, answer: Option<&[u8]>| Finish {
             state,

@@ -44,24 +44,6 @@ fn open_err(path: &Path) -> String {
     }
 }
 
-/// Holds the writer inside a batch until the returned sender is dropped or
-/// signalled, so a test can queue commands and know they share later batches.
-async fn pause(j: &SqliteJournal) -> std::sync::mpsc::Sender<()> {
-    let (started_tx, started_rx) = oneshot::channel();
-    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    let j2 = j.clone();
-    tokio::spawn(async move {
-        j2.call(false, move |_| {
-            let _ = started_tx.send(());
-            let _ = release_rx.recv();
-            Ok(())
-        })
-        .await
-    });
-    started_rx.await.expect("writer paused");
-    release_tx
-}
-
 /// Commands waiting in the writer's queue.
 fn queued(j: &SqliteJournal) -> usize {
     j.tx.max_capacity() - j.tx.capacity()
@@ -647,7 +629,7 @@ async fn survives_reopen_and_recovers() {
 async fn concurrent_claims_share_commits() {
     let (_dir, j) = fresh();
     let before = j.commits();
-    let release = pause(&j).await;
+    let release = j.pause().await;
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let j = j.clone();
@@ -694,7 +676,7 @@ async fn unpaused_concurrent_claims_all_commit() {
 async fn failing_command_fails_alone_in_its_batch() {
     let (_dir, j) = fresh();
     let before = j.commits();
-    let release = pause(&j).await;
+    let release = j.pause().await;
     let a = tokio::spawn({
         let j = j.clone();
         async move { j.claim("a", "TRF001", "fp", "http://core", 1).await }
@@ -771,7 +753,7 @@ async fn stopped_writer_is_an_error_not_a_hang() {
     j.claim("g", "TRF001", "fp", "http://core", 1)
         .await
         .unwrap();
-    let release = pause(&j).await;
+    let release = j.pause().await;
     let queued_claim = tokio::spawn({
         let j = j.clone();
         async move { j.claim("h", "TRF001", "fp", "http://core", 1).await }
@@ -1945,7 +1927,7 @@ async fn claims_are_fsynced_and_outcomes_written_for_the_next_fsync() {
     assert_eq!(j.get("g1").await.unwrap().unwrap().state, State::Done);
     // One batch with a claim and an outcome: one fsync, which the claim
     // waits for.
-    let release = pause(&j).await;
+    let release = j.pause().await;
     let (a, b) = (j.clone(), j.clone());
     let claim =
         tokio::spawn(async move { a.claim("g2", "TRF001", "fp", "http://core", 120).await });
@@ -2346,7 +2328,7 @@ async fn a_command_from_a_connections_own_thread_runs_there_with_the_same_durabi
 #[tokio::test(flavor = "multi_thread")]
 async fn with_a_batch_running_a_command_from_a_connections_thread_joins_the_next() {
     let (_dir, j) = fresh();
-    let release = pause(&j).await;
+    let release = j.pause().await;
     let here = j.clone();
     let ran_on = tokio::task::spawn_blocking(move || {
         on_thread("conn-thread", move || drive_here(runs_on(&here)))
@@ -2380,7 +2362,7 @@ async fn full_queue(
     std::sync::mpsc::Sender<()>,
     Vec<tokio::task::JoinHandle<Result<Claim, JournalError>>>,
 ) {
-    let release = pause(j).await;
+    let release = j.pause().await;
     let capacity = j.tx.max_capacity();
     let mut claims = Vec::new();
     for i in 0..capacity {
@@ -2397,7 +2379,7 @@ async fn full_queue(
 #[tokio::test(flavor = "multi_thread")]
 async fn with_commands_queued_a_connections_thread_queues_its_own_behind_them() {
     let (_dir, j) = fresh();
-    let release = pause(&j).await;
+    let release = j.pause().await;
     let other = j.clone();
     let claim =
         tokio::spawn(async move { other.claim("g1", "TRF001", "fp", "http://core", 1).await });
