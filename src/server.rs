@@ -104,6 +104,14 @@ trait Answerer: Send + Sync + 'static {
 
     /// A telegram `waiting_to_start` counted has ended.
     fn no_longer_waiting(&self, _guid: &str) {}
+
+    /// When the budget of a telegram read whole at `read_at` runs out for
+    /// work: a telegram still waiting for room then is answered without
+    /// room (nothing is sent for it, so its answer is quick), instead of
+    /// one at a time as its connection's telegrams ahead of it answer.
+    fn work_ends(&self, _read_at: Instant) -> Option<Instant> {
+        None
+    }
 }
 
 /// A transfer that has to wait for room to start (its connection has its
@@ -189,6 +197,10 @@ impl Answerer for Hub {
 
     fn no_longer_waiting(&self, guid: &str) {
         Hub::no_longer_waiting(self, guid);
+    }
+
+    fn work_ends(&self, read_at: Instant) -> Option<Instant> {
+        Some(Hub::work_ends(self, read_at))
     }
 }
 
@@ -365,12 +377,13 @@ enum Answer {
     /// The permit is one of the connection's `max_in_flight_per_connection`,
     /// held until the answer is written: the writer takes a telegram out of
     /// the queue to wait for it, so the queue's own capacity would let one
-    /// more start.
+    /// more start. None for a telegram whose budget ran out while it waited
+    /// for room: it starts without one (see [`Answerer::work_ends`]).
     Telegram(
         JoinHandle<Result<(Echo, Reply), Panic>>,
         Echo,
         InFlightGuard,
-        OwnedSemaphorePermit,
+        Option<OwnedSemaphorePermit>,
     ),
     /// A framing error: E102 with a blank header, then close.
     Unframeable,
@@ -523,7 +536,9 @@ async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
     link: &Arc<Link>,
 ) -> Option<&'q Queue> {
     if let Some(writer) = direct.take() {
-        let (tx, rx) = mpsc::channel(capacity);
+        // Twice the permits: as many again for telegrams whose budget ran
+        // out while they waited for room, which start without a permit.
+        let (tx, rx) = mpsc::channel(capacity.saturating_mul(2));
         let task = tokio::spawn(write_answers(writer, rx, link.clone()).in_current_span());
         let permits = Arc::new(Semaphore::new(capacity));
         let queue = queue.insert(Queue { tx, task, permits });
@@ -545,7 +560,7 @@ async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
             let task = tokio::spawn(handling.in_current_span());
             let _ = queue
                 .tx
-                .send(Answer::Telegram(task, echo, guard, permit))
+                .send(Answer::Telegram(task, echo, guard, Some(permit)))
                 .await;
         }
     }
@@ -744,17 +759,35 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     // worth of telegrams more, so that a transfer the
                     // channel sent is known to the hub (an inquiry about it
                     // is not told "never received") instead of waiting
-                    // unread in the socket (found by a review).
+                    // unread in the socket (found by a review). Once its
+                    // budget has run out for work it waits no more: it is
+                    // answered without room, nothing being sent for it,
+                    // right behind the answers ahead of it (before, one at
+                    // a time as each of those freed its room: with
+                    // thousands of budgets ending together, answers came
+                    // past the budget; a black-box probe).
                     let got = if full {
                         let room = queue.room();
                         tokio::pin!(room);
                         let read_ahead = limits.max_telegram_len.saturating_mul(capacity);
                         let mut reads = true;
+                        let work_ends = hub.work_ends(read_at);
+                        let ran_out = tokio::time::sleep_until(
+                            work_ends.unwrap_or_else(|| later(Instant::now(), Duration::MAX)),
+                        );
+                        tokio::pin!(ran_out);
+                        let mut out_of_budget = false;
                         loop {
                             hold_whole_telegrams(&codec, &mut buf, &mut held, &hub);
                             tokio::select! {
                                 biased;
-                                got = &mut room => break got,
+                                got = &mut room => break got.map(|(slot, permit)| (slot, Some(permit))),
+                                slot = queue.tx.reserve(), if out_of_budget => {
+                                    break slot.ok().map(|slot| (slot, None));
+                                }
+                                _ = &mut ran_out, if work_ends.is_some() && !out_of_budget => {
+                                    out_of_budget = true;
+                                }
                                 read = reader.read_buf(&mut buf), if reads
                                     && buf.len() + held_bytes(&held) < read_ahead
                                     && !link.closing.load(Ordering::SeqCst) => {
@@ -765,7 +798,10 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                             }
                         }
                     } else {
-                        queue.room().await
+                        queue
+                            .room()
+                            .await
+                            .map(|(slot, permit)| (slot, Some(permit)))
                     };
                     let Some((slot, permit)) = got else {
                         break 'read;
@@ -1793,6 +1829,151 @@ mod tests {
         assert_eq!(&answer[..38], format!("TRF001{last}").as_bytes());
         assert_eq!(&answer[60..64], b"0000");
 
+        ends_with_the_channel(channel, server, &in_flight).await;
+    }
+
+    /// Answers 0000 at once, saying which telegram started and whether a
+    /// `HOLD01` telegram was held then: that one waits until the test
+    /// releases it. The budget for work ends `work_after` after each
+    /// telegram's read.
+    struct Budgeted {
+        release: Arc<tokio::sync::Notify>,
+        holding: Arc<AtomicBool>,
+        started: mpsc::UnboundedSender<(String, bool)>,
+        work_after: Duration,
+    }
+
+    impl Budgeted {
+        fn new(work_after: Duration) -> (Budgeted, mpsc::UnboundedReceiver<(String, bool)>) {
+            let (started, starts) = mpsc::unbounded_channel();
+            let hub = Budgeted {
+                release: Arc::new(tokio::sync::Notify::new()),
+                holding: Arc::new(AtomicBool::new(false)),
+                started,
+                work_after,
+            };
+            (hub, starts)
+        }
+
+        /// Lets the held telegram go on.
+        fn releaser(&self) -> impl FnOnce() + use<> {
+            let (holding, release) = (self.holding.clone(), self.release.clone());
+            move || {
+                holding.store(false, Ordering::SeqCst);
+                release.notify_one();
+            }
+        }
+    }
+
+    impl Answerer for Budgeted {
+        async fn answer(
+            self: Arc<Self>,
+            telegram: Bytes,
+            peer: IpAddr,
+            cert: Option<Arc<ClientCert>>,
+            read_at: Instant,
+        ) -> (Echo, Reply) {
+            let holds = telegram.starts_with(b"HOLD01");
+            if holds {
+                self.holding.store(true, Ordering::SeqCst);
+            }
+            let guid = Echo::from_telegram(&telegram).guid_str().to_string();
+            let _ = self
+                .started
+                .send((guid, self.holding.load(Ordering::SeqCst)));
+            if holds {
+                self.release.notified().await;
+            }
+            Arc::new(PanicsOnPanic1)
+                .answer(telegram, peer, cert, read_at)
+                .await
+        }
+
+        fn work_ends(&self, read_at: Instant) -> Option<Instant> {
+            Some(read_at + self.work_after)
+        }
+    }
+
+    /// Telegrams pipelined behind one that holds the connection's only room
+    /// start once their budget has run out for work, without room, and are
+    /// answered in their order right behind it (before, each waited for the
+    /// one ahead of it to be answered: with thousands of budgets ending
+    /// together, answers came past the budget; a black-box probe).
+    #[tokio::test]
+    async fn telegrams_whose_budget_ran_out_waiting_start_without_room() {
+        let (hub, mut starts) = Budgeted::new(Duration::ZERO);
+        let release = hub.releaser();
+        let limits = Limits {
+            max_in_flight_per_connection: 1,
+            ..Limits::from(&ServerConfig::default())
+        };
+        let in_flight = Arc::new(InFlight::default());
+        let (mut channel, server) = served(hub, limits, None, in_flight.clone()).await;
+        let guids = [
+            "20261129IBANK000000000000000HOLD",
+            "20261129IBANK00000000000000BEHND",
+            "20261129IBANK00000000000000AFTER",
+        ];
+        let telegrams = [
+            header("HOLD01", guids[0]),
+            header("TRF001", guids[1]),
+            header("TRF001", guids[2]),
+        ];
+        send(
+            &mut channel,
+            &telegrams.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        )
+        .await;
+        let mut seen = Vec::new();
+        while seen.len() < 3 {
+            let (guid, holding) = tokio::time::timeout(Duration::from_secs(10), starts.recv())
+                .await
+                .unwrap_or_else(|_| panic!("only {seen:?} started while the first is held"))
+                .expect("the hub is alive");
+            assert!(holding, "{guid} started while the first is held");
+            seen.push(guid);
+        }
+        assert_eq!(seen, guids, "started in their order");
+        release();
+        for (telegram, guid) in telegrams.iter().zip(guids) {
+            let answer = read_answer(&mut channel).await;
+            assert_eq!(&answer[..38], &telegram[..38], "{guid}: answered in order");
+            assert_eq!(&answer[60..64], b"0000");
+        }
+        ends_with_the_channel(channel, server, &in_flight).await;
+    }
+
+    /// With budget left, a telegram behind the held one waits for its room.
+    #[tokio::test]
+    async fn telegrams_with_budget_left_wait_for_room() {
+        let (hub, mut starts) = Budgeted::new(Duration::from_secs(3600));
+        let release = hub.releaser();
+        let limits = Limits {
+            max_in_flight_per_connection: 1,
+            ..Limits::from(&ServerConfig::default())
+        };
+        let in_flight = Arc::new(InFlight::default());
+        let (mut channel, server) = served(hub, limits, None, in_flight.clone()).await;
+        let held = "20261129IBANK000000000000000HOLD";
+        let behind = "20261129IBANK00000000000000BEHND";
+        send(
+            &mut channel,
+            &[&header("HOLD01", held), &header("TRF001", behind)],
+        )
+        .await;
+        assert_eq!(starts.recv().await, Some((held.to_string(), true)));
+        // The second starts only once the first is answered.
+        release();
+        let answer = read_answer(&mut channel).await;
+        assert_eq!(&answer[6..38], held.as_bytes());
+        let second = starts.recv().await;
+        assert_eq!(
+            second,
+            Some((behind.to_string(), false)),
+            "not while the first is held"
+        );
+        let answer = read_answer(&mut channel).await;
+        assert_eq!(&answer[6..38], behind.as_bytes());
         ends_with_the_channel(channel, server, &in_flight).await;
     }
 

@@ -144,6 +144,13 @@ impl Hub {
         self.budget
     }
 
+    /// When the work for a telegram read whole at `read_at` ends (its
+    /// budget less the room kept to write its outcome and answer): a
+    /// telegram that starts later is taken no further.
+    pub fn work_ends(&self, read_at: Instant) -> Instant {
+        Deadline::new(read_at, self.budget).work
+    }
+
     pub fn journal(&self) -> &Journal {
         &self.journal
     }
