@@ -3,7 +3,6 @@
 //! journal or the core.
 
 use foldhash::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{SetOnce, watch};
@@ -57,10 +56,9 @@ impl Lead<'_> {
         }
     }
 
-    /// Takes the flight out of the list, once. A row of the GUID read
-    /// ahead for a waiting telegram is stale from now on (it may predate
-    /// this flight's claim): marked so before the flight leaves the list, so
-    /// that whoever sees the flight gone sees the mark.
+    /// Takes the flight out of the list, once. Its end is counted for the
+    /// GUID's waiting telegrams first (a row read before it may predate its
+    /// claim), so that whoever sees the flight gone sees the count.
     fn end(&mut self) -> Option<Flight> {
         let flights = self.flights.take()?;
         flights.waiting.flight_ended(self.guid);
@@ -87,14 +85,13 @@ impl Flights {
     /// sent; a row read after a flight ended has its claim.
     pub(super) fn row_read_ahead(&self, guid: &str) -> Option<Option<Row>> {
         let ahead = self.waiting.read_ahead(guid)?;
-        // The flight first: one gone from the list marked the read stale
-        // before it left.
-        if self.contains(guid) || ahead.stale.load(Ordering::SeqCst) {
+        // The flight first: one gone from the list counted its end before
+        // it left.
+        if self.contains(guid) || self.waiting.ended(guid) != ahead.ended_before {
             return None;
         }
         ahead.row.get().cloned()
     }
-
     /// Leads the GUID's flight, or follows the one already in the air.
     pub(super) fn join<'a>(&'a self, guid: &'a str, fingerprint: &str) -> Joined<'a> {
         let mut flights = self.lock();
@@ -140,6 +137,8 @@ pub(super) struct Waiting(Mutex<HashMap<String, Waiter>>);
 
 struct Waiter {
     count: u32,
+    /// Flights of the GUID that ended while it waited.
+    ended: u64,
     ahead: Option<Arc<ReadAhead>>,
 }
 
@@ -150,8 +149,8 @@ struct Waiter {
 /// reads, all due together, answer them past the budget, or too late to
 /// say anything but E901).
 pub(super) struct ReadAhead {
-    /// A flight of the GUID ended since the read began.
-    stale: AtomicBool,
+    /// [`Waiting::ended`] before the read began.
+    ended_before: u64,
     /// The row as read; unset while the read runs, and for good when it failed.
     pub(super) row: SetOnce<Option<Row>>,
 }
@@ -169,6 +168,7 @@ impl Waiting {
         let mut waiting = self.lock();
         let waiter = waiting.entry(guid.to_string()).or_insert(Waiter {
             count: 0,
+            ended: 0,
             ahead: None,
         });
         waiter.count += 1;
@@ -176,7 +176,7 @@ impl Waiting {
             return None;
         }
         let ahead = Arc::new(ReadAhead {
-            stale: AtomicBool::new(false),
+            ended_before: waiter.ended,
             row: SetOnce::new(),
         });
         waiter.ahead = Some(ahead.clone());
@@ -202,12 +202,42 @@ impl Waiting {
         self.lock().get(guid)?.ahead.clone()
     }
 
-    /// A flight of the GUID ends: its read ahead, if any, may predate the
-    /// flight's claim.
+    /// A flight of the GUID ends: a row read before may predate its claim.
     fn flight_ended(&self, guid: &str) {
-        if let Some(ahead) = self.lock().get(guid).and_then(|w| w.ahead.as_ref()) {
-            ahead.stale.store(true, Ordering::SeqCst);
+        if let Some(waiter) = self.lock().get_mut(guid) {
+            waiter.ended += 1;
         }
+    }
+
+    /// How many flights of the GUID ended while a telegram of it waited:
+    /// a count that moves says that a row read in between may miss a claim.
+    /// Meaningful while the caller's own telegram is counted
+    /// ([`Waiting::add`], [`Waiting::count_in`]), which keeps the count.
+    pub(super) fn ended(&self, guid: &str) -> u64 {
+        self.lock().get(guid).map_or(0, |w| w.ended)
+    }
+
+    /// Counts a telegram of the GUID as waiting until the returned guard
+    /// is dropped: one answered without being sent, whose answer depends on
+    /// no flight of the GUID ending meanwhile.
+    pub(super) fn count_in<'a>(&'a self, guid: &'a str) -> Counted<'a> {
+        self.add(guid, false);
+        Counted {
+            waiting: self,
+            guid,
+        }
+    }
+}
+
+/// A telegram counted as waiting by [`Waiting::count_in`].
+pub(super) struct Counted<'a> {
+    waiting: &'a Waiting,
+    guid: &'a str,
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.waiting.remove(self.guid);
     }
 }
 

@@ -160,6 +160,15 @@ pub(super) async fn taken_no_further(
     until: Instant,
 ) -> (Reply, String) {
     let guid = header.guid.as_str();
+    // Counted as waiting while it is answered (a telegram that waited for
+    // room is already; one taken no further by a drain is not), so that a
+    // flight of the GUID that ends from now on is counted: a whole transfer
+    // of it on another connection may run between the row's read and the
+    // look at what this hub posts (before, it was missed, and E903 answered
+    // a GUID whose row said 0000; found by a review).
+    let waiting = &hub.flights.waiting;
+    let _counted = waiting.count_in(guid);
+    let ended_before = waiting.ended(guid);
     // Read while the telegram waited for room, when that read still holds;
     // otherwise now. Polled in place: the memory journal answers in this poll.
     let record = match hub.flights.row_read_ahead(guid) {
@@ -182,12 +191,16 @@ pub(super) async fn taken_no_further(
     // No attempt in the row that could have left. But this hub may be
     // posting the GUID now, for a telegram on another connection, its claim
     // still on its way to the journal (looked at after the read, so that a
-    // flight that began during it is seen): that POST may move money.
+    // flight that began during it is seen), or have posted it since the
+    // read: that POST may move money.
     let not_sent = || {
-        if hub.posting(guid) {
+        if hub.posting(guid) || waiting.ended(guid) != ended_before {
             return (
                 Reply::code(Code::UNKNOWN),
-                format!("not sent: {why}; this hub is posting the GUID for another telegram"),
+                format!(
+                    "not sent: {why}; this hub is posting the GUID, or has just posted it, for \
+                     another telegram"
+                ),
             );
         }
         (Reply::code(Code::NO_CAPACITY), format!("not sent: {why}"))
@@ -946,6 +959,46 @@ mod tests {
                 "gone with its telegram"
             );
         }
+    }
+
+    /// A whole transfer of the GUID, on another connection, between the
+    /// read of its row (none) and the look at what this hub posts: the
+    /// telegram taken no further must not say "not sent" (found by a
+    /// review: E903 for a GUID whose row said 0000).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_transfer_posted_between_the_read_and_the_answer_is_not_told_not_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = crate::journal::sqlite::SqliteJournal::open(&dir.path().join("j.db"), 64)
+            .expect("a journal");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let core = corebank::start(listener, corebank::default_seed()).await;
+        let journal = crate::journal::Journal::Sqlite(sqlite.clone());
+        let hub = super::super::test_hub_on(core.url(), journal);
+        let guid = "20261204IBANK0000000000RACE00001";
+        let t = telegram(guid, 10);
+        let header = crate::header::parse_header(&t).unwrap();
+        let body = t[crate::header::HEADER_LEN..].to_vec();
+        // The answer's read of the row is queued behind a paused writer...
+        let release = sqlite.pause().await;
+        let until = Instant::now() + Duration::from_secs(5);
+        let mut answer = Box::pin(taken_no_further(&hub, &header, &body, "a test", until));
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(answer.as_mut().poll(cx)));
+        assert!(first.await.is_pending(), "waits for its read");
+        // ...and answered (none) once it goes on: the writer runs its queue
+        // in order, so a read queued after it is answered after it.
+        drop(release);
+        hub.journal
+            .get("20261204IBANK0000000000RACE00002")
+            .await
+            .unwrap();
+        // Then the transfer runs whole on another connection, before the
+        // answer's task runs again.
+        let peer = std::net::IpAddr::from([127, 0, 0, 1]);
+        let (_, sent) = hub.handle(&t, peer, None, Instant::now()).await;
+        assert_eq!(sent.code, Code::OK, "the money moved");
+        let (reply, note) = answer.await;
+        assert_eq!(reply.code, Code::UNKNOWN, "{note}");
+        assert!(note.contains("has just posted it"), "{note}");
     }
 
     /// With the memory journal, which answers in place, nothing is read ahead.
