@@ -58,6 +58,8 @@ pub const JOURNAL_FENCED: &str = "relayhub_journal_fenced";
 pub const JOURNAL_LIVENESS_FAILURES: &str = "relayhub_journal_liveness_failures_total";
 /// Answers not written within `write_timeout_ms` (the connection was closed).
 pub const ANSWER_WRITE_TIMEOUTS: &str = "relayhub_answer_write_timeouts_total";
+/// Answers written after their telegram's budget had ended.
+pub const ANSWERS_PAST_BUDGET: &str = "relayhub_answers_past_budget_total";
 /// Log lines dropped because stderr was not read fast enough, or could not
 /// be written (closed, full).
 pub const LOG_LINES_DROPPED: &str = "relayhub_log_lines_dropped_total";
@@ -173,6 +175,11 @@ pub fn describe_all() {
         "Answers not written within write_timeout_ms because the channel did not read them; each closed its connection."
     );
     describe_counter!(
+        ANSWERS_PAST_BUDGET,
+        Unit::Count,
+        "Answers written after their telegram's budget had ended (budget_ms from its read): the hub was short of CPU, or the channel read its answers slowly."
+    );
+    describe_counter!(
         LOG_LINES_DROPPED,
         Unit::Count,
         "Log lines dropped because stderr was not read fast enough or could not be written (logging never holds up a telegram)."
@@ -188,6 +195,7 @@ pub fn describe_all() {
     metrics::gauge!(OPEN_CONNECTIONS).increment(0.0);
     metrics::counter!(LOG_LINES_DROPPED).increment(0);
     metrics::counter!(ANSWER_WRITE_TIMEOUTS).increment(0);
+    metrics::counter!(ANSWERS_PAST_BUDGET).increment(0);
     metrics::gauge!(JOURNAL_UNKNOWN).increment(0.0);
     metrics::gauge!(JOURNAL_UNSETTLED_PAST_RETENTION).increment(0.0);
     metrics::counter!(CONNECTIONS_REFUSED).increment(0);

@@ -63,6 +63,8 @@ pub struct Limits {
     pub max_in_flight_per_connection: usize,
     pub write_timeout: Duration,
     pub tls_handshake_timeout: Duration,
+    /// The budget: an answer written later is counted (see [`answered`]).
+    pub budget: Duration,
 }
 
 impl From<&ServerConfig> for Limits {
@@ -76,6 +78,7 @@ impl From<&ServerConfig> for Limits {
             max_in_flight_per_connection: s.max_in_flight_per_connection,
             write_timeout: Duration::from_millis(s.write_timeout_ms),
             tls_handshake_timeout: Duration::from_millis(s.tls_handshake_timeout_ms),
+            budget: Duration::from_millis(s.budget_ms),
         }
     }
 }
@@ -384,6 +387,7 @@ enum Answer {
         Echo,
         InFlightGuard,
         Option<OwnedSemaphorePermit>,
+        Instant,
     ),
     /// A framing error: E102 with a blank header, then close.
     Unframeable,
@@ -403,14 +407,16 @@ struct AnswerWriter<W> {
     writer: W,
     framer: Framer,
     write_timeout: Duration,
+    budget: Duration,
 }
 
 impl<W: AsyncWrite + Unpin> AnswerWriter<W> {
-    fn new(writer: W, codec: FrameCodec, write_timeout: Duration) -> Self {
+    fn new(writer: W, codec: FrameCodec, limits: &Limits) -> Self {
         AnswerWriter {
             writer,
             framer: Framer::new(codec),
-            write_timeout,
+            write_timeout: limits.write_timeout,
+            budget: limits.budget,
         }
     }
 
@@ -443,19 +449,23 @@ impl<W: AsyncWrite + Unpin> AnswerWriter<W> {
         let _ = tokio::time::timeout(self.write_timeout, self.writer.shutdown()).await;
     }
 
-    /// Writes the answer to a telegram whose handling ended, and says what
-    /// the connection does next.
+    /// Writes the answer to a telegram read whole at `read_at` whose
+    /// handling ended, and says what the connection does next.
     async fn answer(
         &mut self,
         echo: Echo,
         done: Result<(Echo, Reply), String>,
         link: &Link,
+        read_at: Instant,
     ) -> Then {
         let (echo, reply) = match done {
             Ok(answer) => answer,
             Err(why) => failed_task(echo, &why),
         };
         let written = self.write(&echo, reply.code.as_str(), &reply.body).await;
+        if written {
+            answered(read_at, self.budget);
+        }
         link.pending.fetch_sub(1, Ordering::SeqCst);
         match (written, reply.close) {
             (false, _) => Then::Gone,
@@ -505,6 +515,35 @@ impl Framer {
     }
 }
 
+/// An answer to a telegram read whole at `read_at` is written: counted when
+/// that is past its budget, and said at WARN (at once, then at most every
+/// 10 s with the count). The summary line's `ms` and the latency histogram
+/// end when the answer is ready; a pipelined answer then waits for the ones
+/// ahead of it, and any answer for the channel to take it: this sees both.
+fn answered(read_at: Instant, budget: Duration) {
+    let took = read_at.elapsed();
+    if took <= budget {
+        return;
+    }
+    metrics::counter!(crate::metric_names::ANSWERS_PAST_BUDGET).increment(1);
+    static PAST: std::sync::Mutex<Option<crate::throttle::Throttle>> = std::sync::Mutex::new(None);
+    let due = PAST
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(|| crate::throttle::Throttle::new(Duration::from_secs(10)))
+        .note(Instant::now());
+    if let Some(answers) = due {
+        warn!(
+            answers,
+            past_ms = (took - budget).as_millis() as u64,
+            budget_ms = budget.as_millis() as u64,
+            "answers written past their budget (counted in relayhub_answers_past_budget_total): \
+             the hub is short of CPU, or channels read their answers slowly or pipeline deeper \
+             than it can answer in time"
+        );
+    }
+}
+
 /// Counts and logs an answer the channel did not take within the write
 /// timeout (the connection closes).
 fn write_timed_out(write_timeout: Duration) {
@@ -546,7 +585,7 @@ async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
             handling,
             echo,
             guard,
-            ..
+            read_at,
         }) = inline.take()
         {
             // A fresh queue has room and a permit (the limit is at least
@@ -560,7 +599,7 @@ async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
             let task = tokio::spawn(handling.in_current_span());
             let _ = queue
                 .tx
-                .send(Answer::Telegram(task, echo, guard, Some(permit)))
+                .send(Answer::Telegram(task, echo, guard, Some(permit), read_at))
                 .await;
         }
     }
@@ -673,7 +712,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
     // and writes its answer (still reading, to see a next telegram or the
     // channel going away); a second telegram in flight moves the connection
     // to a writer task and a task per telegram, for good.
-    let mut direct = Some(AnswerWriter::new(writer, codec, limits.write_timeout));
+    let mut direct = Some(AnswerWriter::new(writer, codec, &limits));
     let mut queue: Option<Queue> = None;
     let Carry {
         mut buf,
@@ -817,7 +856,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                             .in_current_span(),
                         ),
                     };
-                    slot.send(Answer::Telegram(task, echo, guard, permit));
+                    slot.send(Answer::Telegram(task, echo, guard, permit, read_at));
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -885,7 +924,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     (done, inline.take(), direct.as_mut())
                 {
                     let then = writer
-                        .answer(echo, done.map_err(|p| panic_message(&p)), &link)
+                        .answer(echo, done.map_err(|p| panic_message(&p)), &link, read_at)
                         .await;
                     drop(guard);
                     slow = read_at.elapsed() >= adoption::PATIENCE;
@@ -966,11 +1005,11 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             handling,
             echo,
             guard,
-            ..
+            read_at,
         }) = inline.take()
         {
             let done = handling.await.map_err(|p| panic_message(&p));
-            writer.answer(echo, done, &link).await;
+            writer.answer(echo, done, &link, read_at).await;
             drop(guard);
         }
         writer.shutdown().await;
@@ -1070,13 +1109,13 @@ async fn write_answers<W: AsyncWrite + Unpin>(
 ) {
     while let Some(answer) = rx.recv().await {
         match answer {
-            Answer::Telegram(task, echo, guard, permit) => {
+            Answer::Telegram(task, echo, guard, permit, read_at) => {
                 let done = match task.await {
                     Ok(Ok(answer)) => Ok(answer),
                     Ok(Err(panic)) => Err(panic_message(&panic)),
                     Err(e) => Err(e.to_string()),
                 };
-                let then = writer.answer(echo, done, &link).await;
+                let then = writer.answer(echo, done, &link, read_at).await;
                 link.answered.notify_one();
                 // Both before the permit is freed, which would let the
                 // reader start (or read) one more telegram:
@@ -1975,6 +2014,69 @@ mod tests {
         let answer = read_answer(&mut channel).await;
         assert_eq!(&answer[6..38], behind.as_bytes());
         ends_with_the_channel(channel, server, &in_flight).await;
+    }
+
+    /// Every answer written after its telegram's budget is counted, the
+    /// pipelined ones (written by the connection's writer task) and the one
+    /// answered in place alike; none within the budget is.
+    #[test]
+    fn answers_written_past_their_budget_are_counted() {
+        for (budget, want) in [(Duration::ZERO, 3), (Duration::from_secs(3600), 0)] {
+            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            metrics::with_local_recorder(&recorder, || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async {
+                    let limits = Limits {
+                        budget,
+                        ..Limits::from(&ServerConfig::default())
+                    };
+                    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                    let addr = listener.local_addr().unwrap();
+                    let in_flight = Arc::new(InFlight::default());
+                    let server = tokio::spawn({
+                        let in_flight = in_flight.clone();
+                        async move {
+                            let (stream, peer) = listener.accept().await.unwrap();
+                            let hub = Arc::new(PanicsOnPanic1);
+                            let carry = Carry::default();
+                            serve_connection(
+                                stream, peer, None, hub, limits, in_flight, carry, None,
+                            )
+                            .await;
+                        }
+                    });
+                    let mut channel = TcpStream::connect(addr).await.unwrap();
+                    let guids = [
+                        "20261129IBANK0000000000000000PB1",
+                        "20261129IBANK0000000000000000PB2",
+                        "20261129IBANK0000000000000000PB3",
+                    ];
+                    // One alone (answered in place), then two pipelined
+                    // (through the writer task).
+                    let answer = exchange(&mut channel, &header("TRF001", guids[0])).await;
+                    assert_eq!(&answer[6..38], guids[0].as_bytes());
+                    send(
+                        &mut channel,
+                        &[&header("TRF001", guids[1]), &header("TRF001", guids[2])],
+                    )
+                    .await;
+                    for guid in &guids[1..] {
+                        assert_eq!(&read_answer(&mut channel).await[6..38], guid.as_bytes());
+                    }
+                    ends_with_the_channel(channel, server, &in_flight).await;
+                });
+            });
+            let text = handle.render();
+            let count = text
+                .lines()
+                .find_map(|l| l.strip_prefix(crate::metric_names::ANSWERS_PAST_BUDGET))
+                .map_or(0.0, |v| v.trim().parse::<f64>().unwrap());
+            assert_eq!(count, want as f64, "budget {budget:?}:\n{text}");
+        }
     }
 
     /// What a channel does in one step of [`a_lent_connection_answers_every_telegram_once_in_order`].

@@ -58,12 +58,13 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::{
-    Framer, Handling, InFlight, InFlightGuard, Inline, Limits, failed_task, panic_message,
-    write_timed_out,
+    Framer, Handling, InFlight, InFlightGuard, Inline, Limits, answered, failed_task,
+    panic_message, write_timed_out,
 };
 use crate::core_client::caller::Callers;
 use crate::frame::FrameCodec;
 use crate::header::Echo;
+use crate::relay::Reply;
 use crate::stash::{self, Stashed, Work};
 
 /// How long a telegram may wait on an adopter for anything but its core call
@@ -344,7 +345,7 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
                 Ok(answer) => answer,
                 Err(why) => failed_task(flight.echo, &why),
             };
-            let written = out.write(&mut stream, &echo, reply.code.as_str(), &reply.body);
+            let written = out.write(&mut stream, flight.read_at, &echo, &reply);
             drop(flight.guard);
             if !written || reply.close {
                 let _ = stream.shutdown(std::net::Shutdown::Write);
@@ -542,7 +543,7 @@ pub(super) async fn answer_then_close(stream: StdStream, flight: Inline, limits:
         handling,
         echo,
         guard,
-        ..
+        read_at,
     } = flight;
     let (echo, reply) = match handling.await {
         Ok(answer) => answer,
@@ -558,7 +559,7 @@ pub(super) async fn answer_then_close(stream: StdStream, flight: Inline, limits:
             debug!(%e, "cannot write the answer of a connection that could not return to the reactor");
             return;
         }
-        answers.write(&mut stream, &echo, reply.code.as_str(), &reply.body);
+        answers.write(&mut stream, read_at, &echo, &reply);
         let _ = stream.shutdown(std::net::Shutdown::Both);
     })
     .await;
@@ -605,6 +606,7 @@ struct Answers {
     write_timeout: Duration,
     /// The socket's write timeout as last set.
     socket_timeout: Duration,
+    budget: Duration,
 }
 
 impl Answers {
@@ -615,16 +617,27 @@ impl Answers {
             framer: Framer::new(FrameCodec::new(limits.prefix, limits.max_telegram_len)),
             write_timeout: limits.write_timeout,
             socket_timeout,
+            budget: limits.budget,
         }
     }
 
-    /// Writes one answer; `false` when the connection cannot go on.
-    fn write(&mut self, stream: &mut StdStream, echo: &Echo, code: &str, body: &[u8]) -> bool {
-        let Some(framed) = self.framer.frame(echo, code, body) else {
+    /// Writes the answer to a telegram read whole at `read_at`; `false`
+    /// when the connection cannot go on.
+    fn write(
+        &mut self,
+        stream: &mut StdStream,
+        read_at: Instant,
+        echo: &Echo,
+        reply: &Reply,
+    ) -> bool {
+        let Some(framed) = self.framer.frame(echo, reply.code.as_str(), &reply.body) else {
             return false;
         };
         match write_within(stream, framed, self.write_timeout, &mut self.socket_timeout) {
-            Ok(()) => true,
+            Ok(()) => {
+                answered(read_at, self.budget);
+                true
+            }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                 write_timed_out(self.write_timeout);
                 false

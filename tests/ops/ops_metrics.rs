@@ -30,6 +30,7 @@ const DESCRIBED: &[(&str, &str)] = &[
     (metric_names::JOURNAL_UNSETTLED_PAST_RETENTION, "gauge"),
     (metric_names::CONFIG_RELOADS, "counter"),
     (metric_names::ANSWER_WRITE_TIMEOUTS, "counter"),
+    (metric_names::ANSWERS_PAST_BUDGET, "counter"),
     (metric_names::LOG_LINES_DROPPED, "counter"),
     (metric_names::TLS_HANDSHAKE_FAILURES, "counter"),
     (metric_names::JOURNAL_TAKEOVERS, "counter"),
@@ -52,6 +53,7 @@ async fn metrics_after_a_mixed_run_count_what_happened() {
     for (name, labels) in [
         (metric_names::OPEN_CONNECTIONS, vec![]),
         (metric_names::CONNECTIONS_REFUSED, vec![]),
+        (metric_names::ANSWERS_PAST_BUDGET, vec![]),
         (metric_names::JOURNAL_UNKNOWN, vec![]),
         (metric_names::BULKHEAD_REJECTIONS, vec![("target", "core")]),
         (
