@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Thousands of budgets ending together (docs/protocol.md, section 7): corebank
+# and a hub (budget 3000 ms, max_in_flight_per_connection 8), then
+# CONNECTIONS (150) channels each pipelining DEPTH (40) transfers behind a
+# POST the fixture holds past the budget. Prints, per run: the codes, answers
+# out of order or lost, GUIDs answered "not sent" that were posted (must be
+# 0), the hub's latest summary-line `ms`, its answers written past the
+# budget (relayhub_answers_past_budget_total) and the client's latest answer
+# counted from its write. Each argument is a relayhub binary, run in turn
+# with each journal in JOURNALS ("sqlite memory") and ROUNDS (1) times, so
+# builds alternate:
+#   benches/pipelined_burst.sh target/release/relayhub /tmp/relayhub-before
+# Linux only. docs/performance.md, "Thousands of budgets ending together".
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+CORE_BIN=${CORE_BIN:-target/release/corebank}
+CLIENT=${CLIENT:-target/release/examples/pipelined_burst}
+CONNECTIONS=${CONNECTIONS:-150}
+DEPTH=${DEPTH:-40}
+ROUNDS=${ROUNDS:-1}
+JOURNALS=${JOURNALS:-sqlite memory}
+[ "$#" -gt 0 ] || set -- target/release/relayhub
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; PIDS=(); }
+trap 'cleanup; rm -rf "$WORK"' EXIT
+
+# wait_ready, num
+. benches/common.sh
+
+cat >"$WORK/hub.toml" <<'EOF'
+[server]
+budget_ms = 3000
+max_in_flight_per_connection = 8
+EOF
+
+printf '%-5s %-7s %-36s %-34s %5s %5s %6s %7s %6s %9s\n' round journal hub codes order lost posted "max ms" "past" "client ms"
+for round in $(seq 1 "$ROUNDS"); do
+    for bin in "$@"; do
+        for journal in $JOURNALS; do
+            run="$WORK/run"; rm -rf "$run"; mkdir -p "$run"
+            RUST_LOG=info "$CORE_BIN" --listen 127.0.0.1:0 >"$run/core.out" 2>"$run/core.log" &
+            PIDS+=("$!")
+            core=$(wait_ready "$run/core.out")
+            [ "$journal" = sqlite ] && spec="$run/journal.sqlite" || spec=memory
+            RUST_LOG=info "$bin" serve --config "$WORK/hub.toml" --listen 127.0.0.1:0 \
+                --admin-listen 127.0.0.1:0 --core-url "http://$core" --journal "$spec" \
+                >"$run/hub.out" 2>"$run/hub.log" &
+            PIDS+=("$!")
+            hub=$(wait_ready "$run/hub.out")
+            admin=$(sed -n 's/^admin endpoints on \([^ ]*\).*/\1/p' "$run/hub.out" | head -n1)
+            "$CLIENT" --hub "$hub" --core "http://$core" --connections "$CONNECTIONS" \
+                --depth "$DEPTH" >"$run/report.json"
+            past=$(curl -s "http://$admin/metrics" | sed -n 's/^relayhub_answers_past_budget_total \(.*\)$/\1/p')
+            max_ms=$(grep -o ' ms=[0-9]*$' "$run/hub.log" | cut -d= -f2 | sort -n | tail -n1)
+            codes=$(tr -d '\n ' <"$run/report.json" | sed -n 's/.*"codes":{\([^}]*\)}.*/\1/p' | tr -d '"')
+            printf '%-5s %-7s %-36s %-34s %5s %5s %6s %7s %6s %9s\n' "$round" "$journal" "$bin" "$codes" \
+                "$(num "$run/report.json" out_of_order)" "$(num "$run/report.json" lost)" \
+                "$(num "$run/report.json" not_sent_but_posted)" "$max_ms" "${past:-?}" \
+                "$(num "$run/report.json" latest_answer_ms_from_write)"
+            cleanup
+        done
+    done
+done
