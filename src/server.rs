@@ -108,11 +108,11 @@ trait Answerer: Send + Sync + 'static {
     /// A telegram `waiting_to_start` counted has ended.
     fn no_longer_waiting(&self, _guid: &str) {}
 
-    /// When the budget of a telegram read whole at `read_at` runs out for
-    /// work: a telegram still waiting for room then is answered without
-    /// room (nothing is sent for it, so its answer is quick), instead of
-    /// one at a time as its connection's telegrams ahead of it answer.
-    fn work_ends(&self, _read_at: Instant) -> Option<Instant> {
+    /// The latest a telegram read whole at `read_at` can start to be worked
+    /// on: one still waiting for room then is answered without room
+    /// (nothing is sent for it, so its answer is quick), instead of one at
+    /// a time as its connection's telegrams ahead of it answer.
+    fn last_start(&self, _read_at: Instant) -> Option<Instant> {
         None
     }
 }
@@ -202,8 +202,8 @@ impl Answerer for Hub {
         Hub::no_longer_waiting(self, guid);
     }
 
-    fn work_ends(&self, read_at: Instant) -> Option<Instant> {
-        Some(Hub::work_ends(self, read_at))
+    fn last_start(&self, read_at: Instant) -> Option<Instant> {
+        Some(Hub::last_start(self, read_at))
     }
 }
 
@@ -381,7 +381,7 @@ enum Answer {
     /// held until the answer is written: the writer takes a telegram out of
     /// the queue to wait for it, so the queue's own capacity would let one
     /// more start. None for a telegram whose budget ran out while it waited
-    /// for room: it starts without one (see [`Answerer::work_ends`]).
+    /// for room: it starts without one (see [`Answerer::last_start`]).
     Telegram(
         JoinHandle<Result<(Echo, Reply), Panic>>,
         Echo,
@@ -526,16 +526,21 @@ fn answered(read_at: Instant, budget: Duration) {
         return;
     }
     metrics::counter!(crate::metric_names::ANSWERS_PAST_BUDGET).increment(1);
-    static PAST: std::sync::Mutex<Option<crate::throttle::Throttle>> = std::sync::Mutex::new(None);
-    let due = PAST
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    /// The throttle, and the latest an answer came since its last line.
+    static PAST: std::sync::Mutex<(Option<crate::throttle::Throttle>, Duration)> =
+        std::sync::Mutex::new((None, Duration::ZERO));
+    let mut past = PAST.lock().unwrap_or_else(|p| p.into_inner());
+    let (throttle, latest) = &mut *past;
+    *latest = (*latest).max(took - budget);
+    let due = throttle
         .get_or_insert_with(|| crate::throttle::Throttle::new(Duration::from_secs(10)))
         .note(Instant::now());
     if let Some(answers) = due {
+        let max_past_ms = std::mem::take(latest).as_millis() as u64;
+        drop(past);
         warn!(
             answers,
-            past_ms = (took - budget).as_millis() as u64,
+            max_past_ms,
             budget_ms = budget.as_millis() as u64,
             "answers written past their budget (counted in relayhub_answers_past_budget_total): \
              the hub is short of CPU, or channels read their answers slowly or pipeline deeper \
@@ -799,7 +804,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     // channel sent is known to the hub (an inquiry about it
                     // is not told "never received") instead of waiting
                     // unread in the socket (found by a review). Once its
-                    // budget has run out for work it waits no more: it is
+                    // time to start has passed it waits no more: it is
                     // answered without room, nothing being sent for it,
                     // right behind the answers ahead of it (before, one at
                     // a time as each of those freed its room: with
@@ -810,9 +815,9 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                         tokio::pin!(room);
                         let read_ahead = limits.max_telegram_len.saturating_mul(capacity);
                         let mut reads = true;
-                        let work_ends = hub.work_ends(read_at);
+                        let last_start = hub.last_start(read_at);
                         let ran_out = tokio::time::sleep_until(
-                            work_ends.unwrap_or_else(|| later(Instant::now(), Duration::MAX)),
+                            last_start.unwrap_or_else(|| later(Instant::now(), Duration::MAX)),
                         );
                         tokio::pin!(ran_out);
                         let mut out_of_budget = false;
@@ -824,7 +829,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                                 slot = queue.tx.reserve(), if out_of_budget => {
                                     break slot.ok().map(|slot| (slot, None));
                                 }
-                                _ = &mut ran_out, if work_ends.is_some() && !out_of_budget => {
+                                _ = &mut ran_out, if last_start.is_some() && !out_of_budget => {
                                     out_of_budget = true;
                                 }
                                 read = reader.read_buf(&mut buf), if reads
@@ -1873,7 +1878,7 @@ mod tests {
 
     /// Answers 0000 at once, saying which telegram started and whether a
     /// `HOLD01` telegram was held then: that one waits until the test
-    /// releases it. The budget for work ends `work_after` after each
+    /// releases it. The last start is `work_after` after each
     /// telegram's read.
     struct Budgeted {
         release: Arc<tokio::sync::Notify>,
@@ -1928,13 +1933,13 @@ mod tests {
                 .await
         }
 
-        fn work_ends(&self, read_at: Instant) -> Option<Instant> {
+        fn last_start(&self, read_at: Instant) -> Option<Instant> {
             Some(read_at + self.work_after)
         }
     }
 
     /// Telegrams pipelined behind one that holds the connection's only room
-    /// start once their budget has run out for work, without room, and are
+    /// start once their time to start has passed, without room, and are
     /// answered in their order right behind it (before, each waited for the
     /// one ahead of it to be answered: with thousands of budgets ending
     /// together, answers came past the budget; a black-box probe).

@@ -1001,6 +1001,32 @@ mod tests {
         assert!(note.contains("has just posted it"), "{note}");
     }
 
+    /// A telegram whose turn comes with less than its last start's margin
+    /// of work time left (a tenth of the budget, at most 50 ms) is taken no
+    /// further: nothing claimed, nothing sent, E903 (before, it was claimed
+    /// and posted with 0-1 ms left, and the money moved under an E901; a
+    /// black-box probe).
+    #[tokio::test]
+    async fn a_telegram_too_late_to_start_is_not_sent() {
+        // Budget 1500 ms: the last start is at 1400 ms, the work ends at 1450.
+        let hub = super::super::test_hub("http://127.0.0.1:9".into());
+        let guid = "20261204IBANK000000000000LATE001";
+        let read_at = Instant::now() - Duration::from_millis(1420);
+        let peer = std::net::IpAddr::from([127, 0, 0, 1]);
+        let (_, reply) = hub.handle(&telegram(guid, 10), peer, None, read_at).await;
+        assert_eq!(reply.code, Code::NO_CAPACITY);
+        assert!(
+            hub.journal.get(guid).await.unwrap().is_none(),
+            "not claimed"
+        );
+        // With time to start, it is claimed and sent (here to no core: E902).
+        let guid = "20261204IBANK000000000000LATE002";
+        let read_at = Instant::now() - Duration::from_millis(1000);
+        let (_, reply) = hub.handle(&telegram(guid, 10), peer, None, read_at).await;
+        assert_eq!(reply.code, Code::NOT_SENT);
+        assert!(hub.journal.get(guid).await.unwrap().is_some(), "claimed");
+    }
+
     /// With the memory journal, which answers in place, nothing is read ahead.
     #[tokio::test]
     async fn the_memory_journal_reads_nothing_ahead() {
