@@ -99,8 +99,25 @@ async fn connection(hub: String, guids: Vec<String>) -> Result<Seen, String> {
             Ok(Ok(Some(raw))) => raw,
             _ => break,
         };
-        let a = Answer::parse(&raw)?;
-        seen.push((g, a.guid, a.code, written.elapsed()));
+        match Answer::parse(&raw) {
+            Ok(a) => seen.push((g, a.guid, a.code, written.elapsed())),
+            // Counted as out of order, with the answers seen before it.
+            Err(e) => seen.push((
+                g,
+                format!("unparsable: {e}"),
+                String::new(),
+                written.elapsed(),
+            )),
+        }
+    }
+    // An answer more than was sent is out of order too.
+    if let Ok(Ok(Some(_))) = tokio::time::timeout(Duration::from_millis(100), ch.recv()).await {
+        seen.push((
+            String::new(),
+            "an extra answer".into(),
+            String::new(),
+            written.elapsed(),
+        ));
     }
     Ok(seen)
 }
@@ -170,10 +187,12 @@ fn main() {
                 continue;
             }
         };
-        lost += plan.len() - seen.len();
+        lost += plan.len().saturating_sub(seen.len());
         for (sent, echoed, code, at) in seen {
             out_of_order += usize::from(sent != echoed);
-            *codes.entry(code.clone()).or_default() += 1;
+            if !code.is_empty() {
+                *codes.entry(code.clone()).or_default() += 1;
+            }
             latest = latest.max(*at);
             if matches!(code.as_str(), "E902" | "E903" | "E904") && posts(sent) > 0 {
                 not_sent_but_posted += 1;

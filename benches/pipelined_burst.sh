@@ -4,7 +4,8 @@
 # CONNECTIONS (150) channels each pipelining DEPTH (40) transfers behind a
 # POST the fixture holds past the budget. Prints, per run: the codes, answers
 # out of order or lost, GUIDs answered "not sent" that were posted (must be
-# 0), the hub's latest summary-line `ms`, its answers written past the
+# 0), the most POSTs of one GUID (must be 1 at most), the hub's latest
+# summary-line `ms`, its answers written past the
 # budget (relayhub_answers_past_budget_total) and the client's latest answer
 # counted from its write. Each argument is a relayhub binary, run in turn
 # with each journal in JOURNALS ("sqlite memory") and ROUNDS (1) times, so
@@ -23,7 +24,16 @@ JOURNALS=${JOURNALS:-sqlite memory}
 [ "$#" -gt 0 ] || set -- target/release/relayhub
 WORK=$(mktemp -d)
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; PIDS=(); }
+# A process that does not stop on SIGTERM within 10 s is killed.
+cleanup() {
+    for p in "${PIDS[@]}"; do
+        kill "$p" 2>/dev/null || true
+        for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    PIDS=()
+}
 trap 'cleanup; rm -rf "$WORK"' EXIT
 
 # wait_ready, num
@@ -35,7 +45,7 @@ budget_ms = 3000
 max_in_flight_per_connection = 8
 EOF
 
-printf '%-5s %-7s %-36s %-34s %5s %5s %6s %7s %6s %9s\n' round journal hub codes order lost posted "max ms" "past" "client ms"
+printf '%-5s %-7s %-36s %-34s %5s %5s %6s %6s %7s %6s %9s\n' round journal hub codes order lost posted "posts" "max ms" "past" "client ms"
 for round in $(seq 1 "$ROUNDS"); do
     for bin in "$@"; do
         for journal in $JOURNALS; do
@@ -52,12 +62,14 @@ for round in $(seq 1 "$ROUNDS"); do
             admin=$(sed -n 's/^admin endpoints on \([^ ]*\).*/\1/p' "$run/hub.out" | head -n1)
             "$CLIENT" --hub "$hub" --core "http://$core" --connections "$CONNECTIONS" \
                 --depth "$DEPTH" >"$run/report.json"
-            past=$(curl -s "http://$admin/metrics" | sed -n 's/^relayhub_answers_past_budget_total \(.*\)$/\1/p')
-            max_ms=$(grep -o ' ms=[0-9]*$' "$run/hub.log" | cut -d= -f2 | sort -n | tail -n1)
+            past=$(curl -s --max-time 10 "http://$admin/metrics" \
+                | sed -n 's/^relayhub_answers_past_budget_total \(.*\)$/\1/p' || true)
+            max_ms=$({ grep -o ' ms=[0-9]*$' "$run/hub.log" || true; } | cut -d= -f2 | sort -n | tail -n1)
             codes=$(tr -d '\n ' <"$run/report.json" | sed -n 's/.*"codes":{\([^}]*\)}.*/\1/p' | tr -d '"')
-            printf '%-5s %-7s %-36s %-34s %5s %5s %6s %7s %6s %9s\n' "$round" "$journal" "$bin" "$codes" \
+            printf '%-5s %-7s %-36s %-34s %5s %5s %6s %6s %7s %6s %9s\n' "$round" "$journal" "$bin" "$codes" \
                 "$(num "$run/report.json" out_of_order)" "$(num "$run/report.json" lost)" \
-                "$(num "$run/report.json" not_sent_but_posted)" "$max_ms" "${past:-?}" \
+                "$(num "$run/report.json" not_sent_but_posted)" \
+                "$(num "$run/report.json" max_posts_per_guid)" "${max_ms:-?}" "${past:-?}" \
                 "$(num "$run/report.json" latest_answer_ms_from_write)"
             cleanup
         done

@@ -794,7 +794,11 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     // unhandled, not handled, logged and never answered.
                     // Only this task takes permits: one free now is free
                     // at the `room` below.
-                    let full = queue.permits.available_permits() == 0;
+                    // Full too when the queue has no slot left (telegrams
+                    // past their last start went in without a permit): a
+                    // free permit alone would wait for a slot uncounted,
+                    // with the connection no longer read (found by a review).
+                    let full = queue.permits.available_permits() == 0 || queue.tx.capacity() == 0;
                     let waits = mark.or_else(|| full.then(|| WaitingMark::new(&hub, &echo)));
                     // While it waits, the telegrams read whole behind it
                     // wait too: each counted as handled, and timed, from its
@@ -1983,6 +1987,122 @@ mod tests {
             let answer = read_answer(&mut channel).await;
             assert_eq!(&answer[..38], &telegram[..38], "{guid}: answered in order");
             assert_eq!(&answer[60..64], b"0000");
+        }
+        ends_with_the_channel(channel, server, &in_flight).await;
+    }
+
+    /// Holds `HOLDA1` and `HOLDB1` telegrams until each is released, and
+    /// reports every telegram that starts and every one counted as waiting
+    /// for room; every telegram's last start is its read.
+    struct TwoHolds {
+        a: Arc<tokio::sync::Notify>,
+        b: Arc<tokio::sync::Notify>,
+        started: mpsc::UnboundedSender<String>,
+        waited: mpsc::UnboundedSender<String>,
+    }
+
+    impl Answerer for TwoHolds {
+        async fn answer(
+            self: Arc<Self>,
+            telegram: Bytes,
+            peer: IpAddr,
+            cert: Option<Arc<ClientCert>>,
+            read_at: Instant,
+        ) -> (Echo, Reply) {
+            let _ = self
+                .started
+                .send(Echo::from_telegram(&telegram).guid_str().to_string());
+            if telegram.starts_with(b"HOLDA1") {
+                self.a.notified().await;
+            }
+            if telegram.starts_with(b"HOLDB1") {
+                self.b.notified().await;
+            }
+            Arc::new(PanicsOnPanic1)
+                .answer(telegram, peer, cert, read_at)
+                .await
+        }
+
+        fn waiting_to_start(&self, echo: &Echo) -> bool {
+            let _ = self.waited.send(echo.guid_str().to_string());
+            false
+        }
+
+        fn last_start(&self, read_at: Instant) -> Option<Instant> {
+            Some(read_at)
+        }
+    }
+
+    /// The writer's queue full of telegrams that went in without room, and
+    /// a permit free: the next telegram still counts as waiting, and the
+    /// connection is read on meanwhile (before, it waited for a slot
+    /// uncounted and unread; found by a review).
+    #[tokio::test]
+    async fn a_telegram_that_finds_the_queue_full_waits_counted() {
+        let (started, mut starts) = mpsc::unbounded_channel();
+        let (waited, mut waits) = mpsc::unbounded_channel();
+        let (a, b) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        let hub = TwoHolds {
+            a: a.clone(),
+            b: b.clone(),
+            started,
+            waited,
+        };
+        // Two in flight: four slots in the writer's queue.
+        let limits = Limits {
+            max_in_flight_per_connection: 2,
+            ..Limits::from(&ServerConfig::default())
+        };
+        let in_flight = Arc::new(InFlight::default());
+        let (mut channel, server) = served(hub, limits, None, in_flight.clone()).await;
+        let g = |i: u32| format!("20261129IBANK0000000000000FULL{i:02}");
+        async fn next(rx: &mut mpsc::UnboundedReceiver<String>) -> Option<String> {
+            tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .ok()
+                .flatten()
+        }
+        // A and B hold the room; 2 to 5 are past their last start: 2, 3
+        // and 4 fill the queue behind B, 5 waits for a slot.
+        let mut first = vec![header("HOLDA1", &g(0)), header("HOLDB1", &g(1))];
+        first.extend((2..6).map(|i| header("TRF001", &g(i))));
+        send(
+            &mut channel,
+            &first.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        )
+        .await;
+        let mut seen = Vec::new();
+        while !seen.contains(&g(4)) {
+            seen.push(next(&mut starts).await.expect("2 to 4 start"));
+        }
+        // A answered: its permit frees, the writer takes B out and waits
+        // for it, and 5 takes the slot that frees, without a permit: the
+        // queue is full (2 to 5) and A's permit is free.
+        a.notify_one();
+        assert_eq!(&read_answer(&mut channel).await[6..38], g(0).as_bytes());
+        while !seen.contains(&g(5)) {
+            seen.push(next(&mut starts).await.expect("5 starts"));
+        }
+        while waits.try_recv().is_ok() {}
+        // 6 and then 7 come: each counted as waiting, so read on.
+        send(&mut channel, &[&header("TRF001", &g(6))]).await;
+        assert_eq!(next(&mut waits).await, Some(g(6)), "6 waits counted");
+        send(&mut channel, &[&header("TRF001", &g(7))]).await;
+        assert_eq!(
+            next(&mut waits).await,
+            Some(g(7)),
+            "7 is read while 6 waits"
+        );
+        b.notify_one();
+        for i in 1..8 {
+            assert_eq!(
+                &read_answer(&mut channel).await[6..38],
+                g(i).as_bytes(),
+                "in order"
+            );
         }
         ends_with_the_channel(channel, server, &in_flight).await;
     }
