@@ -92,6 +92,7 @@ impl Flights {
         }
         ahead.row.get().cloned()
     }
+
     /// Leads the GUID's flight, or follows the one already in the air.
     pub(super) fn join<'a>(&'a self, guid: &'a str, fingerprint: &str) -> Joined<'a> {
         let mut flights = self.lock();
