@@ -1882,28 +1882,41 @@ mod tests {
 
     /// Answers 0000 at once, saying which telegram started and whether a
     /// `HOLD01` telegram was held then: that one waits until the test
-    /// releases it. The last start is `work_after` after each
-    /// telegram's read.
+    /// releases it, and a `HOLDB1` one until `b` is notified. Says too which
+    /// telegrams are counted as waiting for room. The last start is
+    /// `work_after` after each telegram's read.
     struct Budgeted {
         release: Arc<tokio::sync::Notify>,
+        b: Arc<tokio::sync::Notify>,
         holding: Arc<AtomicBool>,
         started: mpsc::UnboundedSender<(String, bool)>,
+        waited: mpsc::UnboundedSender<String>,
         work_after: Duration,
     }
 
+    /// What a [`Budgeted`] hub says: the telegrams that start (with whether
+    /// `HOLD01` was held then), and those counted as waiting.
+    struct Reports {
+        starts: mpsc::UnboundedReceiver<(String, bool)>,
+        waits: mpsc::UnboundedReceiver<String>,
+    }
+
     impl Budgeted {
-        fn new(work_after: Duration) -> (Budgeted, mpsc::UnboundedReceiver<(String, bool)>) {
+        fn new(work_after: Duration) -> (Budgeted, Reports) {
             let (started, starts) = mpsc::unbounded_channel();
+            let (waited, waits) = mpsc::unbounded_channel();
             let hub = Budgeted {
                 release: Arc::new(tokio::sync::Notify::new()),
+                b: Arc::new(tokio::sync::Notify::new()),
                 holding: Arc::new(AtomicBool::new(false)),
                 started,
+                waited,
                 work_after,
             };
-            (hub, starts)
+            (hub, Reports { starts, waits })
         }
 
-        /// Lets the held telegram go on.
+        /// Lets the held `HOLD01` telegram go on.
         fn releaser(&self) -> impl FnOnce() + use<> {
             let (holding, release) = (self.holding.clone(), self.release.clone());
             move || {
@@ -1932,9 +1945,17 @@ mod tests {
             if holds {
                 self.release.notified().await;
             }
+            if telegram.starts_with(b"HOLDB1") {
+                self.b.notified().await;
+            }
             Arc::new(PanicsOnPanic1)
                 .answer(telegram, peer, cert, read_at)
                 .await
+        }
+
+        fn waiting_to_start(&self, echo: &Echo) -> bool {
+            let _ = self.waited.send(echo.guid_str().to_string());
+            false
         }
 
         fn last_start(&self, read_at: Instant) -> Option<Instant> {
@@ -1949,7 +1970,7 @@ mod tests {
     /// together, answers came past the budget; a black-box probe).
     #[tokio::test]
     async fn telegrams_whose_budget_ran_out_waiting_start_without_room() {
-        let (hub, mut starts) = Budgeted::new(Duration::ZERO);
+        let (hub, mut reports) = Budgeted::new(Duration::ZERO);
         let release = hub.releaser();
         let limits = Limits {
             max_in_flight_per_connection: 1,
@@ -1974,10 +1995,11 @@ mod tests {
         .await;
         let mut seen = Vec::new();
         while seen.len() < 3 {
-            let (guid, holding) = tokio::time::timeout(Duration::from_secs(10), starts.recv())
-                .await
-                .unwrap_or_else(|_| panic!("only {seen:?} started while the first is held"))
-                .expect("the hub is alive");
+            let (guid, holding) =
+                tokio::time::timeout(Duration::from_secs(10), reports.starts.recv())
+                    .await
+                    .unwrap_or_else(|_| panic!("only {seen:?} started while the first is held"))
+                    .expect("the hub is alive");
             assert!(holding, "{guid} started while the first is held");
             seen.push(guid);
         }
@@ -1991,66 +2013,20 @@ mod tests {
         ends_with_the_channel(channel, server, &in_flight).await;
     }
 
-    /// Holds `HOLDA1` and `HOLDB1` telegrams until each is released, and
-    /// reports every telegram that starts and every one counted as waiting
-    /// for room; every telegram's last start is its read.
-    struct TwoHolds {
-        a: Arc<tokio::sync::Notify>,
-        b: Arc<tokio::sync::Notify>,
-        started: mpsc::UnboundedSender<String>,
-        waited: mpsc::UnboundedSender<String>,
-    }
-
-    impl Answerer for TwoHolds {
-        async fn answer(
-            self: Arc<Self>,
-            telegram: Bytes,
-            peer: IpAddr,
-            cert: Option<Arc<ClientCert>>,
-            read_at: Instant,
-        ) -> (Echo, Reply) {
-            let _ = self
-                .started
-                .send(Echo::from_telegram(&telegram).guid_str().to_string());
-            if telegram.starts_with(b"HOLDA1") {
-                self.a.notified().await;
-            }
-            if telegram.starts_with(b"HOLDB1") {
-                self.b.notified().await;
-            }
-            Arc::new(PanicsOnPanic1)
-                .answer(telegram, peer, cert, read_at)
-                .await
-        }
-
-        fn waiting_to_start(&self, echo: &Echo) -> bool {
-            let _ = self.waited.send(echo.guid_str().to_string());
-            false
-        }
-
-        fn last_start(&self, read_at: Instant) -> Option<Instant> {
-            Some(read_at)
-        }
-    }
-
     /// The writer's queue full of telegrams that went in without room, and
     /// a permit free: the next telegram still counts as waiting, and the
     /// connection is read on meanwhile (before, it waited for a slot
     /// uncounted and unread; found by a review).
     #[tokio::test]
     async fn a_telegram_that_finds_the_queue_full_waits_counted() {
-        let (started, mut starts) = mpsc::unbounded_channel();
-        let (waited, mut waits) = mpsc::unbounded_channel();
-        let (a, b) = (
-            Arc::new(tokio::sync::Notify::new()),
-            Arc::new(tokio::sync::Notify::new()),
-        );
-        let hub = TwoHolds {
-            a: a.clone(),
-            b: b.clone(),
-            started,
-            waited,
-        };
+        let (
+            hub,
+            Reports {
+                mut starts,
+                mut waits,
+            },
+        ) = Budgeted::new(Duration::ZERO);
+        let (release_a, b) = (hub.releaser(), hub.b.clone());
         // Two in flight: four slots in the writer's queue.
         let limits = Limits {
             max_in_flight_per_connection: 2,
@@ -2059,7 +2035,7 @@ mod tests {
         let in_flight = Arc::new(InFlight::default());
         let (mut channel, server) = served(hub, limits, None, in_flight.clone()).await;
         let g = |i: u32| format!("20261129IBANK0000000000000FULL{i:02}");
-        async fn next(rx: &mut mpsc::UnboundedReceiver<String>) -> Option<String> {
+        async fn next<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> Option<T> {
             tokio::time::timeout(Duration::from_secs(10), rx.recv())
                 .await
                 .ok()
@@ -2067,7 +2043,7 @@ mod tests {
         }
         // A and B hold the room; 2 to 5 are past their last start: 2, 3
         // and 4 fill the queue behind B, 5 waits for a slot.
-        let mut first = vec![header("HOLDA1", &g(0)), header("HOLDB1", &g(1))];
+        let mut first = vec![header("HOLD01", &g(0)), header("HOLDB1", &g(1))];
         first.extend((2..6).map(|i| header("TRF001", &g(i))));
         send(
             &mut channel,
@@ -2076,15 +2052,15 @@ mod tests {
         .await;
         let mut seen = Vec::new();
         while !seen.contains(&g(4)) {
-            seen.push(next(&mut starts).await.expect("2 to 4 start"));
+            seen.push(next(&mut starts).await.expect("2 to 4 start").0);
         }
         // A answered: its permit frees, the writer takes B out and waits
         // for it, and 5 takes the slot that frees, without a permit: the
         // queue is full (2 to 5) and A's permit is free.
-        a.notify_one();
+        release_a();
         assert_eq!(&read_answer(&mut channel).await[6..38], g(0).as_bytes());
         while !seen.contains(&g(5)) {
-            seen.push(next(&mut starts).await.expect("5 starts"));
+            seen.push(next(&mut starts).await.expect("5 starts").0);
         }
         while waits.try_recv().is_ok() {}
         // 6 and then 7 come: each counted as waiting, so read on.
@@ -2110,7 +2086,7 @@ mod tests {
     /// With budget left, a telegram behind the held one waits for its room.
     #[tokio::test]
     async fn telegrams_with_budget_left_wait_for_room() {
-        let (hub, mut starts) = Budgeted::new(Duration::from_secs(3600));
+        let (hub, mut reports) = Budgeted::new(Duration::from_secs(3600));
         let release = hub.releaser();
         let limits = Limits {
             max_in_flight_per_connection: 1,
@@ -2125,12 +2101,12 @@ mod tests {
             &[&header("HOLD01", held), &header("TRF001", behind)],
         )
         .await;
-        assert_eq!(starts.recv().await, Some((held.to_string(), true)));
+        assert_eq!(reports.starts.recv().await, Some((held.to_string(), true)));
         // The second starts only once the first is answered.
         release();
         let answer = read_answer(&mut channel).await;
         assert_eq!(&answer[6..38], held.as_bytes());
-        let second = starts.recv().await;
+        let second = reports.starts.recv().await;
         assert_eq!(
             second,
             Some((behind.to_string(), false)),
