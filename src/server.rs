@@ -527,14 +527,14 @@ fn answered(read_at: Instant, budget: Duration) {
     }
     metrics::counter!(crate::metric_names::ANSWERS_PAST_BUDGET).increment(1);
     /// The throttle, and the latest an answer came since its last line.
-    static PAST: std::sync::Mutex<(Option<crate::throttle::Throttle>, Duration)> =
-        std::sync::Mutex::new((None, Duration::ZERO));
+    static PAST: std::sync::Mutex<(crate::throttle::Throttle, Duration)> = std::sync::Mutex::new((
+        crate::throttle::Throttle::new(Duration::from_secs(10)),
+        Duration::ZERO,
+    ));
     let mut past = PAST.lock().unwrap_or_else(|p| p.into_inner());
     let (throttle, latest) = &mut *past;
     *latest = (*latest).max(took - budget);
-    let due = throttle
-        .get_or_insert_with(|| crate::throttle::Throttle::new(Duration::from_secs(10)))
-        .note(Instant::now());
+    let due = throttle.note(Instant::now());
     if let Some(answers) = due {
         let max_past_ms = std::mem::take(latest).as_millis() as u64;
         drop(past);

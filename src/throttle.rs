@@ -17,7 +17,9 @@ pub struct Throttle {
 }
 
 impl Throttle {
-    pub fn new(every: Duration) -> Throttle {
+    /// A `const fn`, so that a throttle shared by a whole process can be a
+    /// `static`.
+    pub const fn new(every: Duration) -> Throttle {
         Throttle {
             every,
             last_line: None,

@@ -70,10 +70,11 @@ fn failed(panic: &Panic) -> String {
 pub(super) fn count_failure(stage: &'static str) {
     metrics::counter!(metric_names::JOURNAL_ERRORS, "stage" => stage).increment(1);
     if stage == "claim" {
-        static CLAIMS: std::sync::Mutex<Option<Throttle>> = std::sync::Mutex::new(None);
-        let mut claims = CLAIMS.lock().unwrap_or_else(|p| p.into_inner());
-        let due = claims
-            .get_or_insert_with(|| Throttle::new(std::time::Duration::from_secs(10)))
+        static CLAIMS: std::sync::Mutex<Throttle> =
+            std::sync::Mutex::new(Throttle::new(std::time::Duration::from_secs(10)));
+        let due = CLAIMS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
             .note(Instant::now());
         if let Some(failures) = due {
             tracing::warn!(
