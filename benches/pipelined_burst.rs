@@ -58,13 +58,19 @@ fn args() -> Args {
     a
 }
 
+/// The built-in TRF001 layout, parsed once for every telegram of the run.
+static TRF001: std::sync::LazyLock<relayhub::layout::Layout> = std::sync::LazyLock::new(|| {
+    relayhub::layout::builtin()
+        .remove("TRF001")
+        .expect("TRF001")
+});
+
 fn transfer(guid: &str) -> Vec<u8> {
     let fields = json!({ "from_account": "1002003004001", "to_bank": "088",
         "to_account": "1002003004002", "amount": 1, "memo": "burst" });
-    let layouts = relayhub::layout::builtin();
     let stamp = relayhub::header::local_timestamp();
     build_telegram(
-        &layouts["TRF001"],
+        &TRF001,
         guid,
         "IBANK",
         &stamp,
