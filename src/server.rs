@@ -23,6 +23,7 @@
 //! connection's task and TLS handshake, and the drain; this file serves a
 //! connection once it is in.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -40,9 +41,11 @@ use tracing::{Instrument, debug, info, warn};
 
 mod accept;
 mod adoption;
+mod waiting;
 
 pub use accept::{TlsListener, bind, listen, reserve, run};
 use adoption::{Adopters, Back, Carry};
+use waiting::{Held, WaitingMark, held_bytes, hold_whole_telegrams};
 
 use crate::catch_unwind::{CatchUnwind, Panic, panic_message};
 use crate::config::ServerConfig;
@@ -115,69 +118,6 @@ trait Answerer: Send + Sync + 'static {
     fn last_start(&self, _read_at: Instant) -> Option<Instant> {
         None
     }
-}
-
-/// A transfer that has to wait for room to start (its connection has its
-/// maximum in flight) while its budget runs: its GUID counts as handled by
-/// the hub from its read until its task ends, so an inquiry about it in the
-/// meantime does not take the core's "never received" for an answer.
-struct WaitingMark<H: Answerer> {
-    hub: Arc<H>,
-    /// `None` when the hub did not count it (not a transfer).
-    guid: Option<String>,
-}
-
-impl<H: Answerer> WaitingMark<H> {
-    fn new(hub: &Arc<H>, echo: &Echo) -> WaitingMark<H> {
-        WaitingMark {
-            hub: hub.clone(),
-            guid: hub
-                .waiting_to_start(echo)
-                .then(|| echo.guid_str().to_string()),
-        }
-    }
-}
-
-impl<H: Answerer> Drop for WaitingMark<H> {
-    fn drop(&mut self) {
-        if let Some(guid) = &self.guid {
-            self.hub.no_longer_waiting(guid);
-        }
-    }
-}
-
-/// Frames every telegram whole in `buf` into `held`, each marked as waiting
-/// and timed from now (a malformed one stays in `buf`, answered in its turn).
-fn hold_whole_telegrams<H: Answerer>(
-    codec: &FrameCodec,
-    buf: &mut BytesMut,
-    held: &mut std::collections::VecDeque<Held<H>>,
-    hub: &Arc<H>,
-) {
-    while let Ok(Some(telegram)) = codec.decode(buf) {
-        let mark = WaitingMark::new(hub, &Echo::from_telegram(&telegram));
-        held.push_back(Held {
-            telegram,
-            read_at: Instant::now(),
-            mark: Some(mark),
-        });
-    }
-}
-
-/// A telegram read whole that waits in the connection for room to start,
-/// behind one that waits already: timed and marked from its read.
-struct Held<H: Answerer> {
-    telegram: Bytes,
-    read_at: Instant,
-    mark: Option<WaitingMark<H>>,
-}
-
-/// The bytes of the telegrams held whole: with the partial one in the
-/// buffer, what the connection's read-ahead counts (before, only the
-/// buffer was counted, so a channel pipelining without end was read without
-/// end while a telegram waited for room; found by a review).
-fn held_bytes<H: Answerer>(held: &std::collections::VecDeque<Held<H>>) -> usize {
-    held.iter().map(|h| h.telegram.len()).sum()
 }
 
 impl Answerer for Hub {
@@ -732,7 +672,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
     // until one is quick.
     let mut slow = inline.is_some();
     // Telegrams framed while their connection waits for room (see `Held`).
-    let mut held: std::collections::VecDeque<Held<H>> = Default::default();
+    let mut held: VecDeque<Held<H>> = Default::default();
     if inline.is_some() {
         link.pending.fetch_add(1, Ordering::SeqCst);
     }
