@@ -45,7 +45,7 @@ mod waiting;
 
 pub use accept::{TlsListener, bind, listen, reserve, run};
 use adoption::{Adopters, Back, Carry};
-use waiting::{Held, WaitingMark, held_bytes, hold_whole_telegrams};
+use waiting::{Held, StartedLate, WaitingMark, held_bytes, hold_whole_telegrams};
 
 use crate::catch_unwind::{CatchUnwind, Panic, panic_message};
 use crate::config::ServerConfig;
@@ -562,6 +562,19 @@ impl Queue {
     }
 }
 
+/// A slot in the writer's queue; `None` once the writer has stopped.
+async fn queue_slot(queue: &Option<Queue>) -> Option<mpsc::Permit<'_, Answer>> {
+    queue.as_ref()?.tx.reserve().await.ok()
+}
+
+/// How a telegram that waited for room goes on.
+enum Turn<'q> {
+    /// With room: a slot in the writer's queue and a permit.
+    Room(mpsc::Permit<'q, Answer>, OwnedSemaphorePermit),
+    /// Without: its time to start has passed (see [`StartedLate`]).
+    Late,
+}
+
 /// How a connection's task ended.
 enum Served {
     /// The connection is closed.
@@ -673,6 +686,9 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
     let mut slow = inline.is_some();
     // Telegrams framed while their connection waits for room (see `Held`).
     let mut held: VecDeque<Held<H>> = Default::default();
+    // Answers of telegrams started past their last start, waiting for a
+    // slot in the writer's queue (see `StartedLate`).
+    let mut started_late: StartedLate<Answer> = StartedLate::default();
     if inline.is_some() {
         link.pending.fetch_add(1, Ordering::SeqCst);
     }
@@ -713,6 +729,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     }
                     link.pending.fetch_add(1, Ordering::SeqCst);
                     let echo = Echo::from_telegram(&telegram);
+                    let len = telegram.len();
                     let handling =
                         handling(hub.clone(), telegram, peer.ip(), cert.clone(), read_at);
                     if alone {
@@ -738,7 +755,14 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     // past their last start went in without a permit): a
                     // free permit alone would wait for a slot uncounted,
                     // with the connection no longer read (found by a review).
-                    let full = queue.permits.available_permits() == 0 || queue.tx.capacity() == 0;
+                    // Full too while answers started late wait for a slot:
+                    // this one goes behind them.
+                    if !started_late.queue_ready(&queue.tx) {
+                        break 'read;
+                    }
+                    let full = !started_late.is_empty()
+                        || queue.permits.available_permits() == 0
+                        || queue.tx.capacity() == 0;
                     let waits = mark.or_else(|| full.then(|| WaitingMark::new(&hub, &echo)));
                     // While it waits, the telegrams read whole behind it
                     // wait too: each counted as handled, and timed, from its
@@ -748,13 +772,15 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     // channel sent is known to the hub (an inquiry about it
                     // is not told "never received") instead of waiting
                     // unread in the socket (found by a review). Once its
-                    // time to start has passed it waits no more: it is
-                    // answered without room, nothing being sent for it,
-                    // right behind the answers ahead of it (before, one at
-                    // a time as each of those freed its room: with
+                    // time to start has passed it waits no more: it starts
+                    // then, without room, nothing being sent for it, and is
+                    // answered right behind the answers ahead of it (before,
+                    // one at a time as each of those freed its room: with
                     // thousands of budgets ending together, answers came
-                    // past the budget; a black-box probe).
-                    let got = if full {
+                    // past the budget; a black-box probe). Meanwhile the
+                    // answers started late before it go into the writer's
+                    // queue as it frees slots.
+                    let turn = if full {
                         let room = queue.room();
                         tokio::pin!(room);
                         let read_ahead = limits.max_telegram_len.saturating_mul(capacity);
@@ -764,20 +790,20 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                             last_start.unwrap_or_else(|| later(Instant::now(), Duration::MAX)),
                         );
                         tokio::pin!(ran_out);
-                        let mut out_of_budget = false;
                         loop {
                             hold_whole_telegrams(&codec, &mut buf, &mut held, &hub);
                             tokio::select! {
                                 biased;
-                                got = &mut room => break got.map(|(slot, permit)| (slot, Some(permit))),
-                                slot = queue.tx.reserve(), if out_of_budget => {
-                                    break slot.ok().map(|slot| (slot, None));
+                                slot = queue.tx.reserve(), if !started_late.is_empty() => match slot {
+                                    Ok(slot) => slot.send(started_late.pop().expect("not empty")),
+                                    Err(_) => break None,
+                                },
+                                got = &mut room, if started_late.is_empty() => {
+                                    break got.map(|(slot, permit)| Turn::Room(slot, permit));
                                 }
-                                _ = &mut ran_out, if last_start.is_some() && !out_of_budget => {
-                                    out_of_budget = true;
-                                }
+                                _ = &mut ran_out, if last_start.is_some() => break Some(Turn::Late),
                                 read = reader.read_buf(&mut buf), if reads
-                                    && buf.len() + held_bytes(&held) < read_ahead
+                                    && buf.len() + held_bytes(&held) + started_late.bytes < read_ahead
                                     && !link.closing.load(Ordering::SeqCst) => {
                                     // The end or a failure is met again by
                                     // the read after these telegrams.
@@ -789,9 +815,9 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                         queue
                             .room()
                             .await
-                            .map(|(slot, permit)| (slot, Some(permit)))
+                            .map(|(slot, permit)| Turn::Room(slot, permit))
                     };
-                    let Some((slot, permit)) = got else {
+                    let Some(turn) = turn else {
                         break 'read;
                     };
                     let task = match waits {
@@ -805,7 +831,18 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                             .in_current_span(),
                         ),
                     };
-                    slot.send(Answer::Telegram(task, echo, guard, permit, read_at));
+                    match turn {
+                        Turn::Room(slot, permit) => {
+                            slot.send(Answer::Telegram(task, echo, guard, Some(permit), read_at))
+                        }
+                        Turn::Late => {
+                            started_late
+                                .push(len, Answer::Telegram(task, echo, guard, None, read_at));
+                            if !started_late.queue_ready(&queue.tx) {
+                                break 'read;
+                            }
+                        }
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -839,7 +876,10 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     if let Some(queue) =
                         queue_up(&mut direct, &mut queue, &mut inline, capacity, &link).await
                     {
-                        let _ = queue.tx.send(Answer::Unframeable).await;
+                        // Behind the answers started late, in its order.
+                        if started_late.queue_all(&queue.tx).await {
+                            let _ = queue.tx.send(Answer::Unframeable).await;
+                        }
                     }
                     break 'read;
                 }
@@ -918,6 +958,12 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             },
             // An answer went out: the idle time counts from now.
             _ = link.answered.notified(), if queued => {}
+            // Answers started late go into the writer's queue as it frees
+            // slots, with the connection read on meanwhile.
+            slot = queue_slot(&queue), if !started_late.is_empty() => match slot {
+                Some(slot) => slot.send(started_late.pop().expect("not empty")),
+                None => break,
+            },
             // The writer stopped: the channel is gone, or a closing answer
             // was written, after which the telegrams held whole are queued
             // (at the top of the loop) before the reader ends.
@@ -964,6 +1010,8 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
         writer.shutdown().await;
     }
     if let Some(Queue { tx, task, .. }) = queue {
+        // Those started late too, unless the channel is gone.
+        started_late.queue_all(&tx).await;
         drop(tx);
         let _ = task.await;
     }
@@ -1948,6 +1996,58 @@ mod tests {
         for (telegram, guid) in telegrams.iter().zip(guids) {
             let answer = read_answer(&mut channel).await;
             assert_eq!(&answer[..38], &telegram[..38], "{guid}: answered in order");
+            assert_eq!(&answer[60..64], b"0000");
+        }
+        ends_with_the_channel(channel, server, &in_flight).await;
+    }
+
+    /// More telegrams past their last start than the writer's queue holds
+    /// (twice the in-flight limit) all start at their last start, while the
+    /// one ahead of them holds the room, and are answered in their order
+    /// (before, those beyond the queue started only as it moved: with a
+    /// journal that reads a row to answer them, too late; found by a
+    /// review).
+    #[tokio::test]
+    async fn telegrams_past_their_last_start_beyond_the_queue_start_too() {
+        let (hub, mut reports) = Budgeted::new(Duration::ZERO);
+        let release = hub.releaser();
+        let limits = Limits {
+            max_in_flight_per_connection: 1,
+            ..Limits::from(&ServerConfig::default())
+        };
+        let in_flight = Arc::new(InFlight::default());
+        let (mut channel, server) = served(hub, limits, None, in_flight.clone()).await;
+        let g = |i: u32| format!("20261129IBANK0000000000000BYND{i:02}");
+        let mut telegrams = vec![header("HOLD01", &g(0))];
+        telegrams.extend((1..8).map(|i| header("TRF001", &g(i))));
+        send(
+            &mut channel,
+            &telegrams.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        )
+        .await;
+        let mut seen = Vec::new();
+        while seen.len() < telegrams.len() {
+            let (guid, holding) =
+                tokio::time::timeout(Duration::from_secs(10), reports.starts.recv())
+                    .await
+                    .unwrap_or_else(|_| panic!("only {seen:?} started while the first is held"))
+                    .expect("the hub is alive");
+            assert!(holding, "{guid} started while the first is held");
+            seen.push(guid);
+        }
+        assert_eq!(
+            seen,
+            (0..8).map(g).collect::<Vec<_>>(),
+            "started in their order"
+        );
+        release();
+        for (i, telegram) in telegrams.iter().enumerate() {
+            let answer = read_answer(&mut channel).await;
+            assert_eq!(
+                &answer[..38],
+                &telegram[..38],
+                "telegram {i}: answered in order"
+            );
             assert_eq!(&answer[60..64], b"0000");
         }
         ends_with_the_channel(channel, server, &in_flight).await;

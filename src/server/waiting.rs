@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::Answerer;
@@ -73,4 +74,96 @@ pub(super) struct Held<H: Answerer> {
 /// end while a telegram waited for room; found by a review).
 pub(super) fn held_bytes<H: Answerer>(held: &VecDeque<Held<H>>) -> usize {
     held.iter().map(|h| h.telegram.len()).sum()
+}
+
+/// The answers of telegrams whose time to start passed while they waited for
+/// room, in their order, until the writer's queue has slots for them. Each
+/// task started at the telegram's own last start (it is taken no further, so
+/// nothing is sent for it; a journal that reads its row to answer it has the
+/// rest of its budget for that), not when a slot frees up: the queue holds
+/// twice the in-flight limit, and moves only as the answers ahead are
+/// written.
+pub(super) struct StartedLate<A> {
+    /// Each answer with its telegram's length.
+    answers: VecDeque<(usize, A)>,
+    /// What the connection's read-ahead counts of them.
+    pub(super) bytes: usize,
+}
+
+impl<A> Default for StartedLate<A> {
+    fn default() -> Self {
+        StartedLate {
+            answers: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<A> StartedLate<A> {
+    pub(super) fn push(&mut self, len: usize, answer: A) {
+        self.bytes += len;
+        self.answers.push_back((len, answer));
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.answers.is_empty()
+    }
+
+    /// The first answer, for the slot just reserved.
+    pub(super) fn pop(&mut self) -> Option<A> {
+        let (len, answer) = self.answers.pop_front()?;
+        self.bytes -= len;
+        Some(answer)
+    }
+
+    /// Queues as many answers as the writer's queue has slots for now.
+    /// `false`: the writer has stopped.
+    pub(super) fn queue_ready(&mut self, tx: &mpsc::Sender<A>) -> bool {
+        while !self.answers.is_empty() {
+            match tx.try_reserve() {
+                Ok(slot) => slot.send(self.pop().expect("not empty")),
+                Err(mpsc::error::TrySendError::Full(())) => return true,
+                Err(mpsc::error::TrySendError::Closed(())) => return false,
+            }
+        }
+        true
+    }
+
+    /// Queues every answer, waiting for slots. `false`: the writer has
+    /// stopped.
+    pub(super) async fn queue_all(&mut self, tx: &mpsc::Sender<A>) -> bool {
+        while let Some(answer) = self.pop() {
+            if tx.send(answer).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn answers_started_late_go_to_the_writer_in_order_as_slots_free() {
+        let (tx, mut rx) = mpsc::channel(2);
+        let mut late = StartedLate::default();
+        for (len, answer) in [(10, 'a'), (20, 'b'), (30, 'c')] {
+            late.push(len, answer);
+        }
+        assert_eq!(late.bytes, 60);
+        assert!(late.queue_ready(&tx), "the writer is there");
+        assert_eq!(late.bytes, 30, "two slots taken, c waits");
+        assert_eq!(rx.recv().await, Some('a'));
+        assert!(late.queue_ready(&tx));
+        assert!(late.is_empty());
+        assert_eq!(late.bytes, 0);
+        assert_eq!((rx.recv().await, rx.recv().await), (Some('b'), Some('c')));
+        late.push(5, 'd');
+        drop(rx);
+        assert!(!late.queue_ready(&tx), "the writer has stopped");
+        late.push(5, 'e');
+        assert!(!late.queue_all(&tx).await, "the writer has stopped");
+    }
 }
