@@ -8,9 +8,10 @@
 # summary-line `ms`, its answers written past the
 # budget (relayhub_answers_past_budget_total) and the client's latest answer
 # counted from its write. Each argument is a relayhub binary, run in turn
-# with each journal in JOURNALS ("sqlite memory") and ROUNDS (1) times, so
-# builds alternate:
+# with each journal in JOURNALS ("sqlite memory"; "pg" too under
+# scripts/with-postgres.sh) and ROUNDS (1) times, so builds alternate:
 #   benches/pipelined_burst.sh target/release/relayhub /tmp/relayhub-before
+#   JOURNALS=pg scripts/with-postgres.sh benches/pipelined_burst.sh NEW OLD
 # Linux only. docs/performance.md, "Thousands of budgets ending together".
 set -euo pipefail
 
@@ -39,6 +40,16 @@ trap 'cleanup; rm -rf "$WORK"' EXIT
 # wait_ready, num
 . benches/common.sh
 
+# fresh_pg_schema: a journal URL on an empty schema of RELAYHUB_TEST_PG's
+# database (JOURNALS=pg; run under scripts/with-postgres.sh, which sets it).
+fresh_pg_schema() {
+    local base=${RELAYHUB_TEST_PG:?"JOURNALS=pg runs under scripts/with-postgres.sh"}
+    local schema="burst_$(date +%s%N)" sep='?'
+    psql -q "$base" -c "CREATE SCHEMA $schema" >&2
+    [ "${base#*\?}" != "$base" ] && sep='&'
+    printf '%s%soptions=-c%%20search_path%%3D%s&hub_id=burst' "$base" "$sep" "$schema"
+}
+
 cat >"$WORK/hub.toml" <<'EOF'
 [server]
 budget_ms = 3000
@@ -53,7 +64,11 @@ for round in $(seq 1 "$ROUNDS"); do
             RUST_LOG=info "$CORE_BIN" --listen 127.0.0.1:0 >"$run/core.out" 2>"$run/core.log" &
             PIDS+=("$!")
             core=$(wait_ready "$run/core.out")
-            [ "$journal" = sqlite ] && spec="$run/journal.sqlite" || spec=memory
+            case "$journal" in
+                sqlite) spec="$run/journal.sqlite" ;;
+                pg) spec=$(fresh_pg_schema) ;;
+                *) spec=memory ;;
+            esac
             RUST_LOG=info "$bin" serve --config "$WORK/hub.toml" --listen 127.0.0.1:0 \
                 --admin-listen 127.0.0.1:0 --core-url "http://$core" --journal "$spec" \
                 >"$run/hub.out" 2>"$run/hub.log" &

@@ -47,6 +47,7 @@
 
 mod liveness;
 mod open;
+mod reads;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,6 +91,8 @@ pub struct PgJournal {
     /// This hub's liveness, once [`PgJournal::start_liveness`] ran (a hub;
     /// tools have none and never post).
     liveness: Option<Arc<Liveness>>,
+    /// Single-row reads waiting for a batch (see [`reads`]).
+    reads: Arc<reads::Reads>,
 }
 
 /// Why one call failed, before it becomes a [`JournalError`].
@@ -173,6 +176,7 @@ impl PgJournal {
             timeout: s.timeout,
             pg: Arc::new(s.pg),
             liveness: None,
+            reads: Arc::default(),
         })
     }
 
@@ -575,20 +579,40 @@ impl PgJournal {
         .await
     }
 
-    /// A GUID's row, if journaled.
+    /// A GUID's row, if journaled: read in a batch with the reads asked
+    /// for meanwhile, by a statement that starts after this call (see
+    /// [`reads`]).
     pub async fn get(&self, guid: &str) -> Result<Option<Row>, JournalError> {
-        self.bounded(false, async |c| {
-            let st = c
-                .prepare_cached(&format!(
-                    "SELECT {ROW_COLUMNS} FROM relayhub_journal WHERE guid = $1::text"
-                ))
-                .await?;
-            match c.query_opt(&st, &[&guid]).await? {
-                Some(r) => Ok(Some(read_row(&r)?)),
-                None => Ok(None),
-            }
-        })
-        .await
+        let (reply, row) = tokio::sync::oneshot::channel();
+        if self.reads.push(guid, reply) {
+            tokio::spawn(self.clone().read_batches());
+        }
+        row.await
+            .unwrap_or_else(|_| Err(JournalError::Read("the journal's reader stopped".into())))
+    }
+
+    /// A runner of [`PgJournal::get`]'s batches: one statement per batch,
+    /// until none waits.
+    async fn read_batches(self) {
+        let mut running = reads::Running {
+            reads: &self.reads,
+            done: false,
+        };
+        while let Some(batch) = self.reads.next_batch() {
+            let rows = self
+                .bounded(false, async |c| {
+                    let st = c
+                        .prepare_cached(&format!(
+                            "SELECT {ROW_COLUMNS} FROM relayhub_journal WHERE guid = ANY($1::text[])"
+                        ))
+                        .await?;
+                    let rows = c.query(&st, &[&batch.guids]).await?;
+                    rows.iter().map(read_row).collect::<Result<Vec<_>, _>>()
+                })
+                .await;
+            batch.answer(rows);
+        }
+        running.done = true;
     }
 
     /// Who holds a GUID's row and until when (database clock, ms): `None`

@@ -95,6 +95,43 @@ async fn fifty_concurrent_claims_from_two_hubs_make_one_new() {
     }
 }
 
+/// Reads asked for together are answered in batches (one statement for
+/// many GUIDs): each still gets its own row, or none, however many come at
+/// once and whatever the order; a GUID asked for twice gets its row twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thousands_of_reads_at_once_each_get_their_own_row() {
+    let Some(base) = test_db() else { return };
+    let (_url, a, _b) = two_hubs(&base, "reads", 60_000).await;
+    for i in 0..300 {
+        let g = format!("G-READ-{i}");
+        assert_eq!(
+            a.claim(&g, "TRF001", &format!("fp{i}"), "http://core", i)
+                .await
+                .unwrap(),
+            Claim::New
+        );
+    }
+    let mut tasks = Vec::new();
+    for round in 0..2 {
+        for i in (0..600).rev() {
+            let (j, g) = (a.clone(), format!("G-READ-{i}"));
+            tasks.push(tokio::spawn(async move { (round, i, j.get(&g).await) }));
+        }
+    }
+    for t in tasks {
+        let (round, i, row) = t.await.unwrap();
+        let row = row.unwrap_or_else(|e| panic!("round {round}, G-READ-{i}: {e}"));
+        if i < 300 {
+            let row = row.unwrap_or_else(|| panic!("round {round}: G-READ-{i} has a row"));
+            assert_eq!(row.guid, format!("G-READ-{i}"));
+            assert_eq!(row.fingerprint, format!("fp{i}"));
+            assert_eq!(row.state, State::Sending);
+        } else {
+            assert_eq!(row, None, "round {round}: G-READ-{i} was never claimed");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claim_resend_is_a_compare_and_set_across_hubs() {
     let Some(base) = test_db() else { return };
