@@ -220,7 +220,8 @@ impl Hub {
     }
 
     /// Reads the GUID's row into `ahead`, in a task of its own. A read that
-    /// fails leaves it unset, and the row is then read at the telegram's turn.
+    /// fails leaves it unset, and the row is then read at the telegram's turn
+    /// (counted, `stage="read_ahead"`, and said at DEBUG).
     fn read_ahead(&self, guid: &str, ahead: Arc<flights::ReadAhead>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -228,8 +229,18 @@ impl Hub {
         let journal = self.journal.clone();
         let guid = guid.to_string();
         runtime.spawn(async move {
-            if let Ok(row) = journal.get(&guid).await {
-                let _ = ahead.row.set(row);
+            match journal.get(&guid).await {
+                Ok(row) => {
+                    let _ = ahead.row.set(row);
+                }
+                Err(e) => {
+                    bounded::count_failure("read_ahead");
+                    tracing::debug!(
+                        guid,
+                        %e,
+                        "a waiting transfer's row could not be read ahead; it is read at its turn"
+                    );
+                }
             }
         });
     }
