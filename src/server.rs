@@ -520,8 +520,9 @@ async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
     link: &Arc<Link>,
 ) -> Option<&'q Queue> {
     if let Some(writer) = direct.take() {
-        // Twice the permits: as many again for telegrams whose budget ran
-        // out while they waited for room, which start without a permit.
+        // Twice the permits: as many again for telegrams started past
+        // their last start, which go in without a permit (those beyond
+        // wait in the reader, in `StartedLate`).
         let (tx, rx) = mpsc::channel(capacity.saturating_mul(2));
         let task = tokio::spawn(write_answers(writer, rx, link.clone()).in_current_span());
         let permits = Arc::new(Semaphore::new(capacity));
@@ -2004,6 +2005,64 @@ mod tests {
             assert_eq!(&answer[60..64], b"0000");
         }
         ends_with_the_channel(channel, server, &in_flight).await;
+    }
+
+    /// Telegrams started past their last start, their answers still waiting
+    /// for the writer's queue, then the channel's close or bytes that frame
+    /// no telegram: every answer is written in order, E102 last, then the
+    /// connection ends.
+    #[tokio::test]
+    async fn a_close_or_unframeable_bytes_behind_telegrams_started_late_keep_their_order() {
+        for eof in [false, true] {
+            let (hub, mut reports) = Budgeted::new(Duration::ZERO);
+            let release = hub.releaser();
+            let limits = Limits {
+                max_in_flight_per_connection: 1,
+                ..Limits::from(&ServerConfig::default())
+            };
+            let in_flight = Arc::new(InFlight::default());
+            let (mut channel, server) = served(hub, limits, None, in_flight.clone()).await;
+            let g = |i: u32| format!("20261129IBANK0000000000000CLOS{i:02}");
+            let mut telegrams = vec![header("HOLD01", &g(0))];
+            telegrams.extend((1..8).map(|i| header("TRF001", &g(i))));
+            send(
+                &mut channel,
+                &telegrams.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+            )
+            .await;
+            if eof {
+                channel.shutdown().await.unwrap();
+            } else {
+                channel.write_all(b"XXXXgarbage").await.unwrap();
+            }
+            for _ in 0..telegrams.len() {
+                tokio::time::timeout(Duration::from_secs(10), reports.starts.recv())
+                    .await
+                    .unwrap();
+            }
+            release();
+            for (i, telegram) in telegrams.iter().enumerate() {
+                let answer = read_answer(&mut channel).await;
+                assert_eq!(
+                    &answer[..38],
+                    &telegram[..38],
+                    "eof={eof} telegram {i}: in order"
+                );
+            }
+            if !eof {
+                let answer = read_answer(&mut channel).await;
+                assert_eq!(&answer[60..64], b"E102", "E102 last");
+            }
+            let mut rest = Vec::new();
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), channel.read_to_end(&mut rest)).await;
+            assert!(rest.is_empty(), "nothing more: {rest:?}");
+            tokio::time::timeout(Duration::from_secs(10), server)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(in_flight.count.load(Ordering::SeqCst), 0);
+        }
     }
 
     /// The writer's queue full of telegrams that went in without room, and

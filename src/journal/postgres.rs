@@ -581,23 +581,27 @@ impl PgJournal {
 
     /// A GUID's row, if journaled: read in a batch with the reads asked
     /// for meanwhile, by a statement that starts after this call (see
-    /// [`reads`]).
+    /// [`reads`]). Bounded by the call timeout, the wait for a batch
+    /// included.
     pub async fn get(&self, guid: &str) -> Result<Option<Row>, JournalError> {
         let (reply, row) = tokio::sync::oneshot::channel();
-        if self.reads.push(guid, reply) {
-            tokio::spawn(self.clone().read_batches());
+        if let Some(running) = reads::Running::new_if_due(&self.reads, guid, reply) {
+            tokio::spawn(self.clone().read_batches(running));
         }
-        row.await
-            .unwrap_or_else(|_| Err(JournalError::Read("the journal's reader stopped".into())))
+        match tokio::time::timeout(self.timeout, row).await {
+            Ok(Ok(read)) => read,
+            Ok(Err(_)) => Err(JournalError::Read("the journal's reader stopped".into())),
+            Err(_) => Err(JournalError::Read(format!(
+                "no answer from PostgreSQL within {} ms",
+                self.timeout.as_millis()
+            ))),
+        }
     }
 
     /// A runner of [`PgJournal::get`]'s batches: one statement per batch,
-    /// until none waits.
-    async fn read_batches(self) {
-        let mut running = reads::Running {
-            reads: &self.reads,
-            done: false,
-        };
+    /// until none waits. A row that cannot be decoded fails the reads of
+    /// its GUID only.
+    async fn read_batches(self, running: reads::Running) {
         while let Some(batch) = self.reads.next_batch() {
             let rows = self
                 .bounded(false, async |c| {
@@ -607,12 +611,18 @@ impl PgJournal {
                         ))
                         .await?;
                     let rows = c.query(&st, &[&batch.guids]).await?;
-                    rows.iter().map(read_row).collect::<Result<Vec<_>, _>>()
+                    rows.iter()
+                        .map(|r| {
+                            let guid: String = r.try_get(0)?;
+                            let row = read_row(r).map_err(|f| JournalError::Read(f.reason()));
+                            Ok((guid, row))
+                        })
+                        .collect::<Result<Vec<_>, Fail>>()
                 })
                 .await;
             batch.answer(rows);
         }
-        running.done = true;
+        running.finished();
     }
 
     /// Who holds a GUID's row and until when (database clock, ms): `None`

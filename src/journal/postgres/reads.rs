@@ -17,7 +17,7 @@
 //! statement, as before, plus a task's start.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
@@ -82,8 +82,12 @@ impl Reads {
             q.runners -= 1;
             return None;
         }
-        let n = q.waiting.len().min(MAX_BATCH);
-        let (guids, replies) = q.waiting.drain(..n).unzip();
+        // All of a burst's reads: the queue gives back the room it took.
+        let (guids, replies) = if q.waiting.len() <= MAX_BATCH {
+            std::mem::take(&mut q.waiting).into_iter().unzip()
+        } else {
+            q.waiting.drain(..MAX_BATCH).unzip()
+        };
         Some(Batch { guids, replies })
     }
 
@@ -103,16 +107,27 @@ impl Reads {
     }
 }
 
+/// A batch's rows by GUID, each decoded or not.
+pub(super) type Found = Vec<(String, Result<Row, JournalError>)>;
+
 impl Batch {
-    /// Gives each read its row (or none), or every read the batch's error.
-    pub(super) fn answer(self, rows: Result<Vec<Row>, JournalError>) {
+    /// Gives each read its row (or none, or the error decoding it), or
+    /// every read the batch's error.
+    pub(super) fn answer(self, rows: Result<Found, JournalError>) {
         match rows {
             Ok(rows) => {
-                let by_guid: HashMap<String, Row> =
-                    rows.into_iter().map(|r| (r.guid.clone(), r)).collect();
+                let by_guid: HashMap<String, Result<Row, String>> = rows
+                    .into_iter()
+                    .map(|(guid, row)| (guid, row.map_err(|e| e.to_string())))
+                    .collect();
                 // Cloned: a GUID asked twice in one batch gets its row twice.
                 for (guid, reply) in self.guids.iter().zip(self.replies) {
-                    let _ = reply.send(Ok(by_guid.get(guid).cloned()));
+                    let read = match by_guid.get(guid) {
+                        None => Ok(None),
+                        Some(Ok(row)) => Ok(Some(row.clone())),
+                        Some(Err(e)) => Err(JournalError::Read(e.clone())),
+                    };
+                    let _ = reply.send(read);
                 }
             }
             Err(e) => {
@@ -128,13 +143,32 @@ impl Batch {
     }
 }
 
-/// Counts a runner out when its task ends before it found the queue empty.
-pub(super) struct Running<'a> {
-    pub(super) reads: &'a Reads,
-    pub(super) done: bool,
+/// A runner counted in: made before its task is spawned, so that a task
+/// dropped before it first runs (its runtime shutting down) still counts
+/// itself out (found by a review: four such leaks and no runner ever
+/// started again).
+pub(super) struct Running {
+    reads: Arc<Reads>,
+    done: bool,
 }
 
-impl Drop for Running<'_> {
+impl Running {
+    /// Queues a read of `guid`; a runner to start when fewer than
+    /// [`MAX_RUNNERS`] run.
+    pub(super) fn new_if_due(reads: &Arc<Reads>, guid: &str, reply: Reply) -> Option<Running> {
+        reads.push(guid, reply).then(|| Running {
+            reads: reads.clone(),
+            done: false,
+        })
+    }
+
+    /// The runner found the queue empty and is counted out already.
+    pub(super) fn finished(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Running {
     fn drop(&mut self) {
         if !self.done {
             self.reads.runner_lost();
@@ -176,7 +210,7 @@ mod tests {
         assert!(reads.push("A", a2));
         let batch = reads.next_batch().expect("three wait");
         assert_eq!(batch.guids, ["A", "B", "A"]);
-        batch.answer(Ok(vec![row("A")]));
+        batch.answer(Ok(vec![("A".into(), Ok(row("A")))]));
         assert_eq!(ra.await.unwrap().unwrap(), Some(row("A")));
         assert_eq!(ra2.await.unwrap().unwrap(), Some(row("A")), "asked twice");
         assert_eq!(rb.await.unwrap().unwrap(), None, "no row");
@@ -218,14 +252,54 @@ mod tests {
 
     #[tokio::test]
     async fn reads_left_by_the_last_runner_lost_are_failed() {
-        let reads = Reads::default();
+        let reads = Arc::new(Reads::default());
         let (tx, rx) = oneshot::channel();
-        assert!(reads.push("LEFT", tx));
-        drop(Running {
-            reads: &reads,
-            done: false,
-        });
+        let running = Running::new_if_due(&reads, "LEFT", tx).expect("a runner is due");
+        drop(running);
         assert!(rx.await.unwrap().is_err());
         assert_eq!(reads.queue().runners, 0);
+    }
+
+    /// A runner whose task is dropped before it first runs (its runtime
+    /// shutting down) is counted out: runners start again after four such
+    /// (found by a review: before, the count leaked and every read hung).
+    #[test]
+    fn a_runner_dropped_before_it_ran_is_counted_out() {
+        let reads = Arc::new(Reads::default());
+        for i in 0..=MAX_RUNNERS {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let (tx, _rx) = oneshot::channel();
+            let running = Running::new_if_due(&reads, &format!("G{i}"), tx)
+                .unwrap_or_else(|| panic!("runner {i} is due: none runs"));
+            let r = reads.clone();
+            rt.spawn(async move {
+                while r.next_batch().is_some() {}
+                running.finished();
+            });
+            drop(rt);
+        }
+        assert_eq!(reads.queue().runners, 0);
+    }
+
+    /// One row that cannot be decoded fails the reads of its GUID only.
+    #[tokio::test]
+    async fn a_row_that_cannot_be_decoded_fails_its_own_reads_only() {
+        let reads = Reads::default();
+        let (bad, rbad) = oneshot::channel();
+        let (good, rgood) = oneshot::channel();
+        reads.push("BAD", bad);
+        reads.push("GOOD", good);
+        reads.next_batch().expect("two wait").answer(Ok(vec![
+            (
+                "BAD".into(),
+                Err(JournalError::Read("unknown journal state".into())),
+            ),
+            ("GOOD".into(), Ok(row("GOOD"))),
+        ]));
+        let e = rbad.await.unwrap().unwrap_err();
+        assert!(e.to_string().contains("unknown journal state"), "{e}");
+        assert_eq!(rgood.await.unwrap().unwrap(), Some(row("GOOD")));
     }
 }
