@@ -23,7 +23,6 @@
 //! connection's task and TLS handshake, and the drain; this file serves a
 //! connection once it is in.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -45,7 +44,7 @@ mod waiting;
 
 pub use accept::{TlsListener, bind, listen, reserve, run};
 use adoption::{Adopters, Back, Carry};
-use waiting::{Held, StartedLate, WaitingMark, held_bytes, hold_whole_telegrams};
+use waiting::{Held, HeldTelegrams, StartedLate, WaitingMark};
 
 use crate::catch_unwind::{CatchUnwind, Panic, panic_message};
 use crate::config::ServerConfig;
@@ -685,8 +684,8 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
     // The last telegram outlasted an adopter's patience: not lent again
     // until one is quick.
     let mut slow = inline.is_some();
-    // Telegrams framed while their connection waits for room (see `Held`).
-    let mut held: VecDeque<Held<H>> = Default::default();
+    // Telegrams framed while their connection waits for room (see `HeldTelegrams`).
+    let mut held: HeldTelegrams<H> = HeldTelegrams::default();
     // Answers of telegrams started past their last start, waiting for a
     // slot in the writer's queue (see `StartedLate`).
     let mut started_late: StartedLate<Answer> = StartedLate::default();
@@ -697,7 +696,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
         // Every complete telegram in the buffer: handled here when it is the
         // only one in flight, otherwise in a task of its own.
         loop {
-            let next = match held.pop_front() {
+            let next = match held.pop() {
                 Some(h) => Ok(Some(h)),
                 None => codec.decode(&mut buf).map(|t| {
                     t.map(|telegram| Held {
@@ -792,7 +791,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                         );
                         tokio::pin!(ran_out);
                         loop {
-                            hold_whole_telegrams(&codec, &mut buf, &mut held, &hub);
+                            held.hold_whole(&codec, &mut buf, &hub);
                             tokio::select! {
                                 biased;
                                 slot = queue.tx.reserve(), if !started_late.is_empty() => match slot {
@@ -804,7 +803,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                                 }
                                 _ = &mut ran_out, if last_start.is_some() => break Some(Turn::Late),
                                 read = reader.read_buf(&mut buf), if reads
-                                    && buf.len() + held_bytes(&held) + started_late.bytes < read_ahead
+                                    && buf.len() + held.bytes + started_late.bytes < read_ahead
                                     && !link.closing.load(Ordering::SeqCst) => {
                                     // The end or a failure is met again by
                                     // the read after these telegrams.

@@ -42,21 +42,48 @@ impl<H: Answerer> Drop for WaitingMark<H> {
     }
 }
 
-/// Frames every telegram whole in `buf` into `held`, each marked as waiting
-/// and timed from now (a malformed one stays in `buf`, answered in its turn).
-pub(super) fn hold_whole_telegrams<H: Answerer>(
-    codec: &FrameCodec,
-    buf: &mut BytesMut,
-    held: &mut VecDeque<Held<H>>,
-    hub: &Arc<H>,
-) {
-    while let Ok(Some(telegram)) = codec.decode(buf) {
-        let mark = WaitingMark::new(hub, &Echo::from_telegram(&telegram));
-        held.push_back(Held {
-            telegram,
-            read_at: Instant::now(),
-            mark: Some(mark),
-        });
+/// The telegrams read whole that wait in the connection for room to start,
+/// behind one that waits already, in their order; with their bytes, which
+/// the connection's read-ahead counts (before, only the buffer was counted,
+/// so a channel pipelining without end was read without end while a
+/// telegram waited for room; found by a review).
+pub(super) struct HeldTelegrams<H: Answerer> {
+    queue: VecDeque<Held<H>>,
+    pub(super) bytes: usize,
+}
+
+impl<H: Answerer> Default for HeldTelegrams<H> {
+    fn default() -> Self {
+        HeldTelegrams {
+            queue: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<H: Answerer> HeldTelegrams<H> {
+    /// Frames every telegram whole in `buf`, each marked as waiting and
+    /// timed from now (a malformed one stays in `buf`, answered in its turn).
+    pub(super) fn hold_whole(&mut self, codec: &FrameCodec, buf: &mut BytesMut, hub: &Arc<H>) {
+        while let Ok(Some(telegram)) = codec.decode(buf) {
+            let mark = WaitingMark::new(hub, &Echo::from_telegram(&telegram));
+            self.bytes += telegram.len();
+            self.queue.push_back(Held {
+                telegram,
+                read_at: Instant::now(),
+                mark: Some(mark),
+            });
+        }
+    }
+
+    pub(super) fn pop(&mut self) -> Option<Held<H>> {
+        let held = self.queue.pop_front()?;
+        self.bytes -= held.telegram.len();
+        Some(held)
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
     }
 }
 
@@ -66,14 +93,6 @@ pub(super) struct Held<H: Answerer> {
     pub(super) telegram: Bytes,
     pub(super) read_at: Instant,
     pub(super) mark: Option<WaitingMark<H>>,
-}
-
-/// The bytes of the telegrams held whole: with the partial one in the
-/// buffer, what the connection's read-ahead counts (before, only the
-/// buffer was counted, so a channel pipelining without end was read without
-/// end while a telegram waited for room; found by a review).
-pub(super) fn held_bytes<H: Answerer>(held: &VecDeque<Held<H>>) -> usize {
-    held.iter().map(|h| h.telegram.len()).sum()
 }
 
 /// The answers of telegrams whose time to start passed while they waited for
