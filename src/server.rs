@@ -1951,6 +1951,44 @@ mod tests {
         }
     }
 
+    /// A connection that takes one telegram at a time, sent a `HOLD01`
+    /// telegram that holds it (until `release`) and seven transfers behind
+    /// it, all past their last start at once; GUIDs by `g`.
+    struct Behind {
+        channel: TcpStream,
+        server: tokio::task::JoinHandle<()>,
+        in_flight: Arc<InFlight>,
+        reports: Reports,
+        release: Box<dyn FnOnce()>,
+        telegrams: Vec<Vec<u8>>,
+    }
+
+    async fn seven_behind_a_held_one(g: impl Fn(u32) -> String) -> Behind {
+        let (hub, reports) = Budgeted::new(Duration::ZERO);
+        let release = Box::new(hub.releaser());
+        let limits = Limits {
+            max_in_flight_per_connection: 1,
+            ..Limits::from(&ServerConfig::default())
+        };
+        let in_flight = Arc::new(InFlight::default());
+        let (mut channel, server) = served(hub, limits, None, in_flight.clone()).await;
+        let mut telegrams = vec![header("HOLD01", &g(0))];
+        telegrams.extend((1..8).map(|i| header("TRF001", &g(i))));
+        send(
+            &mut channel,
+            &telegrams.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        )
+        .await;
+        Behind {
+            channel,
+            server,
+            in_flight,
+            reports,
+            release,
+            telegrams,
+        }
+    }
+
     /// Telegrams pipelined behind one that holds the connection's only room
     /// start once their time to start has passed, without room, and are
     /// answered in their order right behind it (before, each waited for the
@@ -1962,22 +2000,15 @@ mod tests {
     /// them, too late; found by a review).
     #[tokio::test]
     async fn telegrams_whose_budget_ran_out_waiting_start_without_room() {
-        let (hub, mut reports) = Budgeted::new(Duration::ZERO);
-        let release = hub.releaser();
-        let limits = Limits {
-            max_in_flight_per_connection: 1,
-            ..Limits::from(&ServerConfig::default())
-        };
-        let in_flight = Arc::new(InFlight::default());
-        let (mut channel, server) = served(hub, limits, None, in_flight.clone()).await;
         let g = |i: u32| format!("20261129IBANK0000000000000BYND{i:02}");
-        let mut telegrams = vec![header("HOLD01", &g(0))];
-        telegrams.extend((1..8).map(|i| header("TRF001", &g(i))));
-        send(
-            &mut channel,
-            &telegrams.iter().map(Vec::as_slice).collect::<Vec<_>>(),
-        )
-        .await;
+        let Behind {
+            mut channel,
+            server,
+            in_flight,
+            mut reports,
+            release,
+            telegrams,
+        } = seven_behind_a_held_one(g).await;
         let mut seen = Vec::new();
         while seen.len() < telegrams.len() {
             let (guid, holding) =
@@ -2013,22 +2044,15 @@ mod tests {
     #[tokio::test]
     async fn a_close_or_unframeable_bytes_behind_telegrams_started_late_keep_their_order() {
         for eof in [false, true] {
-            let (hub, mut reports) = Budgeted::new(Duration::ZERO);
-            let release = hub.releaser();
-            let limits = Limits {
-                max_in_flight_per_connection: 1,
-                ..Limits::from(&ServerConfig::default())
-            };
-            let in_flight = Arc::new(InFlight::default());
-            let (mut channel, server) = served(hub, limits, None, in_flight.clone()).await;
             let g = |i: u32| format!("20261129IBANK0000000000000CLOS{i:02}");
-            let mut telegrams = vec![header("HOLD01", &g(0))];
-            telegrams.extend((1..8).map(|i| header("TRF001", &g(i))));
-            send(
-                &mut channel,
-                &telegrams.iter().map(Vec::as_slice).collect::<Vec<_>>(),
-            )
-            .await;
+            let Behind {
+                mut channel,
+                server,
+                in_flight,
+                mut reports,
+                release,
+                telegrams,
+            } = seven_behind_a_held_one(g).await;
             if eof {
                 channel.shutdown().await.unwrap();
             } else {
