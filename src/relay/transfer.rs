@@ -961,6 +961,40 @@ mod tests {
         }
     }
 
+    /// SQLite's read ahead waits half the time to the telegram's last
+    /// start (700 ms of this hub's 1500 ms budget): a transfer given room
+    /// sooner costs no read (its row is read only if it still waits then),
+    /// and one that waits longer has it read well before its last start.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_transfers_row_is_read_after_half_its_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = crate::journal::sqlite::SqliteJournal::open(&dir.path().join("j.db"), 64)
+            .expect("a journal");
+        let journal = crate::journal::Journal::Sqlite(sqlite.clone());
+        let hub = super::super::test_hub_on("http://127.0.0.1:9".into(), journal);
+        let guid = "20261205IBANK0000000000AHEAD0009";
+        let start = Instant::now();
+        let half = (hub.last_start(start) - start) / 2;
+        assert!(hub.waiting_to_start("TRF001", guid), "a transfer waits");
+        let ahead = hub.flights.waiting.read_ahead(guid).expect("read ahead");
+        // A read queued behind any the read ahead made at once: the
+        // journal's commands run in their order, so that one would have
+        // ended, and its row been set, by the time this one has.
+        sqlite
+            .get("20261205IBANK0000000000OTHER0009")
+            .await
+            .unwrap();
+        tokio::task::yield_now().await;
+        let checked = start.elapsed();
+        assert!(
+            ahead.row.get().is_none() || checked >= half,
+            "read {checked:?} after the telegram began to wait"
+        );
+        assert_eq!(ahead.row.wait().await, &None, "read then: no row");
+        assert!(start.elapsed() >= half, "read after {:?}", start.elapsed());
+        hub.no_longer_waiting(guid);
+    }
+
     /// A whole transfer of the GUID, on another connection, between the
     /// read of its row (none) and the look at what this hub posts: the
     /// telegram taken no further must not say "not sent" (found by a
