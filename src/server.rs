@@ -752,11 +752,11 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     // Only this task takes permits: one free now is free
                     // at the `room` below.
                     // Full too when the queue has no slot left (telegrams
-                    // past their last start went in without a permit): a
+                    // past their last start went in without a permit: a
                     // free permit alone would wait for a slot uncounted,
-                    // with the connection no longer read (found by a review).
-                    // Full too while answers started late wait for a slot:
-                    // this one goes behind them.
+                    // with the connection no longer read; found by a
+                    // review), or while answers started late wait for a
+                    // slot: this one goes behind them.
                     if !started_late.queue_ready(&queue.tx) {
                         break 'read;
                     }
@@ -795,7 +795,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                             tokio::select! {
                                 biased;
                                 slot = queue.tx.reserve(), if !started_late.is_empty() => match slot {
-                                    Ok(slot) => slot.send(started_late.pop().expect("not empty")),
+                                    Ok(slot) => started_late.queue_first(slot),
                                     Err(_) => break None,
                                 },
                                 got = &mut room, if started_late.is_empty() => {
@@ -961,7 +961,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
             // Answers started late go into the writer's queue as it frees
             // slots, with the connection read on meanwhile.
             slot = queue_slot(&queue), if !started_late.is_empty() => match slot {
-                Some(slot) => slot.send(started_late.pop().expect("not empty")),
+                Some(slot) => started_late.queue_first(slot),
                 None => break,
             },
             // The writer stopped: the channel is gone, or a closing answer

@@ -881,6 +881,22 @@ mod tests {
         .unwrap()
     }
 
+    /// A test hub on a SQLite journal of its own (kept while the folder is).
+    fn sqlite_hub(
+        core_url: String,
+    ) -> (
+        tempfile::TempDir,
+        crate::journal::sqlite::SqliteJournal,
+        super::super::Hub,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = crate::journal::sqlite::SqliteJournal::open(&dir.path().join("j.db"), 64)
+            .expect("a journal");
+        let journal = crate::journal::Journal::Sqlite(sqlite.clone());
+        let hub = super::super::test_hub_on(core_url, journal);
+        (dir, sqlite, hub)
+    }
+
     /// With the SQLite journal, a transfer that waits for room on its
     /// connection has its row read while it waits, and when its budget runs
     /// out before its turn it is answered from that read, without waiting
@@ -890,11 +906,7 @@ mod tests {
     /// read again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiting_transfer_is_answered_from_its_row_read_while_it_waited() {
-        let dir = tempfile::tempdir().unwrap();
-        let sqlite = crate::journal::sqlite::SqliteJournal::open(&dir.path().join("j.db"), 64)
-            .expect("a journal");
-        let journal = crate::journal::Journal::Sqlite(sqlite.clone());
-        let hub = super::super::test_hub_on("http://127.0.0.1:9".into(), journal);
+        let (_dir, sqlite, hub) = sqlite_hub("http://127.0.0.1:9".into());
         let never = "20261204IBANK0000000000AHEAD0001";
         let done = "20261204IBANK0000000000AHEAD0002";
         let (t_never, t_done) = (telegram(never, 10), telegram(done, 10));
@@ -967,11 +979,7 @@ mod tests {
     /// and one that waits longer has it read well before its last start.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiting_transfers_row_is_read_after_half_its_wait() {
-        let dir = tempfile::tempdir().unwrap();
-        let sqlite = crate::journal::sqlite::SqliteJournal::open(&dir.path().join("j.db"), 64)
-            .expect("a journal");
-        let journal = crate::journal::Journal::Sqlite(sqlite.clone());
-        let hub = super::super::test_hub_on("http://127.0.0.1:9".into(), journal);
+        let (_dir, sqlite, hub) = sqlite_hub("http://127.0.0.1:9".into());
         let guid = "20261205IBANK0000000000AHEAD0009";
         let start = Instant::now();
         let half = (hub.last_start(start) - start) / 2;
@@ -1001,13 +1009,9 @@ mod tests {
     /// review: E903 for a GUID whose row said 0000).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_transfer_posted_between_the_read_and_the_answer_is_not_told_not_sent() {
-        let dir = tempfile::tempdir().unwrap();
-        let sqlite = crate::journal::sqlite::SqliteJournal::open(&dir.path().join("j.db"), 64)
-            .expect("a journal");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let core = corebank::start(listener, corebank::default_seed()).await;
-        let journal = crate::journal::Journal::Sqlite(sqlite.clone());
-        let hub = super::super::test_hub_on(core.url(), journal);
+        let (_dir, sqlite, hub) = sqlite_hub(core.url());
         let guid = "20261204IBANK0000000000RACE00001";
         let t = telegram(guid, 10);
         let header = crate::header::parse_header(&t).unwrap();

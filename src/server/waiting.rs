@@ -128,8 +128,14 @@ impl<A> StartedLate<A> {
         self.answers.is_empty()
     }
 
-    /// The first answer, for the slot just reserved.
-    pub(super) fn pop(&mut self) -> Option<A> {
+    /// Queues the first answer in the slot just reserved for it.
+    pub(super) fn queue_first(&mut self, slot: mpsc::Permit<'_, A>) {
+        if let Some(answer) = self.pop() {
+            slot.send(answer);
+        }
+    }
+
+    fn pop(&mut self) -> Option<A> {
         let (len, answer) = self.answers.pop_front()?;
         self.bytes -= len;
         Some(answer)
@@ -140,7 +146,7 @@ impl<A> StartedLate<A> {
     pub(super) fn queue_ready(&mut self, tx: &mpsc::Sender<A>) -> bool {
         while !self.answers.is_empty() {
             match tx.try_reserve() {
-                Ok(slot) => slot.send(self.pop().expect("not empty")),
+                Ok(slot) => self.queue_first(slot),
                 Err(mpsc::error::TrySendError::Full(())) => return true,
                 Err(mpsc::error::TrySendError::Closed(())) => return false,
             }
