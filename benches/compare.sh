@@ -38,7 +38,7 @@
 #   --all                all four.
 # Settings (environment): CONNECTIONS ("8 32"), DURATION (10s), WARMUP (3000),
 # ROUNDS (1: the whole matrix again, for run-to-run spread), RELAYS ("yardstick
-# hub:memory hub:sqlite"; an entry is `yardstick` or
+# hub:memory hub:sqlite"; an entry is `yardstick[+VAR=VALUE...]` or
 # `hub:JOURNAL[:name][@BIN][+VAR=VALUE...]`, see start_relay), FIXED_RATE (1; 0
 # skips the fixed-rate part), FIXED_RATE_PER_S, SLOW_RELAYS ("yardstick
 # hub:memory", entries as in RELAYS), SLOW_CONNECTIONS (1000),
@@ -183,21 +183,23 @@ relay_label() {
     printf '%s%s%s' "$e" "${bin:+@$(basename "$bin")}" "${env:++$env}"
 }
 
-# start_relay ENTRY NAME -> sets HUB_PID, HUB_ADDR. ENTRY is `yardstick` or
+# start_relay ENTRY NAME -> sets HUB_PID, HUB_ADDR. ENTRY is
+# `yardstick[+VAR=VALUE...]` or
 # `hub:JOURNAL[:name][@BIN][+VAR=VALUE...]`: JOURNAL is memory or sqlite (a
 # fresh file), `name` gives the core URL as http://localhost:PORT, BIN another
 # relayhub binary (a candidate, or the one before a change), VAR=VALUE an
-# environment variable of the hub (several joined by `+`).
+# environment variable of the relay (several joined by `+`; `yardstick+POOL=8`
+# is the yardstick with 8 threads sharing its connections).
 start_relay() {
     local e=$1 name=$2 bin=$HUB_BIN env=() journal host=127.0.0.1
+    if [ "${e#*+}" != "$e" ]; then IFS=+ read -r -a env <<<"${e#*+}"; e=${e%%+*}; fi
     if [ "$e" = yardstick ]; then
-        "$YARD_BIN" --listen 127.0.0.1:0 --core-url "http://$CORE_ADDR" \
+        env "${env[@]}" "$YARD_BIN" --listen 127.0.0.1:0 --core-url "http://$CORE_ADDR" \
             >"$WORK/$name-relay.out" 2>"$WORK/$name-relay.log" &
         HUB_PID=$!; PIDS+=("$HUB_PID")
         HUB_ADDR=$(wait_ready "$WORK/$name-relay.out")
         return
     fi
-    if [ "${e#*+}" != "$e" ]; then IFS=+ read -r -a env <<<"${e#*+}"; e=${e%%+*}; fi
     if [ "${e#*@}" != "$e" ]; then bin=${e#*@}; e=${e%%@*}; fi
     IFS=: read -r _ journal host_kind <<<"$e"
     [ "${host_kind:-}" = name ] && host=localhost

@@ -14,6 +14,13 @@
 //! ```
 //! It prints `listening on ADDR` once it takes connections (ASCII 4-digit
 //! length prefix; TRF001 and INQ001 with the built-in layouts).
+//!
+//! With `POOL=K` in its environment it runs the other candidate the speed
+//! work measured instead: K threads share one `epoll` instance holding every
+//! connection (one-shot), and a thread that has answered a telegram takes
+//! whichever connection is ready next, so under load it blocks once per
+//! telegram (for the core) instead of twice. docs/performance.md ("Two
+//! context switches or one") has what it saves.
 
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -63,6 +70,10 @@ fn main() {
         std::process::exit(1)
     });
     println!("listening on {}", listener.local_addr().expect("bound"));
+    if let Some(threads) = std::env::var("POOL").ok().and_then(|v| v.parse().ok()) {
+        shared_threads(relay, listener, threads);
+        return;
+    }
     for stream in listener.incoming().flatten() {
         let relay = relay.clone();
         std::thread::spawn(move || {
@@ -94,29 +105,123 @@ fn serve(relay: &Relay, stream: TcpStream) -> std::io::Result<()> {
     let agent = agent();
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = BufWriter::new(stream);
-    let mut telegram = Vec::with_capacity(512);
-    let mut answer = Vec::with_capacity(512);
+    let mut buffers = Buffers::default();
     loop {
-        let mut prefix = [0u8; 4];
-        reader.read_exact(&mut prefix)?;
-        let len: usize = std::str::from_utf8(&prefix)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other("bad length prefix"))?;
-        telegram.resize(len, 0);
-        reader.read_exact(&mut telegram)?;
-        let (code, body) = relay.exchange(&agent, &telegram);
-        answer.clear();
-        write_response(
-            &Echo::from_telegram(&telegram),
-            &local_timestamp(),
-            &code,
-            &body,
-            &mut answer,
-        );
-        write!(writer, "{:04}", answer.len())?;
-        writer.write_all(&answer)?;
-        writer.flush()?;
+        one_telegram(relay, &agent, &mut reader, &mut writer, &mut buffers)?;
+    }
+}
+
+/// A telegram's bytes and its answer's, kept by whoever serves it.
+#[derive(Default)]
+struct Buffers {
+    telegram: Vec<u8>,
+    answer: Vec<u8>,
+}
+
+/// Reads one telegram, calls the core, writes and flushes the answer.
+fn one_telegram(
+    relay: &Relay,
+    agent: &ureq::Agent,
+    reader: &mut impl Read,
+    writer: &mut BufWriter<impl Write>,
+    buffers: &mut Buffers,
+) -> std::io::Result<()> {
+    let Buffers { telegram, answer } = buffers;
+    let mut prefix = [0u8; 4];
+    reader.read_exact(&mut prefix)?;
+    let len: usize = std::str::from_utf8(&prefix)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other("bad length prefix"))?;
+    telegram.resize(len, 0);
+    reader.read_exact(telegram)?;
+    let (code, body) = relay.exchange(agent, telegram);
+    answer.clear();
+    write_response(
+        &Echo::from_telegram(telegram),
+        &local_timestamp(),
+        &code,
+        &body,
+        answer,
+    );
+    write!(writer, "{:04}", answer.len())?;
+    writer.write_all(answer)?;
+    writer.flush()
+}
+
+/// A connection while no thread serves it: its read buffer (bytes of a
+/// pipelined telegram stay in it) and its writer.
+struct Parked {
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+}
+
+/// `POOL=K`: K threads serve every connection through one `epoll` instance.
+/// Each connection is registered one-shot, so one thread at a time owns it
+/// (the event's data is its `Box<Parked>`, taken by the thread the event
+/// went to and given back to `epoll` with the re-arm).
+fn shared_threads(relay: Arc<Relay>, listener: TcpListener, threads: usize) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain system call; the descriptor lives as long as the process.
+    let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(
+        epoll >= 0,
+        "epoll_create1: {}",
+        std::io::Error::last_os_error()
+    );
+    let arm = move |op, parked: *mut Parked, fd| {
+        let mut event = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLONESHOT) as u32,
+            u64: parked as u64,
+        };
+        // SAFETY: `event` outlives the call; `fd` is the parked connection's.
+        unsafe { libc::epoll_ctl(epoll, op, fd, &mut event) }
+    };
+    for _ in 0..threads {
+        let relay = relay.clone();
+        std::thread::spawn(move || {
+            let agent = agent();
+            let mut buffers = Buffers::default();
+            loop {
+                let mut event = libc::epoll_event { events: 0, u64: 0 };
+                // SAFETY: room for the one event asked for.
+                if unsafe { libc::epoll_wait(epoll, &mut event, 1, -1) } != 1 {
+                    continue;
+                }
+                // SAFETY: the event's data is a `Box<Parked>` leaked at
+                // registration; one-shot gives it to this thread alone until
+                // it is re-armed or freed below.
+                let mut parked = unsafe { Box::from_raw(event.u64 as *mut Parked) };
+                let fd = parked.reader.get_ref().as_raw_fd();
+                let served = loop {
+                    let Parked { reader, writer } = &mut *parked;
+                    if let Err(e) = one_telegram(&relay, &agent, reader, writer, &mut buffers) {
+                        break Err(e);
+                    }
+                    if reader.buffer().is_empty() {
+                        break Ok(());
+                    }
+                };
+                if served.is_ok() {
+                    arm(libc::EPOLL_CTL_MOD, Box::into_raw(parked), fd);
+                }
+                // An error drops the connection; closing its descriptor takes
+                // it out of the epoll set.
+            }
+        });
+    }
+    for stream in listener.incoming().flatten() {
+        let parked = stream
+            .set_nodelay(true)
+            .and_then(|()| stream.try_clone())
+            .map(|clone| Parked {
+                reader: BufReader::new(clone),
+                writer: BufWriter::new(stream),
+            });
+        if let Ok(parked) = parked {
+            let fd = parked.reader.get_ref().as_raw_fd();
+            arm(libc::EPOLL_CTL_ADD, Box::into_raw(Box::new(parked)), fd);
+        }
     }
 }
 
