@@ -91,8 +91,10 @@ impl From<&ServerConfig> for Limits {
 trait Answerer: Send + Sync + 'static {
     /// Owns the hub (`Arc`), so that the future is boxed as it is, with no
     /// block around it to hold the arguments twice (see [`handling`]). It
-    /// must do nothing before it is polled: [`handling`] calls it outside
-    /// the guard that turns a panic into an E901.
+    /// must do nothing that can panic before it is polled: [`handling`]
+    /// calls it outside the guard that turns a panic into an E901. It is
+    /// called as the telegram starts, in its connection's order (the hub
+    /// looks at its drain then).
     fn answer(
         self: Arc<Self>,
         telegram: Bytes,
@@ -107,7 +109,15 @@ trait Answerer: Send + Sync + 'static {
         false
     }
 
-    /// A telegram `waiting_to_start` counted has ended.
+    /// A telegram, read whole, starts in a task of its own, and the
+    /// connection frames the telegrams behind it, whose tasks may run
+    /// first: whether its GUID now counts as handled (a transfer's does), as
+    /// `waiting_to_start` has it, but with nothing read ahead for it.
+    fn starting(&self, _echo: &Echo) -> bool {
+        false
+    }
+
+    /// A telegram `waiting_to_start` or `starting` counted has ended.
     fn no_longer_waiting(&self, _guid: &str) {}
 
     /// The latest a telegram read whole at `read_at` can start to be worked
@@ -130,11 +140,21 @@ impl Answerer for Hub {
         cert: Option<Arc<ClientCert>>,
         read_at: Instant,
     ) -> impl Future<Output = (Echo, Reply)> + Send {
-        async move { self.handle(&telegram, peer, cert.as_deref(), read_at).await }
+        // Now, as the telegram starts in its connection's order, not when
+        // its task first runs (see `Hub::handle_started`).
+        let draining = self.is_draining();
+        async move {
+            self.handle_started(&telegram, peer, cert.as_deref(), read_at, draining)
+                .await
+        }
     }
 
     fn waiting_to_start(&self, echo: &Echo) -> bool {
         Hub::waiting_to_start(self, echo.tx_code_str(), echo.guid_str())
+    }
+
+    fn starting(&self, echo: &Echo) -> bool {
+        Hub::starting(self, echo.tx_code_str(), echo.guid_str())
     }
 
     fn no_longer_waiting(&self, guid: &str) {
@@ -511,12 +531,13 @@ struct Queue {
 /// The queue to the writer task, started (with the writing half) on first
 /// use; a telegram handled inline until now goes first. `None`: the writer
 /// has stopped.
-async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
+async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static, H: Answerer>(
     direct: &mut Option<AnswerWriter<W>>,
     queue: &'q mut Option<Queue>,
     inline: &mut Option<Inline>,
     capacity: usize,
     link: &Arc<Link>,
+    hub: &Arc<H>,
 ) -> Option<&'q Queue> {
     if let Some(writer) = direct.take() {
         // Twice the permits: as many again for telegrams started past
@@ -541,7 +562,9 @@ async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
                 .clone()
                 .try_acquire_owned()
                 .expect("a fresh queue has every permit, and the limit is at least one");
-            let task = tokio::spawn(handling.in_current_span());
+            // Its task may not have run yet: counted as handled before the
+            // telegram behind it starts (see `WaitingMark`).
+            let task = WaitingMark::starting(hub, &echo).spawn_with(handling);
             let _ = queue
                 .tx
                 .send(Answer::Telegram(task, echo, guard, Some(permit), read_at))
@@ -730,11 +753,22 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     link.pending.fetch_add(1, Ordering::SeqCst);
                     let echo = Echo::from_telegram(&telegram);
                     let len = telegram.len();
-                    let handling =
-                        handling(hub.clone(), telegram, peer.ip(), cert.clone(), read_at);
+                    // A telegram's handling is made as it starts, in the
+                    // connection's order: the hub takes it as started before
+                    // a drain or not then, and the telegrams behind it too
+                    // when it was (before, it was made at its read and
+                    // looked at the drain when its task first ran: a
+                    // transfer could get the drain's E903 while the one
+                    // pipelined behind it was posted; a black-box probe).
                     if alone {
                         inline = Some(Inline {
-                            handling,
+                            handling: handling(
+                                hub.clone(),
+                                telegram,
+                                peer.ip(),
+                                cert.clone(),
+                                read_at,
+                            ),
                             echo,
                             guard,
                             read_at,
@@ -742,7 +776,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                         break;
                     }
                     let Some(queue) =
-                        queue_up(&mut direct, &mut queue, &mut inline, capacity, &link).await
+                        queue_up(&mut direct, &mut queue, &mut inline, capacity, &link, &hub).await
                     else {
                         break 'read;
                     };
@@ -763,7 +797,15 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     let full = !started_late.is_empty()
                         || queue.permits.available_permits() == 0
                         || queue.tx.capacity() == 0;
-                    let waits = mark.or_else(|| full.then(|| WaitingMark::new(&hub, &echo)));
+                    // Counted as handled from now: one that starts at once
+                    // too, since the tasks of the telegrams framed behind it
+                    // may run before its own (an INQ001 right behind it was
+                    // told "never received", then the transfer was posted;
+                    // a black-box probe).
+                    let mark = mark.unwrap_or_else(|| match full {
+                        true => WaitingMark::new(&hub, &echo),
+                        false => WaitingMark::starting(&hub, &echo),
+                    });
                     // While it waits, the telegrams read whole behind it
                     // wait too: each counted as handled, and timed, from its
                     // read, not from when room frees up for it. And the
@@ -820,17 +862,9 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     let Some(turn) = turn else {
                         break 'read;
                     };
-                    let task = match waits {
-                        None => tokio::spawn(handling.in_current_span()),
-                        Some(mark) => tokio::spawn(
-                            async move {
-                                let answer = handling.await;
-                                drop(mark);
-                                answer
-                            }
-                            .in_current_span(),
-                        ),
-                    };
+                    let handling =
+                        handling(hub.clone(), telegram, peer.ip(), cert.clone(), read_at);
+                    let task = mark.spawn_with(handling);
                     match turn {
                         Turn::Room(slot, permit) => {
                             slot.send(Answer::Telegram(task, echo, guard, Some(permit), read_at))
@@ -874,7 +908,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     };
                     warn!(error = %e, "unframeable input; answering E102 and closing{seems}");
                     if let Some(queue) =
-                        queue_up(&mut direct, &mut queue, &mut inline, capacity, &link).await
+                        queue_up(&mut direct, &mut queue, &mut inline, capacity, &link, &hub).await
                     {
                         // Behind the answers started late, in its order.
                         if started_late.queue_all(&queue.tx).await {
@@ -2345,6 +2379,175 @@ mod tests {
                 }
                 ends_with_the_channel(channel, server, &in_flight).await;
             });
+        }
+    }
+
+    /// Counts GUIDs as handled the way the hub does (`starting`,
+    /// `waiting_to_start`, `no_longer_waiting`) for TRF001 telegrams. A
+    /// TRF001 is answered once the INQ001 behind it has looked; an INQ001
+    /// answers 0000 when the GUID in its `orig` place (its own GUID with
+    /// the first letter `T`) counts as handled as it first runs, else E904:
+    /// what the hub's inquiry would make of a "never received".
+    #[derive(Clone, Default)]
+    struct Marks(Arc<MarksState>);
+
+    #[derive(Default)]
+    struct MarksState {
+        handled: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+        looked: tokio::sync::Notify,
+        trf_runs: tokio::sync::Notify,
+    }
+
+    impl std::ops::Deref for Marks {
+        type Target = MarksState;
+        fn deref(&self) -> &MarksState {
+            &self.0
+        }
+    }
+
+    impl MarksState {
+        fn count(&self, echo: &Echo) -> bool {
+            let transfer = echo.tx_code_str() == "TRF001";
+            if transfer {
+                let mut handled = self.handled.lock().unwrap();
+                *handled.entry(echo.guid_str().to_string()).or_default() += 1;
+            }
+            transfer
+        }
+    }
+
+    impl Answerer for Marks {
+        async fn answer(
+            self: Arc<Self>,
+            telegram: Bytes,
+            _peer: IpAddr,
+            _cert: Option<Arc<ClientCert>>,
+            _read_at: Instant,
+        ) -> (Echo, Reply) {
+            let echo = Echo::from_telegram(&telegram);
+            let code = if echo.tx_code_str() == "TRF001" {
+                self.trf_runs.notify_one();
+                self.looked.notified().await;
+                Code::OK
+            } else {
+                let orig = format!("T{}", &echo.guid_str()[1..]);
+                let handled = self.handled.lock().unwrap().contains_key(&orig);
+                self.looked.notify_one();
+                if handled {
+                    Code::OK
+                } else {
+                    Code::NEVER_RECEIVED
+                }
+            };
+            let reply = Reply {
+                code,
+                body: Vec::new(),
+                close: false,
+            };
+            (echo, reply)
+        }
+
+        fn waiting_to_start(&self, echo: &Echo) -> bool {
+            self.count(echo)
+        }
+
+        fn starting(&self, echo: &Echo) -> bool {
+            self.count(echo)
+        }
+
+        fn no_longer_waiting(&self, guid: &str) {
+            let mut handled = self.handled.lock().unwrap();
+            if let Some(n) = handled.get_mut(guid) {
+                *n -= 1;
+                if *n == 0 {
+                    handled.remove(guid);
+                }
+            }
+        }
+    }
+
+    /// A transfer and an inquiry about it pipelined behind it: the
+    /// transfer's GUID counts as handled before the inquiry's task can run,
+    /// whichever task the runtime runs first (before, only a transfer that
+    /// waited for room was counted: the inquiry could run first, hear
+    /// "never received" and answer E904, then the transfer was posted; a
+    /// black-box probe saw it in about one pair of ten under load).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_transfer_counts_as_handled_before_the_inquiry_behind_it_runs() {
+        let in_flight = Arc::new(InFlight::default());
+        let limits = Limits::from(&ServerConfig::default());
+        let (mut channel, _server) = served(Marks::default(), limits, None, in_flight).await;
+        for i in 0..20 {
+            let (trf, inq) = (format!("T{i:031}"), format!("I{i:031}"));
+            let telegrams = [header("TRF001", &trf), header("INQ001", &inq)];
+            send(&mut channel, &[&telegrams[0], &telegrams[1]]).await;
+            for (sent, tx) in [(&trf, "TRF001"), (&inq, "INQ001")] {
+                let answer = read_answer(&mut channel).await;
+                assert_eq!(&answer[..38], format!("{tx}{sent}").as_bytes());
+                assert_eq!(&answer[60..64], b"0000", "{tx} {sent}");
+            }
+        }
+    }
+
+    /// The same when the transfer came alone and is handled on the
+    /// connection's own task, and the inquiry comes while it runs: the
+    /// transfer moves to a task of its own, counted before the inquiry's
+    /// starts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_transfer_handled_inline_counts_before_the_inquiry_read_after_it() {
+        let in_flight = Arc::new(InFlight::default());
+        let limits = Limits::from(&ServerConfig::default());
+        let marks = Marks::default();
+        let (mut channel, _server) = served(marks.clone(), limits, None, in_flight).await;
+        for i in 0..20 {
+            let (trf, inq) = (format!("T{i:031}"), format!("I{i:031}"));
+            let runs = marks.trf_runs.notified();
+            send(&mut channel, &[&header("TRF001", &trf)]).await;
+            runs.await;
+            send(&mut channel, &[&header("INQ001", &inq)]).await;
+            for (sent, tx) in [(&trf, "TRF001"), (&inq, "INQ001")] {
+                let answer = read_answer(&mut channel).await;
+                assert_eq!(&answer[..38], format!("{tx}{sent}").as_bytes());
+                assert_eq!(&answer[60..64], b"0000", "{tx} {sent}");
+            }
+        }
+    }
+
+    /// A hub's handling of a telegram takes the drain as it was when the
+    /// telegram started, in its connection's order, not when its task first
+    /// runs: two transfers started before the drain are both tried (here
+    /// against no core: E902), whichever task runs first, and one started
+    /// after gets the drain's E903. Before, the drain was looked at as the
+    /// task first ran: a transfer got E903 while the one pipelined behind
+    /// it, whose task ran first, was posted (a black-box probe).
+    #[tokio::test]
+    async fn a_telegram_started_before_the_drain_is_answered_for_real() {
+        let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
+        let peer = IpAddr::from([127, 0, 0, 1]);
+        let start = |guid: &str| {
+            let fields = serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
+                "to_account": "1002003004002", "amount": 10, "memo": "x" });
+            let telegram = crate::client::build_telegram(
+                &crate::layout::builtin()["TRF001"],
+                guid,
+                "IBANK",
+                "20261205120000",
+                fields.as_object().unwrap(),
+            )
+            .unwrap();
+            handling(hub.clone(), telegram.into(), peer, None, Instant::now())
+        };
+        let first = start("20261205IBANK00000000000DRAIN001");
+        let second = start("20261205IBANK00000000000DRAIN002");
+        hub.start_draining();
+        let after = start("20261205IBANK00000000000DRAIN003");
+        for (handling, code) in [
+            (second, Code::NOT_SENT),
+            (first, Code::NOT_SENT),
+            (after, Code::NO_CAPACITY),
+        ] {
+            let (echo, reply) = handling.await.unwrap();
+            assert_eq!(reply.code, code, "{}", echo.guid_str());
         }
     }
 }

@@ -200,6 +200,20 @@ impl Hub {
     /// follow the GET). Whether it was counted. An inquiry is not: an
     /// INQ001 whose own GUID is the one it asks about would otherwise
     /// find itself handled.
+    /// A telegram of this tx code and GUID, read whole, starts in a task
+    /// that the tasks of telegrams read after it may run before: counted as
+    /// [`Hub::waiting_to_start`] counts one, with nothing read ahead.
+    pub fn starting(&self, tx_code: &str, guid: &str) -> bool {
+        let transfer = self
+            .rules()
+            .route(tx_code)
+            .is_some_and(|r| r.operation == Operation::Transfer);
+        if transfer {
+            self.flights.waiting.add(guid, false);
+        }
+        transfer
+    }
+
     pub fn waiting_to_start(&self, tx_code: &str, guid: &str) -> bool {
         let transfer = self
             .rules()
@@ -300,6 +314,24 @@ impl Hub {
         cert: Option<&ClientCert>,
         read_at: Instant,
     ) -> (Echo, Reply) {
+        self.handle_started(telegram, peer, cert, read_at, self.is_draining())
+            .await
+    }
+
+    /// [`Hub::handle`] for a telegram that started (in its connection's
+    /// order) while the hub was `draining` or not. Taken as its task first
+    /// runs, a drain could refuse a transfer and let the one pipelined
+    /// behind it be posted, whose task ran first (a black-box probe): a
+    /// telegram started before the drain gets its real answer, as section
+    /// 10 of docs/protocol.md has it, however late its task runs.
+    pub async fn handle_started(
+        &self,
+        telegram: &[u8],
+        peer: IpAddr,
+        cert: Option<&ClientCert>,
+        read_at: Instant,
+        draining: bool,
+    ) -> (Echo, Reply) {
         let deadline = Deadline::new(read_at, self.budget);
         // An IPv4 channel on an IPv6 listener by its IPv4 address, in the
         // log lines as in `allow_from`.
@@ -311,7 +343,9 @@ impl Hub {
         let log = TelegramLog::new(echo, peer, trace.text());
         let reply = log
             .scope(trace.scope(async {
-                let (mut reply, note) = self.dispatch(telegram, peer, cert, &rules, deadline).await;
+                let (mut reply, note) = self
+                    .dispatch(telegram, peer, cert, &rules, deadline, draining)
+                    .await;
                 // While the hub drains, a telegram refused before the drain's
                 // own E903 (E101, E102, E103) closes its connection too.
                 if matches!(reply.code, Code::FORMAT | Code::NOT_ROUTED | Code::CHANNEL)
@@ -349,6 +383,7 @@ impl Hub {
         cert: Option<&ClientCert>,
         rules: &Rules,
         deadline: Deadline,
+        draining: bool,
     ) -> (Reply, String) {
         let header = match parse_header(telegram) {
             Ok(h) => h,
@@ -386,7 +421,7 @@ impl Hub {
         // the outcome's write, which this telegram will not make). An
         // inquiry gets E903; a transfer, what its GUID's row holds (E903 when
         // it was never sent; E901 from a journal that cannot say in time).
-        let taken_no_further = if self.is_draining() {
+        let taken_no_further = if draining {
             let until = deadline.reply.min(Instant::now() + DRAINING_READ);
             Some(("hub is draining", until, true))
         } else if Instant::now() >= deadline.start {

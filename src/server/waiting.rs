@@ -8,15 +8,18 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::Answerer;
 use crate::frame::FrameCodec;
 use crate::header::Echo;
 
 /// A transfer that has to wait for room to start (its connection has its
-/// maximum in flight) while its budget runs: its GUID counts as handled by
-/// the hub from its read until its task ends, so an inquiry about it in the
-/// meantime does not take the core's "never received" for an answer.
+/// maximum in flight) while its budget runs, or that starts in a task of its
+/// own which the tasks of the telegrams read after it may run before: its
+/// GUID counts as handled by the hub from its read until its task ends, so
+/// an inquiry about it in the meantime (an INQ001 pipelined right behind it,
+/// say) does not take the core's "never received" for an answer.
 pub(super) struct WaitingMark<H: Answerer> {
     hub: Arc<H>,
     /// `None` when the hub did not count it (not a transfer).
@@ -24,6 +27,7 @@ pub(super) struct WaitingMark<H: Answerer> {
 }
 
 impl<H: Answerer> WaitingMark<H> {
+    /// For a telegram that waits for room.
     pub(super) fn new(hub: &Arc<H>, echo: &Echo) -> WaitingMark<H> {
         WaitingMark {
             hub: hub.clone(),
@@ -31,6 +35,30 @@ impl<H: Answerer> WaitingMark<H> {
                 .waiting_to_start(echo)
                 .then(|| echo.guid_str().to_string()),
         }
+    }
+
+    /// For a telegram whose task starts now, behind which the connection
+    /// frames more.
+    pub(super) fn starting(hub: &Arc<H>, echo: &Echo) -> WaitingMark<H> {
+        WaitingMark {
+            hub: hub.clone(),
+            guid: hub.starting(echo).then(|| echo.guid_str().to_string()),
+        }
+    }
+
+    /// The telegram's task, ending the mark with it.
+    pub(super) fn spawn_with<T: Send + 'static>(
+        self,
+        handling: impl Future<Output = T> + Send + 'static,
+    ) -> tokio::task::JoinHandle<T> {
+        tokio::spawn(
+            async move {
+                let answer = handling.await;
+                drop(self);
+                answer
+            }
+            .in_current_span(),
+        )
     }
 }
 

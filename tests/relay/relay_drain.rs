@@ -650,3 +650,99 @@ fn assert_answer_code(raw: &[u8], code: &str) {
     let answer = relayhub::client::Answer::parse(raw).unwrap();
     assert_eq!(answer.code, code, "{answer:?}");
 }
+
+/// Channels pipelining transfers in pairs (two in one write) while the hub
+/// begins to drain: on each connection the answers are real ones up to the
+/// drain and E903s after it, never a real answer behind an E903, and a
+/// transfer answered E903 was not posted. Before, the drain was looked at
+/// as each telegram's task first ran, not as it started: the first of a
+/// pair could get E903 and the second, whose task ran first, be posted (a
+/// black-box probe saw it on one to four connections of twenty). A real
+/// process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_real_answer_comes_behind_a_drains_e903_on_a_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let core = start_core().await;
+    let mut cmd = std::process::Command::new(relayhub_bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--journal", "memory"])
+        .args(["--core-url", &core.url(), "--budget-ms", "3000"]);
+    let mut hub = try_start(&mut cmd).unwrap_or_else(|e| panic!("{e}"));
+    let addr = hub.addr;
+    let channels: Vec<_> = (0..20)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+                conn.set_nodelay(true).unwrap();
+                // (GUID, code) in the order answered; GUIDs sent unanswered.
+                let (mut answered, mut sent) = (Vec::new(), Vec::new());
+                'pairs: loop {
+                    let pair = [guid("PAIRA"), guid("PAIRB")];
+                    let mut both = framed(&transfer(&pair[0], 10));
+                    both.extend(framed(&transfer(&pair[1], 10)));
+                    if conn.write_all(&both).await.is_err() {
+                        break;
+                    }
+                    sent.extend(pair);
+                    for _ in 0..2 {
+                        // A close (or a reset after it) ends the connection.
+                        let mut prefix = [0u8; 4];
+                        if within(conn.read_exact(&mut prefix)).await.is_err() {
+                            break 'pairs;
+                        }
+                        let len: usize = std::str::from_utf8(&prefix).unwrap().parse().unwrap();
+                        let mut raw = vec![0u8; len];
+                        within(conn.read_exact(&mut raw)).await.unwrap();
+                        let answer = relayhub::client::Answer::parse(&raw).unwrap();
+                        answered.push((answer.guid, answer.code));
+                    }
+                    if answered.last().is_some_and(|(_, code)| code == "E903") {
+                        // Read the rest up to the close.
+                        let mut rest = Vec::new();
+                        let _ = within(conn.read_to_end(&mut rest)).await;
+                        assert!(rest.is_empty(), "bytes after the E903s of a pair");
+                        break;
+                    }
+                }
+                (answered, sent)
+            })
+        })
+        .collect();
+    // Some pairs answered on every connection, then the drain.
+    within(async {
+        while core.stats().post < 400 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    send_signal(hub.pid, "TERM");
+    let mut drained_connections = 0;
+    for channel in channels {
+        let (answered, sent) = within(channel).await.unwrap();
+        let refused = answered.iter().position(|(_, code)| code == "E903");
+        drained_connections += usize::from(refused.is_some());
+        for (i, (guid, code)) in answered.iter().enumerate() {
+            let drained = refused.is_some_and(|first| i >= first);
+            let (expected, posted) = if drained { ("E903", 0) } else { ("0000", 1) };
+            assert_eq!(code, expected, "answer {i} of {answered:?}");
+            assert_eq!(posts(&core, guid), posted, "{guid} answered {code}");
+        }
+        for guid in &sent[answered.len()..] {
+            assert_eq!(posts(&core, guid), 0, "{guid}, not answered, was posted");
+        }
+    }
+    eprintln!("connections drained with an E903: {drained_connections}");
+    assert!(
+        drained_connections > 0,
+        "no connection got the drain's E903"
+    );
+    let status = within(async {
+        loop {
+            if let Some(status) = hub.exited() {
+                return status;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(status.success(), "{status:?}");
+}

@@ -295,3 +295,48 @@ async fn inquiry_that_keeps_failing_after_being_sent_is_e901() {
     assert!(gets >= 1, "the inquiry was sent");
     s.assert_posts(&g, 1);
 }
+
+/// An INQ001 pipelined right behind the TRF001 it asks about, in one write,
+/// on many connections at once: the transfer is the hub's from its read, so
+/// the inquiry is never told "never received" (E904, "the transfer did not
+/// happen") about it. It gets the transfer's answer, or E901 while the
+/// transfer is under way. Before, under this load about one pair in ten got
+/// E904 and then the transfer was posted and processed (a black-box probe):
+/// a channel that believed the E904 would have started the payment again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inquiry_pipelined_behind_its_transfer_is_never_told_never_received() {
+    use tokio::io::AsyncWriteExt;
+    let s = setup().await;
+    let addr = s.hub.addr;
+    let connections: Vec<_> = (0..32)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut hub = tokio::net::TcpStream::connect(addr).await.unwrap();
+                hub.set_nodelay(true).unwrap();
+                let mut pairs = Vec::new();
+                for _ in 0..10 {
+                    let (g, q) = (guid("PAIR"), guid("ASK"));
+                    let mut both = framed(&transfer(&g, 1));
+                    both.extend(framed(&inquiry(&q, &g)));
+                    hub.write_all(&both).await.unwrap();
+                    let answer = |raw: Vec<u8>| relayhub::client::Answer::parse(&raw).unwrap();
+                    let t = answer(read_raw_answer(&mut hub).await.1);
+                    let a = answer(read_raw_answer(&mut hub).await.1);
+                    assert_eq!((t.guid.as_str(), a.guid.as_str()), (g.as_str(), q.as_str()));
+                    pairs.push((g, t.code, a.code));
+                }
+                pairs
+            })
+        })
+        .collect();
+    for connection in connections {
+        for (g, transfer, inquiry) in within(connection).await.unwrap() {
+            assert_eq!(transfer, "0000", "the transfer {g}");
+            assert!(
+                inquiry == "0000" || inquiry == "E901",
+                "the inquiry about {g}, pipelined behind it: {inquiry}"
+            );
+            s.assert_posts(&g, 1);
+        }
+    }
+}
