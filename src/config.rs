@@ -938,10 +938,20 @@ impl Config {
         ] {
             let Some(addr) = addr else { continue };
             let Ok(parsed) = addr.parse::<SocketAddr>() else {
-                return Err(bad(
-                    key,
-                    format!("{addr:?} is not HOST:PORT (an IP address and a port)"),
-                ));
+                // A port past 65535 beside a good address says so (a
+                // black-box probe: it read "is not HOST:PORT").
+                let out_of_range = addr.rsplit_once(':').is_some_and(|(ip, port)| {
+                    let ip = ip.trim_start_matches('[').trim_end_matches(']');
+                    ip.parse::<std::net::IpAddr>().is_ok()
+                        && !port.is_empty()
+                        && port.bytes().all(|b| b.is_ascii_digit())
+                });
+                let why = if out_of_range {
+                    "a port is 0-65535 (0: any free port)"
+                } else {
+                    "it is not HOST:PORT (an IP address and a port)"
+                };
+                return Err(bad(key, format!("{addr:?}: {why}")));
             };
             // A wildcard address takes its port on every address of its
             // family, and [::] (dual-stack on Linux) on IPv4's too; port 0

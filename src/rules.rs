@@ -116,9 +116,11 @@ struct ChannelRule {
 /// Why the rules cannot be built; each names the file or key at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum RulesError {
-    #[error(transparent)]
+    /// Named by the key that gave the folder (a black-box probe: a missing
+    /// folder was "layout PATH: ..." with no key).
+    #[error("server.layouts_dir: {0}")]
     Layouts(#[from] layout::LayoutError),
-    #[error(transparent)]
+    #[error("server.codes_file: {0}")]
     Codes(#[from] CodeTableError),
     /// Only a reload can meet this (the config's own check refuses an
     /// unknown target first): the file names a target the running hub

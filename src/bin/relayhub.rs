@@ -97,11 +97,11 @@ struct ConfigArgs {
     config: Option<PathBuf>,
     /// Answer every telegram within this many ms of reading it (default 3000);
     /// keep it below the channels' own timeout.
-    #[arg(long, value_name = "MS")]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true)]
     budget_ms: Option<u64>,
     /// TCP connect timeout to the core, in ms, for every target (default 500,
     /// or half the budget when that is less; must be below the budget).
-    #[arg(long, value_name = "MS")]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true)]
     connect_timeout_ms: Option<u64>,
     /// The GUID journal: a SQLite database file, `memory` (lost at exit), or a
     /// postgres:// URL shared by several hubs.

@@ -490,6 +490,46 @@ async fn reconcile_without_the_config_takes_the_grace_an_attempt_carries() {
     assert_eq!(core.stats().post, 0);
 }
 
+/// Offline, a row whose tx code no route names any more is not asked about:
+/// it is printed E901, and stderr says why (before, nothing was logged by
+/// the offline reconcile, so the row was printed E901 with no word why; a
+/// black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_says_why_it_leaves_a_row_of_a_tx_code_no_route_names() {
+    use relayhub::journal::{Journal, now_ms};
+    let core = start_core().await;
+    let url = core.url();
+    let dir = TempDir::new("tools-noroute");
+    let file = dir.join("journal.db");
+    let g = guid("NOROUTE");
+    {
+        let j = Journal::open(path_str(&file), 8).await.expect("journal");
+        let attempt = now_ms() - 120_000;
+        j.claim(&g, "TRF002", "fp", &url, attempt).await.unwrap();
+        j.finish(&g, unknown_after_a_read_timeout(), attempt + 3_000)
+            .await
+            .unwrap();
+    }
+    let journal = path_str(&file);
+    let out = relayhub(&[
+        "journal",
+        "--journal",
+        journal,
+        "reconcile",
+        "--core-url",
+        &url,
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains(&format!("{g}  E901")), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("not reconciled: no route for this tx code any more")
+            && out.stderr.contains(&g),
+        "{out:?}"
+    );
+    assert_eq!(calls(&core, &g), (0, 0), "nothing asked, nothing posted");
+}
+
 /// An admin listener for one request: its address; a receiver told once
 /// the request's head is in; a sender that makes it close the connection
 /// without an answer; its thread.

@@ -198,3 +198,50 @@ fn serve_refuses_a_core_url_the_api_paths_cannot_follow() {
         assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
     }
 }
+
+/// Each refusal of a start names what to fix (a black-box probe's list):
+/// a negative number names its flag (before: "unexpected argument '-5'"),
+/// a listen port past 65535 says so (before: "is not HOST:PORT"), and a
+/// layouts folder or code table that cannot be read names its key (before:
+/// only the path).
+#[test]
+fn start_refusals_name_the_flag_or_key_to_fix() {
+    let missing = std::env::temp_dir().join("relayhub-no-such-dir/x");
+    let config = |key: &str| {
+        let file = std::env::temp_dir().join(format!(
+            "relayhub-refusal-{key}-{}.toml",
+            std::process::id()
+        ));
+        std::fs::write(&file, format!("[server]\n{key} = {:?}\n", missing)).unwrap();
+        file.display().to_string()
+    };
+    let (layouts, codes) = (config("layouts_dir"), config("codes_file"));
+    let base = ["check", "--core-url", "http://127.0.0.1:1"];
+    for (extra, status, said) in [
+        (vec!["--budget-ms", "-5"], 2, "'--budget-ms <MS>'"),
+        (
+            vec!["--connect-timeout-ms", "-1"],
+            2,
+            "'--connect-timeout-ms <MS>'",
+        ),
+        (
+            vec!["--listen", "127.0.0.1:99999"],
+            1,
+            "`server.listen`: \"127.0.0.1:99999\": a port is 0-65535",
+        ),
+        (vec!["--config", &layouts], 1, "server.layouts_dir: "),
+        (vec!["--config", &codes], 1, "server.codes_file: "),
+    ] {
+        let out = Command::new(relayhub_bin())
+            .args(base)
+            .args(&extra)
+            .output()
+            .expect("run relayhub check");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(status), "{extra:?}: {stderr}");
+        assert!(stderr.contains(said), "{extra:?}: {stderr}");
+    }
+    for file in [layouts, codes] {
+        let _ = std::fs::remove_file(file);
+    }
+}

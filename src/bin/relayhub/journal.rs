@@ -129,11 +129,11 @@ struct ReconcileArgs {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Each inquiry is answered within this many ms (default 3000).
-    #[arg(long, value_name = "MS")]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true)]
     budget_ms: Option<u64>,
     /// TCP connect timeout to the core, in ms (default 500, lowered to half
     /// the budget).
-    #[arg(long, value_name = "MS")]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true)]
     connect_timeout_ms: Option<u64>,
 }
 
@@ -410,6 +410,15 @@ async fn reconcile(
     };
     let spec = config.journal.path.clone();
     check_exists(&spec, create)?;
+    // What the reconcile says beside its report (a row it leaves alone, as
+    // one whose tx code no route names any more): WARN and above, or as
+    // RUST_LOG has it (before, nothing was logged here, so such a row was
+    // printed E901 with no word why; a black-box probe).
+    let filter = std::env::var(tracing_subscriber::EnvFilter::DEFAULT_ENV)
+        .ok()
+        .and_then(|spec| crate::logging::filter(&spec).ok())
+        .map_or_else(|| crate::logging::filter("warn"), Ok)?;
+    let _logging = crate::logging::init(config.logging.format, filter)?;
     let grace_unknown = args.config.is_none();
     if grace_unknown {
         // The hub that made the attempts may have had a longer late-answer
