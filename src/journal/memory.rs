@@ -7,6 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use super::{AttemptTo, Claim, Event, Finish, JournalError, Row, State};
 
+/// What a row left `sending` by a stop says once it is unknown (its
+/// `last_error`, and its history's note).
+const STOPPED: &str = "was in flight when the hub stopped";
+
 /// Each GUID's row with its history, boxed: the table itself then holds 24
 /// bytes a slot instead of some 290, so growing it (a rehash copies every
 /// slot into a table twice as large, each page of it touched for the first
@@ -236,11 +240,12 @@ impl MemoryJournal {
             if row.state == State::Sending {
                 row.state = State::Unknown;
                 row.updated_ms = now_ms;
+                row.last_error = Some(STOPPED.into());
                 events.push(Event {
                     at_ms: now_ms,
                     state: State::Unknown,
                     code: Some("E901".into()),
-                    note: "was in flight when the hub stopped".into(),
+                    note: STOPPED.into(),
                 });
                 n += 1;
             }
@@ -326,6 +331,8 @@ mod tests {
         assert_eq!(j.count(State::Done).unwrap(), 1);
         assert_eq!(j.recover(3).unwrap(), 2);
         assert_eq!(j.count(State::Unknown).unwrap(), 2);
+        let recovered = j.get("a").unwrap().unwrap();
+        assert_eq!(recovered.last_error.as_deref(), Some(STOPPED));
         assert_eq!(j.count(State::Sending).unwrap(), 0);
     }
 

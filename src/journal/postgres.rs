@@ -709,7 +709,9 @@ impl PgJournal {
                 .prepare_cached(&format!(
                     "WITH r AS ( \
                        UPDATE relayhub_journal j SET state = 'unknown', updated_ms = $1::bigint, \
-                         lease_until_ms = NULL \
+                         lease_until_ms = NULL, \
+                         last_error = 'was in flight when hub ' || coalesce(owner, '?') || \
+                           ' stopped (lease expired or liveness lapsed)' \
                        WHERE state = 'sending' \
                          AND (coalesce(lease_until_ms, 0) < {DB_NOW} OR {OWNER_DEAD}) \
                        RETURNING guid, owner, created_ms), \

@@ -604,7 +604,8 @@ impl SqliteJournal {
             .execute([now_ms])?;
             let n = c
                 .prepare_cached(
-                    "UPDATE journal SET state = 'unknown', updated_ms = ?1 WHERE state = 'sending'",
+                    "UPDATE journal SET state = 'unknown', updated_ms = ?1, \
+                     last_error = 'was in flight when the hub stopped' WHERE state = 'sending'",
                 )?
                 .execute([now_ms])?;
             Ok(n as u64)

@@ -607,6 +607,8 @@ async fn recover_leaves_live_leases_and_settles_expired_ones() {
         (State::Unknown, Some("E901"))
     );
     assert!(last.note.contains("hub-a"), "{last:?}");
+    let why = dead.last_error.unwrap_or_default();
+    assert!(why.starts_with("was in flight when hub hub-a"), "{why}");
     assert_eq!(b.get("live").await.unwrap().unwrap().state, State::Sending);
     assert_eq!(b.recover(30).await.unwrap(), 0, "recover is idempotent");
 }

@@ -333,8 +333,14 @@ async fn recover_turns_sending_into_unknown() {
     assert_eq!(j.recover(1000).await.unwrap(), 1);
     let a = j.get("a").await.unwrap().unwrap();
     assert_eq!((a.state, a.updated_ms), (State::Unknown, 1000));
-    // As in the memory store, only the history carries the E901.
+    // As in the memory store, only the history carries the E901; the row
+    // says why it is unknown (before, nothing: `journal list` showed an
+    // empty reason; a black-box probe).
     assert_eq!(a.code, None);
+    assert_eq!(
+        a.last_error.as_deref(),
+        Some("was in flight when the hub stopped")
+    );
     assert_eq!(
         j.history("a").await.unwrap().last().unwrap(),
         &Event {
