@@ -941,10 +941,15 @@ impl Config {
                 // A port past 65535 beside a good address says so (a
                 // black-box probe: it read "is not HOST:PORT").
                 let out_of_range = addr.rsplit_once(':').is_some_and(|(ip, port)| {
-                    let ip = ip.trim_start_matches('[').trim_end_matches(']');
-                    ip.parse::<std::net::IpAddr>().is_ok()
+                    let good_ip = match ip.strip_prefix('[').and_then(|i| i.strip_suffix(']')) {
+                        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+                        // An IPv6 address needs its brackets ("[::1]:80").
+                        None => ip.parse::<std::net::Ipv4Addr>().is_ok(),
+                    };
+                    good_ip
                         && !port.is_empty()
                         && port.bytes().all(|b| b.is_ascii_digit())
+                        && port.parse::<u16>().is_err()
                 });
                 let why = if out_of_range {
                     "a port is 0-65535 (0: any free port)"

@@ -95,12 +95,16 @@ trait Answerer: Send + Sync + 'static {
     /// calls it outside the guard that turns a panic into an E901. It is
     /// called as the telegram starts, in its connection's order (the hub
     /// looks at its drain then).
+    /// `deferred`: the future may not be polled at once (it is spawned, or
+    /// held by the connection's task), so telegrams started after it may
+    /// be handled before it first runs.
     fn answer(
         self: Arc<Self>,
         telegram: Bytes,
         peer: IpAddr,
         cert: Option<Arc<ClientCert>>,
         read_at: Instant,
+        deferred: bool,
     ) -> impl Future<Output = (Echo, Reply)> + Send;
 
     /// A telegram, read whole, waits for room to start: whether its GUID
@@ -139,13 +143,28 @@ impl Answerer for Hub {
         peer: IpAddr,
         cert: Option<Arc<ClientCert>>,
         read_at: Instant,
+        deferred: bool,
     ) -> impl Future<Output = (Echo, Reply)> + Send {
         // Now, as the telegram starts in its connection's order, not when
-        // its task first runs (see `Hub::handle_started`).
+        // its task first runs (see `Hub::handle_started`); and a transfer
+        // that will run later counts as being posted until it does.
         let draining = self.is_draining();
+        let mut may_post = (deferred && !draining)
+            .then(|| self.may_post(&telegram))
+            .flatten();
         async move {
-            self.handle_started(&telegram, peer, cert.as_deref(), read_at, draining)
-                .await
+            let answer = self
+                .handle_started(
+                    &telegram,
+                    peer,
+                    cert.as_deref(),
+                    read_at,
+                    draining,
+                    &mut may_post,
+                )
+                .await;
+            drop(may_post);
+            answer
         }
     }
 
@@ -328,8 +347,11 @@ fn handling<H: Answerer>(
     peer: IpAddr,
     cert: Option<Arc<ClientCert>>,
     read_at: Instant,
+    deferred: bool,
 ) -> Handling {
-    CatchUnwind(Box::pin(hub.answer(telegram, peer, cert, read_at)))
+    CatchUnwind(Box::pin(
+        hub.answer(telegram, peer, cert, read_at, deferred),
+    ))
 }
 
 /// What the writer sends next.
@@ -621,7 +643,9 @@ async fn serve_plain<H: Answerer>(
 ) {
     let start: adoption::Start = {
         let hub = hub.clone();
-        Arc::new(move |telegram, read_at| handling(hub.clone(), telegram, peer.ip(), None, read_at))
+        Arc::new(move |telegram, read_at, deferred| {
+            handling(hub.clone(), telegram, peer.ip(), None, read_at, deferred)
+        })
     };
     loop {
         let served = serve_connection(
@@ -768,6 +792,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                                 peer.ip(),
                                 cert.clone(),
                                 read_at,
+                                true,
                             ),
                             echo,
                             guard,
@@ -862,8 +887,14 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     let Some(turn) = turn else {
                         break 'read;
                     };
-                    let handling =
-                        handling(hub.clone(), telegram, peer.ip(), cert.clone(), read_at);
+                    let handling = handling(
+                        hub.clone(),
+                        telegram,
+                        peer.ip(),
+                        cert.clone(),
+                        read_at,
+                        true,
+                    );
                     let task = mark.spawn_with(handling);
                     match turn {
                         Turn::Room(slot, permit) => {
@@ -1297,7 +1328,7 @@ mod tests {
     async fn a_telegrams_future_fits_the_allocators_cache() {
         let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
         let peer = IpAddr::from([127, 0, 0, 1]);
-        let boxed = handling(hub, Bytes::new(), peer, None, Instant::now());
+        let boxed = handling(hub, Bytes::new(), peer, None, Instant::now(), true);
         let size = std::mem::size_of_val(&*boxed.0);
         assert!(
             size <= 1032,
@@ -1316,6 +1347,7 @@ mod tests {
             _peer: IpAddr,
             _cert: Option<Arc<ClientCert>>,
             _read_at: Instant,
+            _deferred: bool,
         ) -> (Echo, Reply) {
             if telegram.starts_with(b"PANIC1") {
                 panic!("a bug in a telegram's task");
@@ -1348,6 +1380,7 @@ mod tests {
             peer: IpAddr,
             cert: Option<Arc<ClientCert>>,
             read_at: Instant,
+            _deferred: bool,
         ) -> (Echo, Reply) {
             // BLOCK1 waits for its call; BLOCKD gives up at a deadline 300 ms
             // away and answers E901, as the hub does at the budget.
@@ -1391,7 +1424,7 @@ mod tests {
                 }
             }
             Arc::new(PanicsOnPanic1)
-                .answer(telegram, peer, cert, read_at)
+                .answer(telegram, peer, cert, read_at, false)
                 .await
         }
     }
@@ -1757,6 +1790,7 @@ mod tests {
             peer: IpAddr,
             cert: Option<Arc<ClientCert>>,
             read_at: Instant,
+            _deferred: bool,
         ) -> (Echo, Reply) {
             if telegram.starts_with(b"STPNC1") {
                 let release = self.release.clone();
@@ -1773,7 +1807,7 @@ mod tests {
                 panic!("a bug after the call started");
             }
             Arc::new(PanicsOnPanic1)
-                .answer(telegram, peer, cert, read_at)
+                .answer(telegram, peer, cert, read_at, false)
                 .await
         }
     }
@@ -1955,6 +1989,7 @@ mod tests {
             peer: IpAddr,
             cert: Option<Arc<ClientCert>>,
             read_at: Instant,
+            _deferred: bool,
         ) -> (Echo, Reply) {
             let holds = telegram.starts_with(b"HOLD01");
             if holds {
@@ -1971,7 +2006,7 @@ mod tests {
                 self.b.notified().await;
             }
             Arc::new(PanicsOnPanic1)
-                .answer(telegram, peer, cert, read_at)
+                .answer(telegram, peer, cert, read_at, false)
                 .await
         }
 
@@ -2423,6 +2458,7 @@ mod tests {
             _peer: IpAddr,
             _cert: Option<Arc<ClientCert>>,
             _read_at: Instant,
+            _deferred: bool,
         ) -> (Echo, Reply) {
             let echo = Echo::from_telegram(&telegram);
             let code = if echo.tx_code_str() == "TRF001" {
@@ -2535,7 +2571,14 @@ mod tests {
                 fields.as_object().unwrap(),
             )
             .unwrap();
-            handling(hub.clone(), telegram.into(), peer, None, Instant::now())
+            handling(
+                hub.clone(),
+                telegram.into(),
+                peer,
+                None,
+                Instant::now(),
+                true,
+            )
         };
         let first = start("20261205IBANK00000000000DRAIN001");
         let second = start("20261205IBANK00000000000DRAIN002");
@@ -2549,5 +2592,105 @@ mod tests {
             let (echo, reply) = handling.await.unwrap();
             assert_eq!(reply.code, code, "{}", echo.guid_str());
         }
+    }
+
+    /// A transfer started (its task not run yet) counts as being posted: a
+    /// telegram of the same GUID taken no further meanwhile, by the drain or
+    /// by a budget that ran out before its turn, answers E901, not E903
+    /// ("nothing sent"), since the started one will post when its task runs
+    /// (before, E903 came, then the other was posted; found by a review).
+    #[tokio::test]
+    async fn a_guid_started_and_not_yet_run_is_not_answered_as_never_sent() {
+        let peer = IpAddr::from([127, 0, 0, 1]);
+        let telegram = |guid: &str| -> Bytes {
+            let fields = serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
+                "to_account": "1002003004002", "amount": 10, "memo": "x" });
+            crate::client::build_telegram(
+                &crate::layout::builtin()["TRF001"],
+                guid,
+                "IBANK",
+                "20261205120000",
+                fields.as_object().unwrap(),
+            )
+            .unwrap()
+            .into()
+        };
+        // Taken no further by its budget, beside one started in time.
+        let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
+        let guid = "20261205IBANK0000000000PENDING01";
+        let started = handling(
+            hub.clone(),
+            telegram(guid),
+            peer,
+            None,
+            Instant::now(),
+            true,
+        );
+        let late = Instant::now() - Duration::from_millis(1420);
+        let (_, reply) = handling(hub.clone(), telegram(guid), peer, None, late, true)
+            .await
+            .unwrap();
+        assert_eq!(
+            reply.code,
+            Code::UNKNOWN,
+            "its budget ran out beside a started one"
+        );
+        let (_, reply) = started.await.unwrap();
+        assert_eq!(reply.code, Code::NOT_SENT, "tried (no core here)");
+        // Taken no further by the drain, beside one started before it.
+        let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
+        let guid = "20261205IBANK0000000000PENDING02";
+        let started = handling(
+            hub.clone(),
+            telegram(guid),
+            peer,
+            None,
+            Instant::now(),
+            true,
+        );
+        hub.start_draining();
+        let (_, reply) = handling(
+            hub.clone(),
+            telegram(guid),
+            peer,
+            None,
+            Instant::now(),
+            true,
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.code, Code::UNKNOWN, "drained beside a started one");
+        let (_, reply) = started.await.unwrap();
+        assert_eq!(reply.code, Code::NOT_SENT, "tried (no core here)");
+        // With nothing started, the drain's answer is E903; and nothing
+        // stays counted.
+        let guid = "20261205IBANK0000000000PENDING03";
+        let (_, reply) = handling(
+            hub.clone(),
+            telegram(guid),
+            peer,
+            None,
+            Instant::now(),
+            true,
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.code, Code::NO_CAPACITY);
+        let (_, reply) = handling(
+            hub.clone(),
+            telegram("20261205IBANK0000000000PENDING02"),
+            peer,
+            None,
+            Instant::now(),
+            true,
+        )
+        .await
+        .unwrap();
+        assert_ne!(
+            reply.code,
+            Code::UNKNOWN,
+            "no count left behind: {:?}",
+            reply.code
+        );
     }
 }

@@ -18,12 +18,17 @@ struct Flight {
     reply: Option<watch::Sender<Option<Reply>>>,
 }
 
-/// The transfers in flight in this process, by GUID, and the transfers
-/// that wait for room to start.
+/// The transfers in flight in this process, by GUID, the transfers that
+/// wait for room to start or whose task has not run yet, and those of
+/// them that may post once it does.
 #[derive(Default)]
 pub(super) struct Flights {
     by_guid: Mutex<HashMap<String, Flight>>,
     pub(super) waiting: Waiting,
+    /// Transfers that started while the hub was not draining, in a task
+    /// that has not run yet: they will join their flight (and may post)
+    /// when it does (see [`super::MayPost`]).
+    pub(super) pending: Waiting,
 }
 
 /// What joining a GUID's flight made of the caller.
@@ -129,10 +134,12 @@ impl Flights {
     }
 }
 
-/// Telegrams read whole that wait for room to start (their connection has
-/// its maximum in flight), by GUID: their budget runs and their transfer is
+/// Transfer telegrams read whole that wait for room to start (their
+/// connection has its maximum in flight), or that started in a task that
+/// may not have run yet, by GUID: their budget runs and their transfer is
 /// to come, so they count as handled by this hub as much as a flight does.
-/// A count per GUID: the same GUID may wait on several connections.
+/// A count per GUID: the same GUID may wait on several connections. The
+/// same type counts [`Flights::pending`].
 #[derive(Default)]
 pub(super) struct Waiting(Mutex<HashMap<String, Waiter>>);
 

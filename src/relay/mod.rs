@@ -193,13 +193,6 @@ impl Hub {
         in_force.since_ms = crate::journal::now_ms();
     }
 
-    /// A telegram of this tx code and GUID, read whole, waits for room to
-    /// start: when its tx code is routed as a transfer, its GUID counts as
-    /// handled by this hub until [`Hub::no_longer_waiting`], so an
-    /// inquiry's "never received" about it is not believed (its POST may
-    /// follow the GET). Whether it was counted. An inquiry is not: an
-    /// INQ001 whose own GUID is the one it asks about would otherwise
-    /// find itself handled.
     /// A telegram of this tx code and GUID, read whole, starts in a task
     /// that the tasks of telegrams read after it may run before: counted as
     /// [`Hub::waiting_to_start`] counts one, with nothing read ahead.
@@ -214,6 +207,13 @@ impl Hub {
         transfer
     }
 
+    /// A telegram of this tx code and GUID, read whole, waits for room to
+    /// start: when its tx code is routed as a transfer, its GUID counts as
+    /// handled by this hub until [`Hub::no_longer_waiting`], so an
+    /// inquiry's "never received" about it is not believed (its POST may
+    /// follow the GET). Whether it was counted. An inquiry is not: an
+    /// INQ001 whose own GUID is the one it asks about would otherwise
+    /// find itself handled.
     pub fn waiting_to_start(&self, tx_code: &str, guid: &str) -> bool {
         let transfer = self
             .rules()
@@ -272,7 +272,7 @@ impl Hub {
         });
     }
 
-    /// A telegram [`Hub::waiting_to_start`] counted has ended.
+    /// A telegram [`Hub::waiting_to_start`] or [`Hub::starting`] counted has ended.
     pub fn no_longer_waiting(&self, guid: &str) {
         self.flights.waiting.remove(guid);
     }
@@ -284,9 +284,37 @@ impl Hub {
     }
 
     /// Whether this hub has a call of the GUID's transfer under way: a
-    /// telegram of it in flight, or a call past its budget.
+    /// telegram of it in flight, or started and about to be (its task has
+    /// not run yet), or a call past its budget.
     fn posting(&self, guid: &str) -> bool {
-        self.flights.contains(guid) || self.late_calls.running(guid)
+        self.flights.contains(guid)
+            || self.flights.pending.contains(guid)
+            || self.late_calls.running(guid)
+    }
+
+    /// A telegram starts while the hub is not draining, in a task that
+    /// may run later than the tasks of telegrams started after it: when it
+    /// is a transfer, its GUID counts as being posted until it joins its
+    /// flight (or ends), so that a telegram of the same GUID taken no
+    /// further meanwhile (by the drain, or a budget run out waiting for
+    /// room) answers E901, not E903 (before, it could answer E903 and then
+    /// this one was posted; found by a review).
+    pub fn may_post(self: &Arc<Self>, telegram: &[u8]) -> Option<Box<MayPost>> {
+        let echo = Echo::from_telegram(telegram);
+        let transfer = self
+            .rules()
+            .route(echo.tx_code_str())
+            .is_some_and(|r| r.operation == Operation::Transfer);
+        transfer.then(|| {
+            let guid = echo.guid_str().to_string();
+            self.flights.pending.add(&guid, false);
+            // Boxed: the telegram's future keeps it, and stays under
+            // 1 KiB (see `server::handling`).
+            Box::new(MayPost {
+                hub: self.clone(),
+                guid,
+            })
+        })
     }
 
     /// From now on, valid telegrams get E903 and their connection is closed.
@@ -314,7 +342,7 @@ impl Hub {
         cert: Option<&ClientCert>,
         read_at: Instant,
     ) -> (Echo, Reply) {
-        self.handle_started(telegram, peer, cert, read_at, self.is_draining())
+        self.handle_started(telegram, peer, cert, read_at, self.is_draining(), &mut None)
             .await
     }
 
@@ -331,6 +359,7 @@ impl Hub {
         cert: Option<&ClientCert>,
         read_at: Instant,
         draining: bool,
+        may_post: &mut Option<Box<MayPost>>,
     ) -> (Echo, Reply) {
         let deadline = Deadline::new(read_at, self.budget);
         // An IPv4 channel on an IPv6 listener by its IPv4 address, in the
@@ -344,12 +373,11 @@ impl Hub {
         let reply = log
             .scope(trace.scope(async {
                 let (mut reply, note) = self
-                    .dispatch(telegram, peer, cert, &rules, deadline, draining)
+                    .dispatch(telegram, peer, cert, &rules, deadline, draining, may_post)
                     .await;
                 // While the hub drains, a telegram refused before the drain's
                 // own E903 (E101, E102, E103) closes its connection too.
-                if matches!(reply.code, Code::FORMAT | Code::NOT_ROUTED | Code::CHANNEL)
-                    && self.is_draining()
+                if matches!(reply.code, Code::FORMAT | Code::NOT_ROUTED | Code::CHANNEL) && draining
                 {
                     reply.close = true;
                 }
@@ -376,6 +404,7 @@ impl Hub {
         (echo, reply)
     }
 
+    #[allow(clippy::too_many_arguments)] // the telegram and how it started
     async fn dispatch(
         &self,
         telegram: &[u8],
@@ -384,6 +413,7 @@ impl Hub {
         rules: &Rules,
         deadline: Deadline,
         draining: bool,
+        may_post: &mut Option<Box<MayPost>>,
     ) -> (Reply, String) {
         let header = match parse_header(telegram) {
             Ok(h) => h,
@@ -431,6 +461,9 @@ impl Hub {
             None
         };
         if let Some((why, until, close)) = taken_no_further {
+            // Not this telegram's own call: what it sees being posted is
+            // another telegram's.
+            drop(may_post.take());
             let (mut reply, note) = match route.operation {
                 Operation::Transfer => {
                     Box::pin(transfer::taken_no_further(self, &header, body, why, until)).await
@@ -453,7 +486,7 @@ impl Hub {
         match route.operation {
             Operation::Transfer => {
                 Box::pin(transfer::run(
-                    self, &header, route, rules, &fields, body, deadline,
+                    self, &header, route, rules, &fields, body, deadline, may_post,
                 ))
                 .await
             }
@@ -461,6 +494,19 @@ impl Hub {
                 Box::pin(inquiry::run(self, route, rules, &fields, deadline)).await
             }
         }
+    }
+}
+
+/// A transfer started and not yet in its flight ([`Hub::may_post`]);
+/// dropped once it has joined it, or when it is taken no further.
+pub struct MayPost {
+    hub: Arc<Hub>,
+    guid: String,
+}
+
+impl Drop for MayPost {
+    fn drop(&mut self) {
+        self.hub.flights.pending.remove(&self.guid);
     }
 }
 

@@ -81,7 +81,9 @@ fn body_len_hint(guid: &str, channel_id: &str, fields: &DecodedFields<'_>) -> us
     32 + guid.len() + channel_id.len() + fields.json_len_hint()
 }
 
-/// Answers a transfer telegram.
+/// Answers a transfer telegram. `may_post` is dropped once it has joined
+/// its flight.
+#[allow(clippy::too_many_arguments)] // the telegram's parts, as dispatch has them
 pub(super) async fn run(
     hub: &Hub,
     header: &Header,
@@ -90,9 +92,13 @@ pub(super) async fn run(
     fields: &DecodedFields<'_>,
     body: &[u8],
     deadline: Deadline,
+    may_post: &mut Option<Box<super::MayPost>>,
 ) -> (Reply, String) {
     let fingerprint = fingerprint(&header.tx_code, body);
-    match hub.flights.join(&header.guid, &fingerprint) {
+    let joined = hub.flights.join(&header.guid, &fingerprint);
+    // In its flight now (or following one): seen as posting from here.
+    drop(may_post.take());
+    match joined {
         Joined::Follow {
             fingerprint: theirs,
             mut reply,

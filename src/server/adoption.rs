@@ -88,7 +88,9 @@ pub(super) const MAX_LENT: usize = 4096;
 const STACK_SIZE: usize = 1024 * 1024;
 
 /// Makes the future that handles one telegram of this connection.
-pub(super) type Start = Arc<dyn Fn(Bytes, Instant) -> Handling + Send + Sync>;
+/// `true` when the handling may not be polled at once (see
+/// [`super::Answerer::answer`]).
+pub(super) type Start = Arc<dyn Fn(Bytes, Instant, bool) -> Handling + Send + Sync>;
 
 /// A connection handed to an adopter, with the telegram it just read.
 pub(super) struct Lent {
@@ -222,7 +224,13 @@ impl Adopters {
 /// flight), so that it is not lent again for that telegram.
 fn kept(lent: Lent) -> (StdStream, Carry) {
     let carry = Carry {
-        inline: Some(flight(&lent.start, lent.telegram, lent.read_at, lent.guard)),
+        inline: Some(flight(
+            &lent.start,
+            lent.telegram,
+            lent.read_at,
+            lent.guard,
+            true,
+        )),
         framed: true,
         ..Carry::default()
     };
@@ -230,10 +238,16 @@ fn kept(lent: Lent) -> (StdStream, Carry) {
 }
 
 /// A telegram's handling started, with what its answer needs.
-fn flight(start: &Start, telegram: Bytes, read_at: Instant, guard: InFlightGuard) -> Inline {
+fn flight(
+    start: &Start,
+    telegram: Bytes,
+    read_at: Instant,
+    guard: InFlightGuard,
+    deferred: bool,
+) -> Inline {
     Inline {
         echo: Echo::from_telegram(&telegram),
-        handling: start(telegram, read_at),
+        handling: start(telegram, read_at, deferred),
         guard,
         read_at,
     }
@@ -328,7 +342,7 @@ fn serve(lent: Lent, back: oneshot::Sender<Back>, clock: &Arc<Clock>) {
                 held: Mutex::new(Some(Held {
                     stream,
                     back,
-                    flight: flight(&start, telegram, read_at, guard),
+                    flight: flight(&start, telegram, read_at, guard, false),
                 })),
             });
             let Some((held, done)) = drive(&slot, &waker, clock, read_at + PATIENCE) else {

@@ -1,6 +1,7 @@
 //! Telegrams that wait in their connection for room to start (the
 //! connection has `max_in_flight_per_connection` in flight): counted as
-//! handled from their read, and held in order.
+//! handled from their read, and held in order; and the mark that counts a
+//! transfer started in a task of its own as handled until the task ends.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
