@@ -2561,16 +2561,7 @@ mod tests {
         let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
         let peer = IpAddr::from([127, 0, 0, 1]);
         let start = |guid: &str| {
-            let fields = serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
-                "to_account": "1002003004002", "amount": 10, "memo": "x" });
-            let telegram = crate::client::build_telegram(
-                &crate::layout::builtin()["TRF001"],
-                guid,
-                "IBANK",
-                "20261205120000",
-                fields.as_object().unwrap(),
-            )
-            .unwrap();
+            let telegram = crate::relay::test_transfer(guid, 10);
             handling(
                 hub.clone(),
                 telegram.into(),
@@ -2602,95 +2593,33 @@ mod tests {
     #[tokio::test]
     async fn a_guid_started_and_not_yet_run_is_not_answered_as_never_sent() {
         let peer = IpAddr::from([127, 0, 0, 1]);
-        let telegram = |guid: &str| -> Bytes {
-            let fields = serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
-                "to_account": "1002003004002", "amount": 10, "memo": "x" });
-            crate::client::build_telegram(
-                &crate::layout::builtin()["TRF001"],
-                guid,
-                "IBANK",
-                "20261205120000",
-                fields.as_object().unwrap(),
-            )
-            .unwrap()
-            .into()
+        let start = |hub: &Arc<crate::relay::Hub>, guid: &str, read_at: Instant| {
+            let telegram = crate::relay::test_transfer(guid, 10).into();
+            handling(hub.clone(), telegram, peer, None, read_at, true)
         };
-        // Taken no further by its budget, beside one started in time.
-        let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
-        let guid = "20261205IBANK0000000000PENDING01";
-        let started = handling(
-            hub.clone(),
-            telegram(guid),
-            peer,
-            None,
-            Instant::now(),
-            true,
-        );
+        let answer = async |handling: Handling| handling.await.unwrap().1.code;
         let late = Instant::now() - Duration::from_millis(1420);
-        let (_, reply) = handling(hub.clone(), telegram(guid), peer, None, late, true)
-            .await
-            .unwrap();
-        assert_eq!(
-            reply.code,
-            Code::UNKNOWN,
-            "its budget ran out beside a started one"
-        );
-        let (_, reply) = started.await.unwrap();
-        assert_eq!(reply.code, Code::NOT_SENT, "tried (no core here)");
-        // Taken no further by the drain, beside one started before it.
-        let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
-        let guid = "20261205IBANK0000000000PENDING02";
-        let started = handling(
-            hub.clone(),
-            telegram(guid),
-            peer,
-            None,
-            Instant::now(),
-            true,
-        );
-        hub.start_draining();
-        let (_, reply) = handling(
-            hub.clone(),
-            telegram(guid),
-            peer,
-            None,
-            Instant::now(),
-            true,
-        )
-        .await
-        .unwrap();
-        assert_eq!(reply.code, Code::UNKNOWN, "drained beside a started one");
-        let (_, reply) = started.await.unwrap();
-        assert_eq!(reply.code, Code::NOT_SENT, "tried (no core here)");
-        // With nothing started, the drain's answer is E903; and nothing
-        // stays counted.
-        let guid = "20261205IBANK0000000000PENDING03";
-        let (_, reply) = handling(
-            hub.clone(),
-            telegram(guid),
-            peer,
-            None,
-            Instant::now(),
-            true,
-        )
-        .await
-        .unwrap();
-        assert_eq!(reply.code, Code::NO_CAPACITY);
-        let (_, reply) = handling(
-            hub.clone(),
-            telegram("20261205IBANK0000000000PENDING02"),
-            peer,
-            None,
-            Instant::now(),
-            true,
-        )
-        .await
-        .unwrap();
-        assert_ne!(
-            reply.code,
-            Code::UNKNOWN,
-            "no count left behind: {:?}",
-            reply.code
-        );
+        // A telegram taken no further, by its budget (it read long ago) or
+        // by the drain, beside one started before it with time to run.
+        for drained in [false, true] {
+            let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
+            let guid = format!("20261205IBANK0000000000PENDING0{}", u8::from(drained));
+            let started = start(&hub, &guid, Instant::now());
+            let read_at = if drained {
+                hub.start_draining();
+                Instant::now()
+            } else {
+                late
+            };
+            let beside = answer(start(&hub, &guid, read_at)).await;
+            assert_eq!(beside, Code::UNKNOWN, "drained: {drained}");
+            assert_eq!(
+                answer(started).await,
+                Code::NOT_SENT,
+                "tried (no core here)"
+            );
+            // Alone now: nothing stays counted.
+            assert_ne!(answer(start(&hub, &guid, read_at)).await, Code::UNKNOWN);
+        }
     }
 }

@@ -525,6 +525,21 @@ pub(crate) fn test_hub(core_url: String) -> Hub {
     test_hub_on(core_url, Journal::Memory(Default::default()))
 }
 
+/// A TRF001 telegram of `guid` for `amount`, between two seed accounts.
+#[cfg(test)]
+pub(crate) fn test_transfer(guid: &str, amount: u64) -> Vec<u8> {
+    let fields = serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
+        "to_account": "1002003004002", "amount": amount, "memo": "x" });
+    crate::client::build_telegram(
+        &crate::layout::builtin()["TRF001"],
+        guid,
+        "IBANK",
+        "20261204120000",
+        fields.as_object().unwrap(),
+    )
+    .unwrap()
+}
+
 /// [`test_hub`] with the journal given.
 #[cfg(test)]
 pub(crate) fn test_hub_on(core_url: String, journal: Journal) -> Hub {

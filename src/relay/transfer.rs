@@ -875,16 +875,7 @@ mod tests {
 
     /// A TRF001 telegram of the GUID and amount, from IBANK.
     fn telegram(guid: &str, amount: u64) -> Vec<u8> {
-        let fields = serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
-            "to_account": "1002003004002", "amount": amount, "memo": "x" });
-        crate::client::build_telegram(
-            &crate::layout::builtin()["TRF001"],
-            guid,
-            "IBANK",
-            "20261204120000",
-            fields.as_object().unwrap(),
-        )
-        .unwrap()
+        super::super::test_transfer(guid, amount)
     }
 
     /// A test hub on a SQLite journal of its own (kept while the folder is).

@@ -390,6 +390,18 @@ async fn reconcile_without_a_hub_recovers_and_settles() {
     assert_eq!(posts(&core, &g), 1);
 }
 
+/// A journal file holding one unknown row of `guid`: a `tx_code` attempt
+/// to `url` made `ago_ms` ago, its answer not in time.
+async fn unknown_row(file: &Path, guid: &str, tx_code: &str, url: &str, ago_ms: i64) {
+    use relayhub::journal::{Journal, now_ms};
+    let j = Journal::open(path_str(file), 8).await.expect("journal");
+    let attempt = now_ms() - ago_ms;
+    j.claim(guid, tx_code, "fp", url, attempt).await.unwrap();
+    j.finish(guid, unknown_after_a_read_timeout(), attempt + 3_000)
+        .await
+        .unwrap();
+}
+
 /// The outcome of an attempt whose answer did not come in time.
 fn unknown_after_a_read_timeout() -> relayhub::journal::Finish {
     relayhub::journal::Finish {
@@ -410,7 +422,6 @@ fn unknown_after_a_read_timeout() -> relayhub::journal::Finish {
 /// probe: a hub with a 45 s window, its row settled E904 after 40 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_without_the_config_does_not_guess_the_wire_grace() {
-    use relayhub::journal::{Journal, now_ms};
     let core = start_core().await;
     let url = core.url();
     let config = TempFile::new(
@@ -421,14 +432,7 @@ async fn reconcile_without_the_config_does_not_guess_the_wire_grace() {
         let dir = TempDir::new("tools-grace");
         let file = dir.join("journal.db");
         let g = guid("GRACE");
-        {
-            let j = Journal::open(path_str(&file), 8).await.expect("journal");
-            let attempt = now_ms() - 40_000;
-            j.claim(&g, "TRF001", "fp", &url, attempt).await.unwrap();
-            j.finish(&g, unknown_after_a_read_timeout(), attempt + 3_000)
-                .await
-                .unwrap();
-        }
+        unknown_row(&file, &g, "TRF001", &url, 40_000).await;
         let mut args = vec!["journal", "--journal", path_str(&file), "reconcile"];
         if with_config {
             args.extend(["--config", path_str(&config.0)]);
@@ -496,20 +500,12 @@ async fn reconcile_without_the_config_takes_the_grace_an_attempt_carries() {
 /// black-box probe).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_says_why_it_leaves_a_row_of_a_tx_code_no_route_names() {
-    use relayhub::journal::{Journal, now_ms};
     let core = start_core().await;
     let url = core.url();
     let dir = TempDir::new("tools-noroute");
     let file = dir.join("journal.db");
     let g = guid("NOROUTE");
-    {
-        let j = Journal::open(path_str(&file), 8).await.expect("journal");
-        let attempt = now_ms() - 120_000;
-        j.claim(&g, "TRF002", "fp", &url, attempt).await.unwrap();
-        j.finish(&g, unknown_after_a_read_timeout(), attempt + 3_000)
-            .await
-            .unwrap();
-    }
+    unknown_row(&file, &g, "TRF002", &url, 120_000).await;
     let journal = path_str(&file);
     let out = relayhub(&[
         "journal",

@@ -621,16 +621,7 @@ async fn every_telegram_handled_during_the_drain_is_answered() {
         refused += 1;
     }
     assert!(refused >= 1, "no telegram of the burst was answered");
-    let status = within(async {
-        loop {
-            if let Some(status) = hub.exited() {
-                return status;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
-    assert!(status.success(), "{status:?}");
+    exits_cleanly(&mut hub).await;
     let logged = hub
         .stderr()
         .lines()
@@ -643,6 +634,20 @@ async fn every_telegram_handled_during_the_drain_is_answered() {
         hub.stderr()
     );
     assert_eq!(core.stats().post, 1);
+}
+
+/// Waits (bounded) for the hub's process to end, and asserts it exited 0.
+async fn exits_cleanly(hub: &mut Proc) {
+    let status = within(async {
+        loop {
+            if let Some(status) = hub.exited() {
+                return status;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(status.success(), "{status:?}");
 }
 
 /// Asserts that the answer telegram `raw` carries `code`.
@@ -735,14 +740,5 @@ async fn no_real_answer_comes_behind_a_drains_e903_on_a_connection() {
         drained_connections > 0,
         "no connection got the drain's E903"
     );
-    let status = within(async {
-        loop {
-            if let Some(status) = hub.exited() {
-                return status;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
-    assert!(status.success(), "{status:?}");
+    exits_cleanly(&mut hub).await;
 }
