@@ -2622,4 +2622,48 @@ mod tests {
             assert_ne!(answer(start(&hub, &guid, read_at)).await, Code::UNKNOWN);
         }
     }
+
+    /// Whatever becomes of a connection's transfers (answered, started and
+    /// cut off by the channel's close, waiting for room behind a small
+    /// in-flight limit), none stays counted as handled or being posted once
+    /// the connection has ended: a count left behind would turn every later
+    /// "never received" about its GUID into E901.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_guid_stays_counted_once_its_connection_ends() {
+        let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
+        let limits = Limits {
+            max_in_flight_per_connection: 2,
+            ..Limits::from(&ServerConfig::default())
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let in_flight = Arc::new(InFlight::default());
+        let server = tokio::spawn({
+            let (hub, in_flight) = (hub.clone(), in_flight.clone());
+            async move {
+                let (stream, peer) = listener.accept().await.unwrap();
+                serve_plain(stream, peer, hub, limits, in_flight, None, Carry::default()).await;
+            }
+        });
+        let mut channel = TcpStream::connect(addr).await.unwrap();
+        let guids: Vec<String> = (0..12)
+            .map(|i| format!("20261205IBANK00000000000COUNT{i:03}"))
+            .collect();
+        let telegrams: Vec<Vec<u8>> = guids
+            .iter()
+            .map(|g| crate::relay::test_transfer(g, 10))
+            .collect();
+        send(
+            &mut channel,
+            &telegrams.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        )
+        .await;
+        for _ in 0..3 {
+            read_answer(&mut channel).await;
+        }
+        ends_with_the_channel(channel, server, &in_flight).await;
+        for guid in &guids {
+            assert!(!hub.counts_as_handled(guid), "{guid} is still counted");
+        }
+    }
 }

@@ -277,6 +277,12 @@ impl Hub {
         self.flights.waiting.remove(guid);
     }
 
+    /// [`Hub::handles`], for the server's tests.
+    #[cfg(test)]
+    pub(crate) fn counts_as_handled(&self, guid: &str) -> bool {
+        self.handles(guid)
+    }
+
     /// Whether this hub handles a transfer of the GUID now: a telegram of it
     /// in flight or waiting to start, or a call of it past its budget.
     fn handles(&self, guid: &str) -> bool {
