@@ -113,15 +113,7 @@ trait Answerer: Send + Sync + 'static {
         false
     }
 
-    /// A telegram, read whole, starts in a task of its own, and the
-    /// connection frames the telegrams behind it, whose tasks may run
-    /// first: whether its GUID now counts as handled (a transfer's does), as
-    /// `waiting_to_start` has it, but with nothing read ahead for it.
-    fn starting(&self, _echo: &Echo) -> bool {
-        false
-    }
-
-    /// A telegram `waiting_to_start` or `starting` counted has ended.
+    /// A telegram `waiting_to_start` counted has ended.
     fn no_longer_waiting(&self, _guid: &str) {}
 
     /// The latest a telegram read whole at `read_at` can start to be worked
@@ -170,10 +162,6 @@ impl Answerer for Hub {
 
     fn waiting_to_start(&self, echo: &Echo) -> bool {
         Hub::waiting_to_start(self, echo.tx_code_str(), echo.guid_str())
-    }
-
-    fn starting(&self, echo: &Echo) -> bool {
-        Hub::starting(self, echo.tx_code_str(), echo.guid_str())
     }
 
     fn no_longer_waiting(&self, guid: &str) {
@@ -553,13 +541,12 @@ struct Queue {
 /// The queue to the writer task, started (with the writing half) on first
 /// use; a telegram handled inline until now goes first. `None`: the writer
 /// has stopped.
-async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static, H: Answerer>(
+async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static>(
     direct: &mut Option<AnswerWriter<W>>,
     queue: &'q mut Option<Queue>,
     inline: &mut Option<Inline>,
     capacity: usize,
     link: &Arc<Link>,
-    hub: &Arc<H>,
 ) -> Option<&'q Queue> {
     if let Some(writer) = direct.take() {
         // Twice the permits: as many again for telegrams started past
@@ -584,9 +571,7 @@ async fn queue_up<'q, W: AsyncWrite + Unpin + Send + 'static, H: Answerer>(
                 .clone()
                 .try_acquire_owned()
                 .expect("a fresh queue has every permit, and the limit is at least one");
-            // Its task may not have run yet: counted as handled before the
-            // telegram behind it starts (see `WaitingMark`).
-            let task = WaitingMark::starting(hub, &echo).spawn_with(handling);
+            let task = tokio::spawn(handling.in_current_span());
             let _ = queue
                 .tx
                 .send(Answer::Telegram(task, echo, guard, Some(permit), read_at))
@@ -801,7 +786,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                         break;
                     }
                     let Some(queue) =
-                        queue_up(&mut direct, &mut queue, &mut inline, capacity, &link, &hub).await
+                        queue_up(&mut direct, &mut queue, &mut inline, capacity, &link).await
                     else {
                         break 'read;
                     };
@@ -822,15 +807,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     let full = !started_late.is_empty()
                         || queue.permits.available_permits() == 0
                         || queue.tx.capacity() == 0;
-                    // Counted as handled from now: one that starts at once
-                    // too, since the tasks of the telegrams framed behind it
-                    // may run before its own (an INQ001 right behind it was
-                    // told "never received", then the transfer was posted;
-                    // a black-box probe).
-                    let mark = mark.unwrap_or_else(|| match full {
-                        true => WaitingMark::new(&hub, &echo),
-                        false => WaitingMark::starting(&hub, &echo),
-                    });
+                    let waits = mark.or_else(|| full.then(|| WaitingMark::new(&hub, &echo)));
                     // While it waits, the telegrams read whole behind it
                     // wait too: each counted as handled, and timed, from its
                     // read, not from when room frees up for it. And the
@@ -895,7 +872,10 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                         read_at,
                         true,
                     );
-                    let task = mark.spawn_with(handling);
+                    let task = match waits {
+                        Some(mark) => mark.spawn_with(handling),
+                        None => tokio::spawn(handling.in_current_span()),
+                    };
                     match turn {
                         Turn::Room(slot, permit) => {
                             slot.send(Answer::Telegram(task, echo, guard, Some(permit), read_at))
@@ -939,7 +919,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                     };
                     warn!(error = %e, "unframeable input; answering E102 and closing{seems}");
                     if let Some(queue) =
-                        queue_up(&mut direct, &mut queue, &mut inline, capacity, &link, &hub).await
+                        queue_up(&mut direct, &mut queue, &mut inline, capacity, &link).await
                     {
                         // Behind the answers started late, in its order.
                         if started_late.queue_all(&queue.tx).await {
@@ -2417,8 +2397,8 @@ mod tests {
         }
     }
 
-    /// Counts GUIDs as handled the way the hub does (`starting`,
-    /// `waiting_to_start`, `no_longer_waiting`) for TRF001 telegrams. A
+    /// Counts GUIDs as handled the way the hub does (from a deferred
+    /// start, `waiting_to_start`, `no_longer_waiting`) for TRF001 telegrams. A
     /// TRF001 is answered once the INQ001 behind it has looked; an INQ001
     /// answers 0000 when the GUID in its `orig` place (its own GUID with
     /// the first letter `T`) counts as handled as it first runs, else E904:
@@ -2451,43 +2431,55 @@ mod tests {
         }
     }
 
+    /// One count of a GUID in [`Marks`], until dropped.
+    struct Counted(Marks, String);
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.no_longer_waiting(&self.1);
+        }
+    }
+
     impl Answerer for Marks {
-        async fn answer(
+        /// A deferred TRF001 counts from its start to its end, as the hub
+        /// counts one until it joins its flight, which counts it then.
+        fn answer(
             self: Arc<Self>,
             telegram: Bytes,
             _peer: IpAddr,
             _cert: Option<Arc<ClientCert>>,
             _read_at: Instant,
-            _deferred: bool,
-        ) -> (Echo, Reply) {
+            deferred: bool,
+        ) -> impl Future<Output = (Echo, Reply)> + Send {
             let echo = Echo::from_telegram(&telegram);
-            let code = if echo.tx_code_str() == "TRF001" {
-                self.trf_runs.notify_one();
-                self.looked.notified().await;
-                Code::OK
-            } else {
-                let orig = format!("T{}", &echo.guid_str()[1..]);
-                let handled = self.handled.lock().unwrap().contains_key(&orig);
-                self.looked.notify_one();
-                if handled {
+            let counted = (deferred && self.count(&echo))
+                .then(|| Counted((*self).clone(), echo.guid_str().to_string()));
+            async move {
+                let code = if echo.tx_code_str() == "TRF001" {
+                    self.trf_runs.notify_one();
+                    self.looked.notified().await;
                     Code::OK
                 } else {
-                    Code::NEVER_RECEIVED
-                }
-            };
-            let reply = Reply {
-                code,
-                body: Vec::new(),
-                close: false,
-            };
-            (echo, reply)
+                    let orig = format!("T{}", &echo.guid_str()[1..]);
+                    let handled = self.handled.lock().unwrap().contains_key(&orig);
+                    self.looked.notify_one();
+                    if handled {
+                        Code::OK
+                    } else {
+                        Code::NEVER_RECEIVED
+                    }
+                };
+                drop(counted);
+                let reply = Reply {
+                    code,
+                    body: Vec::new(),
+                    close: false,
+                };
+                (echo, reply)
+            }
         }
 
         fn waiting_to_start(&self, echo: &Echo) -> bool {
-            self.count(echo)
-        }
-
-        fn starting(&self, echo: &Echo) -> bool {
             self.count(echo)
         }
 

@@ -193,20 +193,6 @@ impl Hub {
         in_force.since_ms = crate::journal::now_ms();
     }
 
-    /// A telegram of this tx code and GUID, read whole, starts in a task
-    /// that the tasks of telegrams read after it may run before: counted as
-    /// [`Hub::waiting_to_start`] counts one, with nothing read ahead.
-    pub fn starting(&self, tx_code: &str, guid: &str) -> bool {
-        let transfer = self
-            .rules()
-            .route(tx_code)
-            .is_some_and(|r| r.operation == Operation::Transfer);
-        if transfer {
-            self.flights.waiting.add(guid, false);
-        }
-        transfer
-    }
-
     /// A telegram of this tx code and GUID, read whole, waits for room to
     /// start: when its tx code is routed as a transfer, its GUID counts as
     /// handled by this hub until [`Hub::no_longer_waiting`], so an
@@ -215,10 +201,7 @@ impl Hub {
     /// INQ001 whose own GUID is the one it asks about would otherwise
     /// find itself handled.
     pub fn waiting_to_start(&self, tx_code: &str, guid: &str) -> bool {
-        let transfer = self
-            .rules()
-            .route(tx_code)
-            .is_some_and(|r| r.operation == Operation::Transfer);
+        let transfer = self.is_transfer(tx_code);
         if transfer && let Some(ahead) = self.flights.waiting.add(guid, self.reads_ahead()) {
             self.read_ahead(guid, ahead);
         }
@@ -272,7 +255,14 @@ impl Hub {
         });
     }
 
-    /// A telegram [`Hub::waiting_to_start`] or [`Hub::starting`] counted has ended.
+    /// Whether the rules in force route `tx_code` as a transfer.
+    fn is_transfer(&self, tx_code: &str) -> bool {
+        self.rules()
+            .route(tx_code)
+            .is_some_and(|r| r.operation == Operation::Transfer)
+    }
+
+    /// A telegram [`Hub::waiting_to_start`] counted has ended.
     pub fn no_longer_waiting(&self, guid: &str) {
         self.flights.waiting.remove(guid);
     }
@@ -304,14 +294,13 @@ impl Hub {
     /// flight (or ends), so that a telegram of the same GUID taken no
     /// further meanwhile (by the drain, or a budget run out waiting for
     /// room) answers E901, not E903 (before, it could answer E903 and then
-    /// this one was posted; found by a review).
+    /// this one was posted; found by a review), and an INQ001 read behind
+    /// it does not take the core's "never received" for an answer (before,
+    /// one pipelined right behind it could run first and answer E904; a
+    /// black-box probe).
     pub fn may_post(self: &Arc<Self>, telegram: &[u8]) -> Option<Box<MayPost>> {
         let echo = Echo::from_telegram(telegram);
-        let transfer = self
-            .rules()
-            .route(echo.tx_code_str())
-            .is_some_and(|r| r.operation == Operation::Transfer);
-        transfer.then(|| {
+        self.is_transfer(echo.tx_code_str()).then(|| {
             let guid = echo.guid_str().to_string();
             self.flights.pending.add(&guid, false);
             // Boxed: the telegram's future keeps it, and stays under

@@ -1,7 +1,6 @@
 //! Telegrams that wait in their connection for room to start (the
 //! connection has `max_in_flight_per_connection` in flight): counted as
-//! handled from their read, and held in order; and the mark that counts a
-//! transfer started in a task of its own as handled until the task ends.
+//! handled from their read, and held in order.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -16,11 +15,10 @@ use crate::frame::FrameCodec;
 use crate::header::Echo;
 
 /// A transfer that has to wait for room to start (its connection has its
-/// maximum in flight) while its budget runs, or that starts in a task of its
-/// own which the tasks of the telegrams read after it may run before: its
-/// GUID counts as handled by the hub from its read until its task ends, so
-/// an inquiry about it in the meantime (an INQ001 pipelined right behind it,
-/// say) does not take the core's "never received" for an answer.
+/// maximum in flight) while its budget runs: its GUID counts as handled by
+/// the hub from its read until its task ends, so an inquiry about it in the
+/// meantime does not take the core's "never received" for an answer (one
+/// that starts at once counts from its start: see `Hub::may_post`).
 pub(super) struct WaitingMark<H: Answerer> {
     hub: Arc<H>,
     /// `None` when the hub did not count it (not a transfer).
@@ -35,15 +33,6 @@ impl<H: Answerer> WaitingMark<H> {
             guid: hub
                 .waiting_to_start(echo)
                 .then(|| echo.guid_str().to_string()),
-        }
-    }
-
-    /// For a telegram whose task starts now, behind which the connection
-    /// frames more.
-    pub(super) fn starting(hub: &Arc<H>, echo: &Echo) -> WaitingMark<H> {
-        WaitingMark {
-            hub: hub.clone(),
-            guid: hub.starting(echo).then(|| echo.guid_str().to_string()),
         }
     }
 
