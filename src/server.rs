@@ -138,11 +138,12 @@ impl Answerer for Hub {
         deferred: bool,
     ) -> impl Future<Output = (Echo, Reply)> + Send {
         // Now, as the telegram starts in its connection's order, not when
-        // its task first runs (see `Hub::handle_started`); and a transfer
+        // its task first runs (see `Hub::handle_started`): the drain and
+        // the rules; and a transfer
         // that will run later counts as being posted until it does.
-        let draining = self.is_draining();
-        let mut may_post = (deferred && !draining)
-            .then(|| self.may_post(&telegram))
+        let start = self.at_start();
+        let mut may_post = (deferred && !start.draining)
+            .then(|| self.may_post(&start, &telegram))
             .flatten();
         async move {
             let answer = self
@@ -151,7 +152,7 @@ impl Answerer for Hub {
                     peer,
                     cert.as_deref(),
                     read_at,
-                    draining,
+                    &start,
                     &mut may_post,
                 )
                 .await;
@@ -1301,9 +1302,9 @@ mod tests {
     /// The future [`handling`] boxes is one allocation per telegram: within
     /// the 1,032 bytes glibc's per-thread cache serves, or every telegram
     /// takes a trip to the shared arena (docs/performance.md, "A telegram's
-    /// future under 1 KiB"). 944 bytes now, in a debug build as in a release
-    /// one (`-Zprint-type-sizes`); a block around the hub's future made it
-    /// 1,040 to 1,072.
+    /// future under 1 KiB"). 1,024 bytes in a debug build now (944 when
+    /// that was written); a block around the hub's future made it 1,040 to
+    /// 1,072, and the rules at the start passed by value 1,040.
     #[tokio::test]
     async fn a_telegrams_future_fits_the_allocators_cache() {
         let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
@@ -2612,6 +2613,49 @@ mod tests {
             );
             // Alone now: nothing stays counted.
             assert_ne!(answer(start(&hub, &guid, read_at)).await, Code::UNKNOWN);
+        }
+    }
+
+    /// A telegram is handled under the rules in force when it started, not
+    /// those of a reload that came before its task first ran: a tx code
+    /// the reload makes a transfer was not counted as being posted at its
+    /// start, so an inquiry about its GUID could be told "never received"
+    /// and the transfer posted after it (found by a review).
+    #[tokio::test]
+    async fn a_telegram_keeps_the_rules_it_started_under() {
+        let peer = IpAddr::from([127, 0, 0, 1]);
+        let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
+        let rules_with = |routes: &[(&str, crate::config::Operation)]| {
+            let mut config = crate::config::Config::default();
+            config.routes = routes
+                .iter()
+                .map(|&(tx_code, operation)| crate::config::RouteConfig {
+                    tx_code: tx_code.into(),
+                    operation,
+                    target: "core".into(),
+                    layout: None,
+                })
+                .collect();
+            crate::rules::Rules::build(&config, &["core".to_string()]).unwrap()
+        };
+        use crate::config::Operation;
+        let inquiry_only = [("INQ001", Operation::Inquiry)];
+        let both = [
+            ("TRF001", Operation::Transfer),
+            ("INQ001", Operation::Inquiry),
+        ];
+        for (at_start, reloaded, code, journaled) in [
+            (&inquiry_only[..], &both[..], Code::NOT_ROUTED, false),
+            (&both[..], &inquiry_only[..], Code::NOT_SENT, true),
+        ] {
+            hub.set_rules(rules_with(at_start));
+            let guid = format!("20261205IBANK0000000000000RULES{}", u8::from(journaled));
+            let telegram = crate::relay::test_transfer(&guid, 10).into();
+            let started = handling(hub.clone(), telegram, peer, None, Instant::now(), true);
+            hub.set_rules(rules_with(reloaded));
+            assert_eq!(started.await.unwrap().1.code, code, "{guid}");
+            let row = hub.journal().get(&guid).await.unwrap();
+            assert_eq!(row.is_some(), journaled, "{guid}");
         }
     }
 

@@ -257,9 +257,18 @@ impl Hub {
 
     /// Whether the rules in force route `tx_code` as a transfer.
     fn is_transfer(&self, tx_code: &str) -> bool {
-        self.rules()
-            .route(tx_code)
-            .is_some_and(|r| r.operation == Operation::Transfer)
+        routes_transfer(&self.rules(), tx_code)
+    }
+
+    /// What a telegram starting now is handled under: the rules in force and
+    /// whether the hub drains, both looked at as it starts in its
+    /// connection's order, not when its task first runs (see
+    /// [`Hub::handle_started`]).
+    pub fn at_start(&self) -> AtStart {
+        AtStart {
+            rules: self.rules(),
+            draining: self.is_draining(),
+        }
     }
 
     /// A telegram [`Hub::waiting_to_start`] counted has ended.
@@ -298,9 +307,9 @@ impl Hub {
     /// it does not take the core's "never received" for an answer (before,
     /// one pipelined right behind it could run first and answer E904; a
     /// black-box probe).
-    pub fn may_post(self: &Arc<Self>, telegram: &[u8]) -> Option<Box<MayPost>> {
+    pub fn may_post(self: &Arc<Self>, start: &AtStart, telegram: &[u8]) -> Option<Box<MayPost>> {
         let echo = Echo::from_telegram(telegram);
-        self.is_transfer(echo.tx_code_str()).then(|| {
+        routes_transfer(&start.rules, echo.tx_code_str()).then(|| {
             let guid = echo.guid_str().to_string();
             self.flights.pending.add(&guid, false);
             // Boxed: the telegram's future keeps it, and stays under
@@ -337,12 +346,14 @@ impl Hub {
         cert: Option<&ClientCert>,
         read_at: Instant,
     ) -> (Echo, Reply) {
-        self.handle_started(telegram, peer, cert, read_at, self.is_draining(), &mut None)
+        let start = self.at_start();
+        self.handle_started(telegram, peer, cert, read_at, &start, &mut None)
             .await
     }
 
     /// [`Hub::handle`] for a telegram that started (in its connection's
-    /// order) while the hub was `draining` or not. Taken as its task first
+    /// order) as `start` says: under those rules, while the hub was
+    /// draining or not. Taken as its task first
     /// runs, a drain could refuse a transfer and let the one pipelined
     /// behind it be posted, whose task ran first (a black-box probe): a
     /// telegram started before the drain gets its real answer, as section
@@ -353,7 +364,7 @@ impl Hub {
         peer: IpAddr,
         cert: Option<&ClientCert>,
         read_at: Instant,
-        draining: bool,
+        start: &AtStart,
         may_post: &mut Option<Box<MayPost>>,
     ) -> (Echo, Reply) {
         let deadline = Deadline::new(read_at, self.budget);
@@ -362,23 +373,30 @@ impl Hub {
         let peer = peer.to_canonical();
         let echo = Echo::from_telegram(telegram);
         let trace = crate::core_client::TraceId::new();
-        // One version of the rules for the whole telegram, its metrics included.
-        let rules = self.rules();
         let log = TelegramLog::new(echo, peer, trace.text());
         let reply = log
             .scope(trace.scope(async {
                 let (mut reply, note) = self
-                    .dispatch(telegram, peer, cert, &rules, deadline, draining, may_post)
+                    .dispatch(
+                        telegram,
+                        peer,
+                        cert,
+                        &start.rules,
+                        deadline,
+                        start.draining,
+                        may_post,
+                    )
                     .await;
                 // While the hub drains, a telegram refused before the drain's
                 // own E903 (E101, E102, E103) closes its connection too.
-                if matches!(reply.code, Code::FORMAT | Code::NOT_ROUTED | Code::CHANNEL) && draining
+                if matches!(reply.code, Code::FORMAT | Code::NOT_ROUTED | Code::CHANNEL)
+                    && start.draining
                 {
                     reply.close = true;
                 }
                 let elapsed = read_at.elapsed();
-                let route = rules.route(echo.tx_code_str());
-                let (tx, meters) = rules.telegram_meters(route);
+                let route = start.rules.route(echo.tx_code_str());
+                let (tx, meters) = start.rules.telegram_meters(route);
                 meters.record(tx, reply.code, elapsed);
                 let target = route.map(|r| self.target(r).name.as_str());
                 crate::console_stats::record(
@@ -490,6 +508,23 @@ impl Hub {
             }
         }
     }
+}
+
+/// What the hub was as a telegram started ([`Hub::at_start`]): it is
+/// handled under these rules and this drain, however late its task runs.
+/// A reload between its start and its first run could otherwise make it a
+/// transfer that was not counted as being posted at its start (a review).
+pub struct AtStart {
+    /// One version of the rules for the whole telegram, its metrics included.
+    pub rules: Arc<Rules>,
+    pub draining: bool,
+}
+
+/// Whether `rules` route `tx_code` as a transfer.
+fn routes_transfer(rules: &Rules, tx_code: &str) -> bool {
+    rules
+        .route(tx_code)
+        .is_some_and(|r| r.operation == Operation::Transfer)
 }
 
 /// A transfer started and not yet in its flight ([`Hub::may_post`]);
