@@ -340,3 +340,51 @@ async fn an_inquiry_pipelined_behind_its_transfer_is_never_told_never_received()
         }
     }
 }
+
+/// A transfer alone on its connection is handled on an adopter thread, in
+/// place; an INQ001 about it sent on the same connection while its call is
+/// held by the core moves the transfer back to the reactor, which reads the
+/// inquiry and runs it beside the call. The answers come in the order sent;
+/// the inquiry is told the transfer is under way (E901: its journal row
+/// says it is being sent) or its answer, never "never received"; and the
+/// transfer is posted once. The inquiry comes within the adopter's 20 ms
+/// patience in the first round, after it in the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inquiry_behind_a_transfer_on_its_adopter_is_never_told_never_received() {
+    use tokio::io::AsyncWriteExt;
+    let s = setup().await;
+    for held_ms in [0, 100] {
+        let (g, q) = (guid("ADOPTED"), guid("ASKS"));
+        s.core.add_fault(
+            FaultRule::guid(&g)
+                .method(FaultMethod::Post)
+                .delay_ms(400)
+                .phase(Phase::BeforeApply),
+        );
+        let mut ch = s.channel().await;
+        ch.stream_mut()
+            .write_all(&framed(&transfer(&g, 10)))
+            .await
+            .unwrap();
+        within(s.core.wait_received(&g)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(held_ms)).await;
+        ch.stream_mut()
+            .write_all(&framed(&inquiry(&q, &g)))
+            .await
+            .unwrap();
+        let mut codes = Vec::new();
+        for (tx, sent) in [("TRF001", &g), ("INQ001", &q)] {
+            let raw = within(ch.recv()).await.unwrap().expect("an answer");
+            let a = relayhub::client::Answer::parse(&raw).unwrap();
+            assert_eq!((a.tx_code.as_str(), &a.guid), (tx, sent), "{a:?}");
+            codes.push(a.code);
+        }
+        assert_eq!(codes[0], "0000", "the transfer {g}");
+        assert!(
+            codes[1] == "E901" || codes[1] == "0000",
+            "the inquiry about {g}, sent while its call was held: {}",
+            codes[1]
+        );
+        assert_eq!(s.guid_stats(&g).post, 1, "POSTs for {g}");
+    }
+}
