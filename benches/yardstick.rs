@@ -248,14 +248,14 @@ impl Relay {
                 .call()
         } else {
             let mut json = Map::with_capacity(fields.len() + 2);
-            json.insert("guid".into(), Value::String(h.guid.clone()));
-            json.insert("channel_id".into(), Value::String(h.channel_id.clone()));
+            json.insert("guid".into(), Value::String(h.guid.to_string()));
+            json.insert("channel_id".into(), Value::String(h.channel_id.to_string()));
             json.extend(fields);
             let body = serde_json::to_vec(&Value::Object(json)).unwrap_or_default();
             agent
                 .post(format!("{}/v1/transfers", self.core))
                 .header("Content-Type", "application/json")
-                .header("X-GUID", h.guid.as_str())
+                .header("X-GUID", h.guid)
                 .header("X-Expected-Timeout-Ms", "3000")
                 .send(&body[..])
         };

@@ -175,22 +175,28 @@ pub type SendLicence = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 /// Per-call state shared by the hub and the connection that carries the call.
 #[derive(Clone, Default)]
 pub struct SendGate {
-    state: Arc<AtomicU8>,
+    /// One allocation per call for all that is shared.
+    shared: Arc<GateShared>,
     /// Asked at the first request byte, so no check-to-write gap is left.
     licence: Option<SendLicence>,
-    refusal: Arc<std::sync::OnceLock<String>>,
+    /// A number per call, for [`GatedTransport`] to tell calls apart.
+    call: u64,
+}
+
+#[derive(Default)]
+struct GateShared {
+    state: AtomicU8,
+    refusal: std::sync::OnceLock<String>,
     /// The call's bytes went on a connection an earlier call used (kept
     /// alive): an answer there may be the core's, sent unasked as it
     /// closed the idle connection (a 408), not one to this request.
-    reused: Arc<std::sync::atomic::AtomicBool>,
-    /// A number per call, for [`GatedTransport`] to tell calls apart.
-    call: u64,
+    reused: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for SendGate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SendGate")
-            .field("state", &self.state.load(Ordering::Relaxed))
+            .field("state", &self.shared.state.load(Ordering::Relaxed))
             .field("licensed", &self.licence.is_some())
             .finish()
     }
@@ -208,12 +214,13 @@ impl SendGate {
 
     /// Whether the call's bytes went on a connection an earlier call used.
     fn reused(&self) -> bool {
-        self.reused.load(Ordering::Relaxed)
+        self.shared.reused.load(Ordering::Relaxed)
     }
 
     /// A caller thread took the call; false if it was abandoned first.
     fn start(&self) -> bool {
-        self.state
+        self.shared
+            .state
             .compare_exchange(QUEUED, CONNECTING, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
@@ -222,22 +229,25 @@ impl SendGate {
     /// the licence is refused now.
     fn pass(&self) -> bool {
         if let Some(licence) = &self.licence
-            && self.state.load(Ordering::Acquire) == CONNECTING
+            && self.shared.state.load(Ordering::Acquire) == CONNECTING
             && let Err(why) = licence()
         {
             if self
+                .shared
                 .state
                 .compare_exchange(CONNECTING, REFUSED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                let _ = self.refusal.set(why);
+                let _ = self.shared.refusal.set(why);
             }
             return false;
         }
-        match self
-            .state
-            .compare_exchange(CONNECTING, SENT, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match self.shared.state.compare_exchange(
+            CONNECTING,
+            SENT,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => true,
             Err(state) => state == SENT,
         }
@@ -245,15 +255,17 @@ impl SendGate {
 
     /// The hub gives up; returns the state it found (`SENT` means too late).
     fn abandon(&self) -> u8 {
-        let mut state = self.state.load(Ordering::Acquire);
+        let mut state = self.shared.state.load(Ordering::Acquire);
         loop {
             if state == SENT || state == ABANDONED || state == REFUSED {
                 return state;
             }
-            match self
-                .state
-                .compare_exchange(state, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match self.shared.state.compare_exchange(
+                state,
+                ABANDONED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => return state,
                 Err(now) => state = now,
             }
@@ -261,12 +273,12 @@ impl SendGate {
     }
 
     fn was_sent(&self) -> bool {
-        self.state.load(Ordering::Acquire) == SENT
+        self.shared.state.load(Ordering::Acquire) == SENT
     }
 
     /// Why the licence was refused at the first byte, if it was.
     fn refused(&self) -> Option<&str> {
-        self.refusal.get().map(String::as_str)
+        self.shared.refusal.get().map(String::as_str)
     }
 }
 
@@ -317,7 +329,7 @@ impl<T: Transport> Transport for GatedTransport<T> {
                         .replace(gate.call)
                         .is_some_and(|last| last != gate.call)
                     {
-                        gate.reused.store(true, Ordering::Relaxed);
+                        gate.shared.reused.store(true, Ordering::Relaxed);
                     }
                     gate.pass()
                 }

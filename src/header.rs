@@ -32,16 +32,16 @@ pub const RESP_CODE: Range<usize> = 60..64;
 
 /// A request header that passed every check of section 3, check 1.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Header {
+pub struct Header<'a> {
     /// `[A-Z0-9]{6}`; selects the route and layout.
-    pub tx_code: String,
+    pub tx_code: &'a str,
     /// `[0-9A-Za-z_-]{32}`; identifies the business transaction.
-    pub guid: String,
+    pub guid: &'a str,
     /// The channel, trailing spaces trimmed (never empty).
-    pub channel_id: String,
+    pub channel_id: &'a str,
     /// `YYYYMMDDhhmmss`, a valid date-time (the channel's clock, not checked against
     /// the hub's).
-    pub sent_at: String,
+    pub sent_at: &'a str,
 }
 
 /// Why a header was refused (E102), or the header field behind an E101 or
@@ -72,7 +72,8 @@ impl HeaderError {
 ///
 /// Fields are checked in header order and the first problem is reported, so the
 /// operator sees the earliest bad byte.
-pub fn parse_header(telegram: &[u8]) -> Result<Header, HeaderError> {
+/// The fields borrow the telegram: no copy per telegram.
+pub fn parse_header(telegram: &[u8]) -> Result<Header<'_>, HeaderError> {
     let Some(h) = telegram.first_chunk::<HEADER_LEN>() else {
         return Err(HeaderError::new(
             "header",
@@ -121,10 +122,10 @@ pub fn parse_header(telegram: &[u8]) -> Result<Header, HeaderError> {
     }
 
     Ok(Header {
-        tx_code: ascii(&h[TX_CODE]).to_owned(),
-        guid: ascii(&h[GUID]).to_owned(),
-        channel_id: ascii(&h[CHANNEL_ID]).trim_end_matches(' ').to_owned(),
-        sent_at: ascii(&h[SENT_AT]).to_owned(),
+        tx_code: ascii(&h[TX_CODE]),
+        guid: ascii(&h[GUID]),
+        channel_id: ascii(&h[CHANNEL_ID]).trim_end_matches(' '),
+        sent_at: ascii(&h[SENT_AT]),
     })
 }
 
@@ -399,10 +400,10 @@ mod tests {
         assert_eq!(
             h,
             Header {
-                tx_code: "TRF001".into(),
-                guid: "20261129IBANK000000000000000001A".into(),
-                channel_id: "IBANK".into(),
-                sent_at: "20261129132000".into(),
+                tx_code: "TRF001",
+                guid: "20261129IBANK000000000000000001A",
+                channel_id: "IBANK",
+                sent_at: "20261129132000",
             }
         );
         // Exactly 64 bytes (no body) is a valid header too.

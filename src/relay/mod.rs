@@ -433,7 +433,7 @@ impl Hub {
             Err(e) => return (Reply::code(Code::FORMAT), e.to_string()),
         };
         telegram_log::record_channel();
-        let Some(route) = rules.route(&header.tx_code) else {
+        let Some(route) = rules.route(header.tx_code) else {
             return (
                 Reply::code(Code::NOT_ROUTED),
                 HeaderError::new(
@@ -444,7 +444,7 @@ impl Hub {
                 .to_string(),
             );
         };
-        if let Err(refusal) = rules.check_channel(&header.channel_id, peer, cert, &header.tx_code) {
+        if let Err(refusal) = rules.check_channel(header.channel_id, peer, cert, header.tx_code) {
             let at = crate::header::CHANNEL_ID.start;
             let note = HeaderError::new("channel_id", at, refusal.to_string());
             return (Reply::code(Code::CHANNEL), note.to_string());
@@ -492,7 +492,7 @@ impl Hub {
         // the same masked view of an unknown transfer.
         let masked = route.layout.masked_request(&fields);
         telegram_log::record_fields(&masked);
-        crate::console_stats::traces().note_fields(&header.guid, masked);
+        crate::console_stats::traces().note_fields(header.guid, masked);
         // Boxed: the telegram's own future (boxed per telegram by the server)
         // stays under 1 KiB, within the allocator's per-thread cache, and so
         // does each of these (see `Transfer::lead`).

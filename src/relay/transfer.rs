@@ -86,7 +86,7 @@ fn body_len_hint(guid: &str, channel_id: &str, fields: &DecodedFields<'_>) -> us
 #[allow(clippy::too_many_arguments)] // the telegram's parts, as dispatch has them
 pub(super) async fn run(
     hub: &Hub,
-    header: &Header,
+    header: &Header<'_>,
     route: &Route,
     rules: &Rules,
     fields: &DecodedFields<'_>,
@@ -94,8 +94,8 @@ pub(super) async fn run(
     deadline: Deadline,
     may_post: &mut Option<Box<super::MayPost>>,
 ) -> (Reply, String) {
-    let fingerprint = fingerprint(&header.tx_code, body);
-    let joined = hub.flights.join(&header.guid, &fingerprint);
+    let fingerprint = fingerprint(header.tx_code, body);
+    let joined = hub.flights.join(header.guid, &fingerprint);
     // In its flight now (or following one): seen as posting from here.
     drop(may_post.take());
     match joined {
@@ -160,12 +160,12 @@ pub(super) async fn run(
 /// the one rule.)
 pub(super) async fn taken_no_further(
     hub: &Hub,
-    header: &Header,
+    header: &Header<'_>,
     body: &[u8],
     why: &str,
     until: Instant,
 ) -> (Reply, String) {
-    let guid = header.guid.as_str();
+    let guid = header.guid;
     // Counted as waiting while it is answered (a telegram that waited for
     // room is already; one taken no further by a drain is not), so that a
     // flight of the GUID that ends from now on is counted: a whole transfer
@@ -214,7 +214,7 @@ pub(super) async fn taken_no_further(
     let Some(row) = row else {
         return not_sent();
     };
-    if row.fingerprint != fingerprint(&header.tx_code, body) {
+    if row.fingerprint != fingerprint(header.tx_code, body) {
         return (
             Reply::code(Code::FORMAT),
             guid_clash("already journaled with a different body or tx code"),
@@ -243,7 +243,7 @@ pub(super) async fn taken_no_further(
 /// One transfer telegram that leads its GUID's flight.
 struct Transfer<'a> {
     hub: &'a Hub,
-    header: &'a Header,
+    header: &'a Header<'a>,
     route: &'a Route,
     rules: &'a Rules,
     target: &'a Target,
@@ -254,7 +254,7 @@ struct Transfer<'a> {
 
 impl Transfer<'_> {
     fn guid(&self) -> &str {
-        &self.header.guid
+        self.header.guid
     }
 
     async fn lead(&self) -> (Reply, String) {
@@ -286,7 +286,7 @@ impl Transfer<'_> {
                 let (journal, g, tx, fp, u) = (
                     self.hub.journal.clone(),
                     self.guid().to_string(),
-                    self.header.tx_code.clone(),
+                    self.header.tx_code.to_string(),
                     self.fingerprint.to_string(),
                     url.to_string(),
                 );
@@ -663,8 +663,8 @@ impl Transfer<'_> {
         let request = CoreRequest::Transfer {
             guid: Arc::from(guid),
             json: Arc::from(transfer_body(
-                &self.header.guid,
-                &self.header.channel_id,
+                self.header.guid,
+                self.header.channel_id,
                 self.fields,
             )),
         };

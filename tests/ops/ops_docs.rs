@@ -818,10 +818,10 @@ mod protocol {
         assert_eq!(blocks[1].0, "json");
         let posted: Value = serde_json::from_str(&blocks[1].1).expect("posted JSON");
         let mut expected = Map::new();
-        expected.insert("guid".into(), Value::String(header.guid.clone()));
+        expected.insert("guid".into(), Value::String(header.guid.to_string()));
         expected.insert(
             "channel_id".into(),
-            Value::String(header.channel_id.clone()),
+            Value::String(header.channel_id.to_string()),
         );
         expected.extend(fields.to_map());
         assert_eq!(
