@@ -2,6 +2,7 @@
 //! is told explicitly (`--journal memory`) that forgetting on restart is fine.
 
 use foldhash::HashMap;
+use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex};
 
@@ -15,13 +16,104 @@ const STOPPED: &str = "was in flight when the hub stopped";
 /// bytes a slot instead of some 290, so growing it (a rehash copies every
 /// slot into a table twice as large, each page of it touched for the first
 /// time) costs a twelfth of the copying and of the page faults per telegram.
-type Rows = HashMap<Box<str>, Box<Kept>>;
+type Map = HashMap<Box<str>, Box<Kept>>;
 
-/// One GUID's row and its history. The row's `guid` is left empty: the
-/// map's key holds it, and a row read out gets it back ([`Kept::row`]).
+/// The rows, and the texts many of them share.
+#[derive(Default)]
+struct Rows {
+    map: Map,
+    texts: Texts,
+}
+
+/// Texts that most rows repeat (tx codes, URLs, codes), kept once and
+/// shared: a row then costs a few allocations and about half the bytes of
+/// one with a string of its own for each (a busy hub's memory journal grows
+/// by every transfer until its retention prunes it).
+#[derive(Default)]
+struct Texts(Vec<Arc<str>>);
+
+/// Distinct texts kept for sharing; past them a text gets a copy of its
+/// own, so a flood of distinct values cannot make the look-up long.
+const TEXTS_MAX: usize = 64;
+
+impl Texts {
+    fn get(&mut self, text: &str) -> Arc<str> {
+        if let Some(kept) = self.0.iter().find(|t| ***t == *text) {
+            return kept.clone();
+        }
+        let kept: Arc<str> = Arc::from(text);
+        if self.0.len() < TEXTS_MAX {
+            self.0.push(kept.clone());
+        }
+        kept
+    }
+}
+
+/// A row's fingerprint: the hub's (a SHA-256 in lowercase hex) as its 32
+/// bytes, anything else as given.
+enum Fingerprint {
+    Sha256([u8; 32]),
+    Text(Box<str>),
+}
+
+impl Fingerprint {
+    fn new(text: &str) -> Self {
+        let lower_hex = |b: &u8| b.is_ascii_digit() || (b'a'..=b'f').contains(b);
+        if text.len() == 64 && text.as_bytes().iter().all(lower_hex) {
+            let mut bytes = [0u8; 32];
+            for (byte, pair) in bytes.iter_mut().zip(text.as_bytes().chunks_exact(2)) {
+                let nibble = |c: u8| {
+                    if c.is_ascii_digit() {
+                        c - b'0'
+                    } else {
+                        c - b'a' + 10
+                    }
+                };
+                *byte = nibble(pair[0]) << 4 | nibble(pair[1]);
+            }
+            Fingerprint::Sha256(bytes)
+        } else {
+            Fingerprint::Text(text.into())
+        }
+    }
+
+    fn text(&self) -> String {
+        match self {
+            Fingerprint::Sha256(bytes) => {
+                let mut text = String::with_capacity(64);
+                crate::hex::push(&mut text, bytes);
+                text
+            }
+            Fingerprint::Text(text) => text.to_string(),
+        }
+    }
+}
+
+/// One GUID's row and its history, as [`Row`] and [`Event`] hold them but
+/// with shared texts ([`Texts`]). The map's key holds the GUID; a row read
+/// out gets it back ([`Kept::row`]).
 struct Kept {
-    row: Row,
-    events: Vec<Event>,
+    tx_code: Arc<str>,
+    fingerprint: Fingerprint,
+    state: State,
+    code: Option<Arc<str>>,
+    answer: Option<Vec<u8>>,
+    attempts: u32,
+    last_attempt_ms: i64,
+    answered_ms: Option<i64>,
+    last_error: Option<String>,
+    created_ms: i64,
+    updated_ms: i64,
+    url: Option<Arc<str>>,
+    grace_ms: Option<i64>,
+    events: Vec<KeptEvent>,
+}
+
+struct KeptEvent {
+    at_ms: i64,
+    state: State,
+    code: Option<Arc<str>>,
+    note: Cow<'static, str>,
 }
 
 impl Kept {
@@ -29,15 +121,42 @@ impl Kept {
     fn row(&self, guid: &str) -> Row {
         Row {
             guid: guid.to_owned(),
-            ..self.row.clone()
+            tx_code: self.tx_code.to_string(),
+            fingerprint: self.fingerprint.text(),
+            state: self.state,
+            code: self.code.as_deref().map(str::to_owned),
+            answer: self.answer.clone(),
+            attempts: self.attempts,
+            last_attempt_ms: self.last_attempt_ms,
+            answered_ms: self.answered_ms,
+            last_error: self.last_error.clone(),
+            created_ms: self.created_ms,
+            updated_ms: self.updated_ms,
+            url: self.url.as_deref().map(str::to_owned),
+            grace_ms: self.grace_ms,
         }
+    }
+
+    fn history(&self) -> Vec<Event> {
+        self.events
+            .iter()
+            .map(|e| Event {
+                at_ms: e.at_ms,
+                state: e.state,
+                code: e.code.as_deref().map(str::to_owned),
+                note: e.note.to_string(),
+            })
+            .collect()
     }
 }
 
-/// A row and its history, to change in place.
-fn row_mut<'a>(rows: &'a mut Rows, guid: &str) -> Option<(&'a mut Row, &'a mut Vec<Event>)> {
-    rows.get_mut(guid)
-        .map(|kept| (&mut kept.row, &mut kept.events))
+/// The first attempt's note, the one nearly every row has.
+const FIRST_ATTEMPT: &str = "attempt 1";
+
+/// A row to change in place, and the shared texts.
+fn row_mut<'a>(rows: &'a mut Rows, guid: &str) -> Option<(&'a mut Kept, &'a mut Texts)> {
+    let Rows { map, texts } = rows;
+    map.get_mut(guid).map(|kept| (&mut **kept, texts))
 }
 
 #[derive(Clone, Default)]
@@ -72,15 +191,23 @@ impl MemoryJournal {
         now_ms: i64,
     ) -> Result<Claim, JournalError> {
         let mut rows = self.lock();
+        let Rows { map, texts } = &mut *rows;
         // One look-up for both outcomes (the key is made either way).
-        let slot = match rows.entry(guid.into()) {
+        let slot = match map.entry(guid.into()) {
             Entry::Occupied(o) => return Ok(Claim::Existing(o.get().row(guid))),
             Entry::Vacant(v) => v,
         };
-        let row = Row {
-            guid: String::new(),
-            tx_code: tx_code.into(),
-            fingerprint: fingerprint.into(),
+        // Room for the outcome's event too, so that it does not move the list.
+        let mut events = Vec::with_capacity(2);
+        events.push(KeptEvent {
+            at_ms: now_ms,
+            state: State::Sending,
+            code: None,
+            note: Cow::Borrowed(FIRST_ATTEMPT),
+        });
+        slot.insert(Box::new(Kept {
+            tx_code: texts.get(tx_code),
+            fingerprint: Fingerprint::new(fingerprint),
             state: State::Sending,
             code: None,
             answer: None,
@@ -90,18 +217,10 @@ impl MemoryJournal {
             last_error: None,
             created_ms: now_ms,
             updated_ms: now_ms,
-            url: Some(to.url.into()),
+            url: Some(texts.get(to.url)),
             grace_ms: to.grace_ms,
-        };
-        // Room for the outcome's event too, so that it does not move the list.
-        let mut events = Vec::with_capacity(2);
-        events.push(Event {
-            at_ms: now_ms,
-            state: State::Sending,
-            code: None,
-            note: "attempt 1".into(),
-        });
-        slot.insert(Box::new(Kept { row, events }));
+            events,
+        }));
         Ok(Claim::New)
     }
 
@@ -123,7 +242,7 @@ impl MemoryJournal {
         now_ms: i64,
     ) -> Result<bool, JournalError> {
         let mut rows = self.lock();
-        let Some((row, events)) = row_mut(&mut rows, guid) else {
+        let Some((row, texts)) = row_mut(&mut rows, guid) else {
             return Ok(false);
         };
         if row.state != State::NotSent || row.attempts != attempts {
@@ -133,32 +252,32 @@ impl MemoryJournal {
         row.attempts += 1;
         row.last_attempt_ms = now_ms;
         row.updated_ms = now_ms;
-        row.url = Some(to.url.into());
+        row.url = Some(texts.get(to.url));
         row.grace_ms = to.grace_ms;
-        events.push(Event {
+        row.events.push(KeptEvent {
             at_ms: now_ms,
             state: State::Sending,
             code: None,
-            note: format!("attempt {}", row.attempts),
+            note: format!("attempt {}", row.attempts).into(),
         });
         Ok(true)
     }
 
     pub fn note_url(&self, guid: &str, url: &str, now_ms: i64) -> Result<bool, JournalError> {
         let mut rows = self.lock();
-        let Some((row, events)) = row_mut(&mut rows, guid) else {
+        let Some((row, texts)) = row_mut(&mut rows, guid) else {
             return Ok(false);
         };
         if row.state != State::Sending {
             return Ok(false);
         }
-        row.url = Some(url.into());
+        row.url = Some(texts.get(url));
         row.updated_ms = now_ms;
-        events.push(Event {
+        row.events.push(KeptEvent {
             at_ms: now_ms,
             state: State::Sending,
             code: None,
-            note: format!("failover: attempt {} goes to {url}", row.attempts),
+            note: format!("failover: attempt {} goes to {url}", row.attempts).into(),
         });
         Ok(true)
     }
@@ -175,7 +294,7 @@ impl MemoryJournal {
         now_ms: i64,
     ) -> Result<bool, JournalError> {
         let mut rows = self.lock();
-        let Some((row, events)) = row_mut(&mut rows, guid) else {
+        let Some((row, texts)) = row_mut(&mut rows, guid) else {
             return Ok(false);
         };
         if !only_if.is_empty() && !only_if.contains(&row.state) {
@@ -184,40 +303,43 @@ impl MemoryJournal {
         if f.attempt.is_some_and(|n| n != row.attempts) {
             return Ok(false);
         }
+        let code = texts.get(&f.code);
         row.state = f.state;
-        row.code = Some(f.code.clone());
+        row.code = Some(code.clone());
         row.answer = f.answer;
         if f.error.is_some() {
             row.last_error = f.error;
         }
         row.answered_ms = Some(now_ms);
         row.updated_ms = now_ms;
-        events.push(Event {
+        row.events.push(KeptEvent {
             at_ms: now_ms,
             state: f.state,
-            code: Some(f.code),
-            note: f.note,
+            code: Some(code),
+            note: f.note.into(),
         });
         Ok(true)
     }
 
     pub fn get(&self, guid: &str) -> Result<Option<Row>, JournalError> {
-        Ok(self.lock().get(guid).map(|kept| kept.row(guid)))
+        Ok(self.lock().map.get(guid).map(|kept| kept.row(guid)))
     }
 
     pub fn history(&self, guid: &str) -> Result<Vec<Event>, JournalError> {
         Ok(self
             .lock()
+            .map
             .get(guid)
-            .map(|kept| kept.events.clone())
+            .map(|kept| kept.history())
             .unwrap_or_default())
     }
 
     pub fn list(&self, state: State, limit: usize) -> Result<Vec<Row>, JournalError> {
         let mut rows: Vec<Row> = self
             .lock()
+            .map
             .iter()
-            .filter(|(_, kept)| kept.row.state == state)
+            .filter(|(_, kept)| kept.state == state)
             .map(|(guid, kept)| kept.row(guid))
             .collect();
         rows.sort_by_key(|r| r.created_ms);
@@ -228,24 +350,26 @@ impl MemoryJournal {
     pub fn count(&self, state: State) -> Result<u64, JournalError> {
         Ok(self
             .lock()
+            .map
             .values()
-            .filter(|kept| kept.row.state == state)
+            .filter(|kept| kept.state == state)
             .count() as u64)
     }
 
     pub fn recover(&self, now_ms: i64) -> Result<u64, JournalError> {
         let mut n = 0;
-        for kept in self.lock().values_mut() {
-            let Kept { row, events } = &mut **kept;
+        let mut rows = self.lock();
+        let Rows { map, texts } = &mut *rows;
+        for row in map.values_mut() {
             if row.state == State::Sending {
                 row.state = State::Unknown;
                 row.updated_ms = now_ms;
                 row.last_error = Some(STOPPED.into());
-                events.push(Event {
+                row.events.push(KeptEvent {
                     at_ms: now_ms,
                     state: State::Unknown,
-                    code: Some("E901".into()),
-                    note: STOPPED.into(),
+                    code: Some(texts.get("E901")),
+                    note: Cow::Borrowed(STOPPED),
                 });
                 n += 1;
             }
@@ -256,17 +380,18 @@ impl MemoryJournal {
     /// Deletes settled rows (`done`, `not_sent`) last updated before
     /// `before_ms`; rows `sending` or `unknown` stay whatever their age.
     pub fn prune(&self, before_ms: i64) -> Result<u64, JournalError> {
-        let mut rows = self.lock();
-        let before = rows.len();
-        rows.retain(|_, kept| kept.row.updated_ms >= before_ms || !kept.row.state.is_settled());
-        Ok((before - rows.len()) as u64)
+        let map = &mut self.lock().map;
+        let before = map.len();
+        map.retain(|_, kept| kept.updated_ms >= before_ms || !kept.state.is_settled());
+        Ok((before - map.len()) as u64)
     }
 
     pub fn unsettled_before(&self, before_ms: i64) -> Result<u64, JournalError> {
         Ok(self
             .lock()
+            .map
             .values()
-            .filter(|kept| kept.row.updated_ms < before_ms && !kept.row.state.is_settled())
+            .filter(|kept| kept.updated_ms < before_ms && !kept.state.is_settled())
             .count() as u64)
     }
 }
@@ -310,6 +435,75 @@ mod tests {
         };
         assert_eq!(row.guid, "g1");
         assert_eq!(j.list(State::Sending, 10).unwrap()[0].guid, "g1");
+    }
+
+    /// Rows keep shared texts and a binary fingerprint; read out, they are
+    /// what was written, whatever the fingerprint's text.
+    #[test]
+    fn a_row_and_its_history_read_out_as_written() {
+        let j = MemoryJournal::default();
+        let sha = crate::relay::fingerprint("TRF001", b"{}");
+        for (guid, fingerprint) in [
+            ("g1", sha.as_str()),
+            ("g2", "fp"),
+            ("g3", &sha.to_uppercase()),
+        ] {
+            j.claim(guid, "TRF001", fingerprint, "http://core", 1)
+                .unwrap();
+            let done = Finish {
+                state: State::Done,
+                code: "0000".into(),
+                answer: Some(b"answer".to_vec()),
+                error: None,
+                note: "processed".into(),
+                attempt: Some(1),
+            };
+            j.finish(guid, done, 2).unwrap();
+            let row = j.get(guid).unwrap().unwrap();
+            assert_eq!(
+                (
+                    row.tx_code.as_str(),
+                    row.fingerprint.as_str(),
+                    row.url.as_deref()
+                ),
+                ("TRF001", fingerprint, Some("http://core"))
+            );
+            assert_eq!(
+                (row.code.as_deref(), row.answer.as_deref()),
+                (Some("0000"), Some(&b"answer"[..]))
+            );
+            let history: Vec<_> = j
+                .history(guid)
+                .unwrap()
+                .into_iter()
+                .map(|e| (e.state, e.code, e.note))
+                .collect();
+            assert_eq!(
+                history,
+                [
+                    (State::Sending, None, "attempt 1".to_string()),
+                    (
+                        State::Done,
+                        Some("0000".to_string()),
+                        "processed".to_string()
+                    )
+                ]
+            );
+        }
+        // One copy of each text for all rows.
+        let rows = j.lock();
+        let texts: Vec<&str> = rows.texts.0.iter().map(|t| &**t).collect();
+        assert_eq!(texts, ["TRF001", "http://core", "0000"]);
+    }
+
+    #[test]
+    fn texts_past_the_limit_get_copies_of_their_own() {
+        let mut texts = Texts::default();
+        for i in 0..TEXTS_MAX + 10 {
+            assert_eq!(&*texts.get(&format!("url-{i}")), format!("url-{i}"));
+        }
+        assert_eq!(texts.0.len(), TEXTS_MAX);
+        assert!(Arc::ptr_eq(&texts.get("url-0"), &texts.get("url-0")));
     }
 
     #[test]
