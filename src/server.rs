@@ -2625,19 +2625,7 @@ mod tests {
     async fn a_telegram_keeps_the_rules_it_started_under() {
         let peer = IpAddr::from([127, 0, 0, 1]);
         let hub = Arc::new(crate::relay::test_hub("http://127.0.0.1:9".into()));
-        let rules_with = |routes: &[(&str, crate::config::Operation)]| {
-            let mut config = crate::config::Config::default();
-            config.routes = routes
-                .iter()
-                .map(|&(tx_code, operation)| crate::config::RouteConfig {
-                    tx_code: tx_code.into(),
-                    operation,
-                    target: "core".into(),
-                    layout: None,
-                })
-                .collect();
-            crate::rules::Rules::build(&config, &["core".to_string()]).unwrap()
-        };
+        let rules_with = crate::relay::test_rules;
         use crate::config::Operation;
         let inquiry_only = [("INQ001", Operation::Inquiry)];
         let both = [
