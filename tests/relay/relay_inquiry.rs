@@ -344,13 +344,15 @@ async fn an_inquiry_pipelined_behind_its_transfer_is_never_told_never_received()
 /// A transfer alone on its connection is handled on an adopter thread, in
 /// place; an INQ001 about it sent on the same connection while its call is
 /// held by the core moves the transfer back to the reactor, which reads the
-/// inquiry and runs it beside the call. The answers come in the order sent;
-/// the inquiry is told the transfer is under way (E901: its journal row
-/// says it is being sent) or its answer, never "never received"; and the
-/// transfer is posted once. The inquiry comes within the adopter's 20 ms
-/// patience in the first round, after it in the second.
+/// inquiry and runs it beside the call. The answers come in the order sent,
+/// the inquiry's is E901 (the core says the transfer is still being
+/// processed) or the transfer's answer, and the transfer is posted once.
+/// The inquiry is sent right after the core has the POST, then 100 ms
+/// later, past the adopter's 20 ms patience. (What keeps an inquiry from
+/// E904 here is the journal's `sending` row as much as the count of the
+/// transfer; the pipelined test above is the one for that count.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_inquiry_behind_a_transfer_on_its_adopter_is_never_told_never_received() {
+async fn a_transfer_handed_back_mid_call_answers_in_order_beside_an_inquiry() {
     use tokio::io::AsyncWriteExt;
     let s = setup().await;
     for held_ms in [0, 100] {
