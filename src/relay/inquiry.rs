@@ -5,7 +5,7 @@ use tracing::warn;
 
 use super::bounded::{self, Bounded};
 use super::core_inquiry::inquire;
-use super::reply::{describe, error_of, finish_of, reply_for};
+use super::reply::{describe, error_of, finish_of, replay, reply_for};
 use super::settle::{self, AttemptFacts, Verdict, ask_where, attempt_age};
 use super::{Deadline, Hub, Reply};
 use crate::header::{HEADER_LEN, first_non_guid_byte};
@@ -93,6 +93,16 @@ pub(super) async fn run(
         }
     }
     let (mut reply, mut outcome) = reply_for(outcome, &route.layout, &rules.codes);
+    // A row the core's final answer settled keeps that answer for every
+    // resend: a "never received" (a core that failed before applying, with
+    // its E500; or one that has lost the GUID) must not tell the channel
+    // that a resend will post (found by a black-box probe).
+    if reply.code == Code::NEVER_RECEIVED
+        && let Record::Known(Some(row)) = &record
+        && row.state == State::Done
+    {
+        (reply, outcome) = answer_settled(row);
+    }
     // An answer that settles an unknown (or orphaned) transfer is journaled
     // too: a final answer, or a "never received" (the row then says
     // `not_sent`, so the channel's resend posts, as E904 tells it).
@@ -165,6 +175,26 @@ pub(super) async fn run(
         note.push_str(&format!(" (journal: {e})"));
     }
     (reply, note)
+}
+
+/// The inquiry's answer about a GUID the journal holds as settled by the
+/// core's final answer, when the core now says it never received it: that
+/// final code (E500, a B-code), as a resend would replay it; E901 for a
+/// transfer journaled as processed (0000), whose answer the inquiry's own
+/// layout does not carry, and which the core should know.
+fn answer_settled(row: &Row) -> (Reply, Outcome) {
+    let stored = replay(row).code;
+    let why = format!(
+        "the core says it never received it, but the journal holds its final answer {stored}"
+    );
+    if stored == Code::OK || !stored.is_final() {
+        warn!(orig_guid = %row.guid, "inquiry: {why}; answered E901: the core and the journal disagree");
+        (Reply::code(Code::UNKNOWN), Outcome::Unknown(why))
+    } else if stored == Code::TARGET_ERROR {
+        (Reply::code(stored), Outcome::TargetError(why))
+    } else {
+        (Reply::code(stored), Outcome::Rejected(why))
+    }
 }
 
 /// The hub's record of `guid`, read by `by`.
@@ -356,5 +386,41 @@ mod tests {
         // An inquiry waiting is not counted (its own GUID may be the one it
         // asks about).
         assert!(!hub.waiting_to_start("INQ001", orig));
+    }
+
+    /// A transfer the core failed before applying (a 500: E500, final, and
+    /// the core keeps no record): an INQ001 about it answers that E500, as
+    /// every resend of the GUID does, not E904, which would tell the
+    /// channel a resend posts (found by a black-box probe).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_inquiry_about_a_transfer_settled_by_an_e500_answers_e500() {
+        use corebank::{FaultMethod, FaultRule, Phase};
+        let (core, hub) = core_and_hub().await;
+        let orig = "20261205IBANK000000000000E500001";
+        let peer = std::net::IpAddr::from([127, 0, 0, 1]);
+        core.add_fault(
+            FaultRule::guid(orig)
+                .method(FaultMethod::Post)
+                .phase(Phase::BeforeApply)
+                .status(500),
+        );
+        let trf = telegram(
+            "TRF001",
+            orig,
+            serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
+                "to_account": "1002003004002", "amount": 1000, "memo": "x" }),
+        );
+        let (_, sent) = hub.handle(&trf, peer, None, Instant::now()).await;
+        assert_eq!(sent.code, Code::TARGET_ERROR);
+        let ask = telegram(
+            "INQ001",
+            "20261205IBANK000000000000E500ASK",
+            serde_json::json!({ "orig_guid": orig }),
+        );
+        let (_, asked) = hub.handle(&ask, peer, None, Instant::now()).await;
+        assert_eq!(asked.code, Code::TARGET_ERROR, "what a resend gets");
+        let (_, resent) = hub.handle(&trf, peer, None, Instant::now()).await;
+        assert_eq!(resent.code, Code::TARGET_ERROR);
+        assert_eq!(core.stats().by_guid[orig].post, 1);
     }
 }
