@@ -472,7 +472,14 @@ pub(super) async fn reconcile(hub: &Hub) -> Result<Vec<(String, Code)>, JournalE
             _ => &[State::Unknown],
         };
         let (reply, note) = after_unknown(hub, &row, route, &rules, deadline, from).await;
-        info!(guid = %row.guid, code = %reply.code, "{note}");
+        if reply.code == Code::UNKNOWN {
+            // Why it stays unknown decides what to do (wait, or ask at the
+            // URL the attempt went to): said at WARN, which an offline
+            // reconcile shows (found by a black-box probe).
+            warn!(guid = %row.guid, "still unknown: {note}");
+        } else {
+            info!(guid = %row.guid, code = %reply.code, "{note}");
+        }
         report.push((row.guid, reply.code));
     }
     Ok(report)

@@ -526,6 +526,42 @@ async fn reconcile_says_why_it_leaves_a_row_of_a_tx_code_no_route_names() {
     assert_eq!(calls(&core, &g), (0, 0), "nothing asked, nothing posted");
 }
 
+/// A row whose attempt went to one address of the core, reconciled offline
+/// against another: that core's "never received" proves nothing about the
+/// attempt, so the row stays E901 however often it is run, and the command
+/// says why at its default log level (before, only with RUST_LOG=info;
+/// found by a black-box probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_says_why_a_row_asked_at_another_url_stays_unknown() {
+    let (attempted, other) = (start_core().await, start_core().await);
+    let dir = TempDir::new("tools-otherurl");
+    let file = dir.join("journal.db");
+    let g = guid("OTHERURL");
+    unknown_row(&file, &g, "TRF001", &attempted.url(), 120_000).await;
+    let journal = path_str(&file);
+    let other_url = other.url();
+    let args = [
+        "journal",
+        "--journal",
+        journal,
+        "reconcile",
+        "--core-url",
+        &other_url,
+    ];
+    let out = relayhub(&args);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains(&format!("{g}  E901")), "{out:?}");
+    assert!(
+        out.stderr.contains("still unknown")
+            && out
+                .stderr
+                .contains("asked at another URL than the one the attempt went to")
+            && out.stderr.contains(&g),
+        "{out:?}"
+    );
+    assert_eq!(calls(&other, &g), (0, 1), "asked, nothing posted");
+}
+
 /// An admin listener for one request: its address; a receiver told once
 /// the request's head is in; a sender that makes it close the connection
 /// without an answer; its thread.
