@@ -248,12 +248,7 @@ mod tests {
     async fn a_transfer_stamps_its_targets_grace() {
         let (_core, hub) = core_and_hub().await;
         let guid = "20261203IBANK00000000000STAMP001";
-        let trf = telegram(
-            "TRF001",
-            guid,
-            serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
-                "to_account": "1002003004002", "amount": 1000, "memo": "x" }),
-        );
+        let trf = crate::relay::test_transfer(guid, 1000);
         let peer = std::net::IpAddr::from([127, 0, 0, 1]);
         let (_, reply) = hub.handle(&trf, peer, None, Instant::now()).await;
         assert_eq!(reply.code, Code::OK);
@@ -319,12 +314,7 @@ mod tests {
             "20261202IBANK0000000000000ASK003",
             serde_json::json!({ "orig_guid": orig }),
         );
-        let trf = telegram(
-            "TRF001",
-            orig,
-            serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
-                "to_account": "1002003004002", "amount": 1000, "memo": "x" }),
-        );
+        let trf = crate::relay::test_transfer(orig, 1000);
         let inquiry = hub.handle(&ask, peer, None, Instant::now());
         let transfer = async {
             // Once the core has the GET (bounded: the inquiry's budget).
@@ -373,12 +363,7 @@ mod tests {
             "its transfer may still be posted"
         );
         // Its turn comes: started under the new rules, it is posted.
-        let trf = telegram(
-            "TRF001",
-            orig,
-            serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
-                "to_account": "1002003004002", "amount": 1000, "memo": "x" }),
-        );
+        let trf = crate::relay::test_transfer(orig, 1000);
         let (_, sent) = hub.handle(&trf, peer, None, Instant::now()).await;
         hub.no_longer_waiting(orig);
         assert_eq!(sent.code, Code::OK);
@@ -404,12 +389,7 @@ mod tests {
                 .phase(Phase::BeforeApply)
                 .status(500),
         );
-        let trf = telegram(
-            "TRF001",
-            orig,
-            serde_json::json!({ "from_account": "1002003004001", "to_bank": "088",
-                "to_account": "1002003004002", "amount": 1000, "memo": "x" }),
-        );
+        let trf = crate::relay::test_transfer(orig, 1000);
         let (_, sent) = hub.handle(&trf, peer, None, Instant::now()).await;
         assert_eq!(sent.code, Code::TARGET_ERROR);
         let ask = telegram(
