@@ -2647,6 +2647,46 @@ mod tests {
         }
     }
 
+    /// A telegram waiting for room counts as handled from its read until it
+    /// starts, whatever its tx code (a reload may make it a transfer), and
+    /// no longer once it has started: an INQ001 whose own GUID is the one
+    /// it asks about, having waited behind a slow transfer, is not taken for
+    /// a transfer of that GUID under way (E901) but gets the core's "never
+    /// received" (E904).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_inquiry_no_longer_counts_once_it_starts() {
+        use corebank::{FaultMethod, FaultRule};
+        let (core, hub) = crate::relay::core_and_hub().await;
+        let slow = "20261205IBANK0000000000000SLOW01";
+        let asks = "20261205IBANK00000000000000ASKS1";
+        core.add_fault(
+            FaultRule::guid(slow)
+                .method(FaultMethod::Post)
+                .delay_ms(300),
+        );
+        let limits = Limits {
+            max_in_flight_per_connection: 1,
+            ..Limits::from(&ServerConfig::default())
+        };
+        let (mut channel, _server) = served(hub, limits, None, Arc::new(InFlight::default())).await;
+        let fields = serde_json::json!({ "orig_guid": asks });
+        let inquiry = crate::client::build_telegram(
+            &crate::layout::builtin()["INQ001"],
+            asks,
+            "IBANK",
+            "20261205120000",
+            fields.as_object().unwrap(),
+        )
+        .unwrap();
+        let transfer = crate::relay::test_transfer(slow, 10);
+        send(&mut channel, &[&transfer, &inquiry]).await;
+        for (guid, code) in [(slow, "0000"), (asks, "E904")] {
+            let answer = read_answer(&mut channel).await;
+            assert_eq!(&answer[6..38], guid.as_bytes());
+            assert_eq!(&answer[60..64], code.as_bytes(), "{guid}");
+        }
+    }
+
     /// Whatever becomes of a connection's transfers (answered, started and
     /// cut off by the channel's close, waiting for room behind a small
     /// in-flight limit), none stays counted as handled or being posted once

@@ -331,46 +331,50 @@ mod tests {
         assert_eq!(asked.code, Code::UNKNOWN, "money moved while it asked");
     }
 
-    /// A transfer read whole while its tx code had no route waits for room,
-    /// and a reload makes it a transfer before it starts: its GUID counts
-    /// as handled from its read, so an INQ001 about it meanwhile is not
-    /// told "never received" (E904) and then the transfer posted (found by
-    /// a review).
+    /// A transfer read whole while its tx code had no route, or was routed
+    /// as an inquiry, waits for room, and a reload makes it a transfer
+    /// before it starts: its GUID counts as handled from its read, so an
+    /// INQ001 about it meanwhile is not told "never received" (E904) and
+    /// then the transfer posted (found by a review, then by a black-box
+    /// probe for the inquiry's route).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_telegram_waiting_through_a_reload_that_makes_it_a_transfer_counts() {
         use crate::config::Operation;
         let (core, hub) = core_and_hub().await;
-        let orig = "20261205IBANK00000000000RELOAD01";
         let peer = std::net::IpAddr::from([127, 0, 0, 1]);
-        hub.set_rules(crate::relay::test_rules(&[("INQ001", Operation::Inquiry)]));
-        assert!(
-            hub.waiting_to_start("TRF001", orig),
-            "counted while it waits"
-        );
-        hub.set_rules(crate::relay::test_rules(&[
-            ("TRF001", Operation::Transfer),
-            ("INQ001", Operation::Inquiry),
-        ]));
-        let ask = telegram(
-            "INQ001",
-            "20261205IBANK000000000000RASK001",
-            serde_json::json!({ "orig_guid": orig }),
-        );
-        let (_, asked) = hub.handle(&ask, peer, None, Instant::now()).await;
-        assert_eq!(
-            asked.code,
-            Code::UNKNOWN,
-            "its transfer may still be posted"
-        );
-        // Its turn comes: started under the new rules, it is posted.
-        let trf = crate::relay::test_transfer(orig, 1000);
-        let (_, sent) = hub.handle(&trf, peer, None, Instant::now()).await;
-        hub.no_longer_waiting(orig);
-        assert_eq!(sent.code, Code::OK);
-        assert_eq!(core.stats().by_guid[orig].post, 1);
-        // An inquiry waiting is not counted (its own GUID may be the one it
-        // asks about).
-        assert!(!hub.waiting_to_start("INQ001", orig));
+        let inquiry = ("INQ001", Operation::Inquiry);
+        for (i, before) in [vec![inquiry], vec![inquiry, ("TRF001", Operation::Inquiry)]]
+            .into_iter()
+            .enumerate()
+        {
+            let orig = format!("20261205IBANK00000000000RELOAD0{i}");
+            hub.set_rules(crate::relay::test_rules(&before));
+            assert!(
+                hub.waiting_to_start("TRF001", &orig),
+                "counted while it waits"
+            );
+            hub.set_rules(crate::relay::test_rules(&[
+                ("TRF001", Operation::Transfer),
+                inquiry,
+            ]));
+            let ask = telegram(
+                "INQ001",
+                &format!("20261205IBANK000000000000RASK00{i}"),
+                serde_json::json!({ "orig_guid": orig }),
+            );
+            let (_, asked) = hub.handle(&ask, peer, None, Instant::now()).await;
+            assert_eq!(
+                asked.code,
+                Code::UNKNOWN,
+                "{before:?}: its transfer may still be posted"
+            );
+            // Its turn comes: started under the new rules, it is posted.
+            hub.no_longer_waiting(&orig);
+            let trf = crate::relay::test_transfer(&orig, 1000);
+            let (_, sent) = hub.handle(&trf, peer, None, Instant::now()).await;
+            assert_eq!(sent.code, Code::OK);
+            assert_eq!(core.stats().by_guid[&orig].post, 1);
+        }
     }
 
     /// A transfer the core failed before applying (a 500: E500, final, and

@@ -194,29 +194,26 @@ impl Hub {
     }
 
     /// A telegram of this tx code and GUID, read whole, waits for room to
-    /// start: unless its tx code is routed as an inquiry, its GUID counts
-    /// as handled by this hub until [`Hub::no_longer_waiting`], so an
-    /// inquiry's "never received" about it is not believed (its POST may
-    /// follow the GET). Whether it was counted. An inquiry is not: an
-    /// INQ001 whose own GUID is the one it asks about would otherwise
-    /// find itself handled. A tx code with no route counts too: a reload
-    /// before its start could make it a transfer (a review).
+    /// start: its GUID counts as handled by this hub until
+    /// [`Hub::no_longer_waiting`] (at its start), so an inquiry's "never
+    /// received" about it is not believed (its POST may follow the GET).
+    /// Whatever its tx code: it starts under the rules in force then, and
+    /// a reload meanwhile may make any tx code a transfer's (an E901
+    /// instead of an E904 about a GUID that turns out not to be a transfer
+    /// costs the channel a later inquiry; a transfer posted after its
+    /// E904 costs a payment twice; found by a review and a black-box
+    /// probe). From its start, a transfer counts through [`Hub::may_post`]
+    /// and its flight, and an inquiry not at all (one whose own GUID is the
+    /// one it asks about must not find itself handled). Whether it was
+    /// counted.
     pub fn waiting_to_start(&self, tx_code: &str, guid: &str) -> bool {
-        let rules = self.rules();
-        let route = rules.route(tx_code);
-        // It starts under the rules in force then, which a reload may
-        // change meanwhile: anything but an inquiry counts (an E901 instead
-        // of an E904 for a GUID that turns out not to be a transfer costs
-        // the channel a later inquiry; the reverse, a transfer posted after
-        // its E904, costs a payment twice). A tx code that a reload turns
-        // from an inquiry into a transfer is not covered (docs/operations.md).
-        let counted = route.is_none_or(|r| r.operation != Operation::Inquiry);
-        if !counted {
-            return false;
-        }
         // Rows are read ahead for transfers only: the others rarely have one.
-        let reads_ahead = self.reads_ahead() && route.is_some();
-        if let Some(ahead) = self.flights.waiting.add(guid, reads_ahead) {
+        let transfer = routes_transfer(&self.rules(), tx_code);
+        if let Some(ahead) = self
+            .flights
+            .waiting
+            .add(guid, self.reads_ahead() && transfer)
+        {
             self.read_ahead(guid, ahead);
         }
         true
@@ -552,7 +549,7 @@ impl Drop for MayPost {
 /// The fixture on a port of its own, and a hub with a memory journal
 /// calling it, built from the relay's own parts: for the relay's unit tests.
 #[cfg(test)]
-async fn core_and_hub() -> (corebank::CoreBank, Hub) {
+pub(crate) async fn core_and_hub() -> (corebank::CoreBank, Hub) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let core = corebank::start(listener, corebank::default_seed()).await;
     let hub = test_hub(core.url());
@@ -580,7 +577,7 @@ pub(crate) fn test_transfer(guid: &str, amount: u64) -> Vec<u8> {
 }
 
 /// Rules with these routes (tx code, operation), all to the target `core`,
-/// on the built-in layouts.
+/// each on the built-in layout of its operation (TRF001's, INQ001's).
 #[cfg(test)]
 pub(crate) fn test_rules(routes: &[(&str, Operation)]) -> Rules {
     let mut config = crate::config::Config::default();
@@ -590,7 +587,10 @@ pub(crate) fn test_rules(routes: &[(&str, Operation)]) -> Rules {
             tx_code: tx_code.into(),
             operation,
             target: "core".into(),
-            layout: None,
+            layout: Some(match operation {
+                Operation::Transfer => "TRF001".into(),
+                Operation::Inquiry => "INQ001".into(),
+            }),
         })
         .collect();
     Rules::build(&config, &["core".to_string()]).expect("rules")

@@ -14,14 +14,17 @@ use super::Answerer;
 use crate::frame::FrameCodec;
 use crate::header::Echo;
 
-/// A transfer that has to wait for room to start (its connection has its
+/// A telegram that has to wait for room to start (its connection has its
 /// maximum in flight) while its budget runs: its GUID counts as handled by
-/// the hub from its read until its task ends, so an inquiry about it in the
-/// meantime does not take the core's "never received" for an answer (one
-/// that starts at once counts from its start: see `Hub::may_post`).
+/// the hub from its read until it starts, whatever its tx code (a reload
+/// meanwhile may make it a transfer), so an inquiry about it in the
+/// meantime does not take the core's "never received" for an answer. From
+/// its start a transfer counts through the hub's own start (see
+/// `Hub::may_post`), and an inquiry, whose own GUID may be the one it asks
+/// about, no longer does.
 pub(super) struct WaitingMark<H: Answerer> {
     hub: Arc<H>,
-    /// `None` when the hub did not count it (not a transfer).
+    /// `None` when the hub did not count it.
     guid: Option<String>,
 }
 
@@ -36,19 +39,14 @@ impl<H: Answerer> WaitingMark<H> {
         }
     }
 
-    /// The telegram's task, ending the mark with it.
+    /// The telegram's task: `handling` was made as it started, so a
+    /// transfer counts through it now, and the mark ends here.
     pub(super) fn spawn_with<T: Send + 'static>(
         self,
         handling: impl Future<Output = T> + Send + 'static,
     ) -> tokio::task::JoinHandle<T> {
-        tokio::spawn(
-            async move {
-                let answer = handling.await;
-                drop(self);
-                answer
-            }
-            .in_current_span(),
-        )
+        drop(self);
+        tokio::spawn(handling.in_current_span())
     }
 }
 
