@@ -108,8 +108,16 @@ trait Answerer: Send + Sync + 'static {
     ) -> impl Future<Output = (Echo, Reply)> + Send;
 
     /// A telegram, read whole, waits for room to start: whether its GUID
-    /// now counts as handled (a transfer's does).
+    /// now counts as handled (the hub counts every one: a reload may make
+    /// any tx code a transfer's before it starts).
     fn waiting_to_start(&self, _echo: &Echo) -> bool {
+        false
+    }
+
+    /// A telegram that waited starts now: whether its count ends here
+    /// rather than with its task (an inquiry's: one whose own GUID is the
+    /// one it asks about must not find itself handled).
+    fn counts_until_start(&self, _echo: &Echo) -> bool {
         false
     }
 
@@ -163,6 +171,10 @@ impl Answerer for Hub {
 
     fn waiting_to_start(&self, echo: &Echo) -> bool {
         Hub::waiting_to_start(self, echo.tx_code_str(), echo.guid_str())
+    }
+
+    fn counts_until_start(&self, echo: &Echo) -> bool {
+        Hub::is_inquiry(self, echo.tx_code_str())
     }
 
     fn no_longer_waiting(&self, guid: &str) {
@@ -874,7 +886,7 @@ async fn serve_connection<S: ChannelStream, H: Answerer>(
                         true,
                     );
                     let task = match waits {
-                        Some(mark) => mark.spawn_with(handling),
+                        Some(mark) => mark.spawn_with(handling, &echo),
                         None => tokio::spawn(handling.in_current_span()),
                     };
                     match turn {
@@ -2398,8 +2410,9 @@ mod tests {
         }
     }
 
-    /// Counts GUIDs as handled the way the hub does (from a deferred
-    /// start, `waiting_to_start`, `no_longer_waiting`) for TRF001 telegrams. A
+    /// Counts GUIDs as handled as the hub counts a transfer's (from a
+    /// deferred start, `waiting_to_start`, `no_longer_waiting`), for TRF001
+    /// telegrams only (the hub counts every waiting telegram). A
     /// TRF001 is answered once the INQ001 behind it has looked; an INQ001
     /// answers 0000 when the GUID in its `orig` place (its own GUID with
     /// the first letter `T`) counts as handled as it first runs, else E904:

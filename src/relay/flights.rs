@@ -134,9 +134,10 @@ impl Flights {
     }
 }
 
-/// Transfer telegrams read whole that wait for room to start (their
-/// connection has its maximum in flight), or that started in a task that
-/// may not have run yet, by GUID: their budget runs and their transfer is
+/// Telegrams read whole that wait for room to start (their connection has
+/// its maximum in flight; any tx code, since a reload may make it a
+/// transfer's before it starts), or transfers that started in a task that
+/// may not have run yet, by GUID: their budget runs and a transfer may be
 /// to come, so they count as handled by this hub as much as a flight does.
 /// A count per GUID: the same GUID may wait on several connections. The
 /// same type counts [`Flights::pending`].

@@ -193,19 +193,27 @@ impl Hub {
         in_force.since_ms = crate::journal::now_ms();
     }
 
+    /// Whether the rules in force route `tx_code` as an inquiry.
+    pub fn is_inquiry(&self, tx_code: &str) -> bool {
+        self.rules()
+            .route(tx_code)
+            .is_some_and(|r| r.operation == Operation::Inquiry)
+    }
+
     /// A telegram of this tx code and GUID, read whole, waits for room to
     /// start: its GUID counts as handled by this hub until
-    /// [`Hub::no_longer_waiting`] (at its start), so an inquiry's "never
+    /// [`Hub::no_longer_waiting`] (when its task ends; an inquiry's at its
+    /// start), so an inquiry's "never
     /// received" about it is not believed (its POST may follow the GET).
     /// Whatever its tx code: it starts under the rules in force then, and
     /// a reload meanwhile may make any tx code a transfer's (an E901
     /// instead of an E904 about a GUID that turns out not to be a transfer
     /// costs the channel a later inquiry; a transfer posted after its
     /// E904 costs a payment twice; found by a review and a black-box
-    /// probe). From its start, a transfer counts through [`Hub::may_post`]
-    /// and its flight, and an inquiry not at all (one whose own GUID is the
-    /// one it asks about must not find itself handled). Whether it was
-    /// counted.
+    /// probe). A transfer counts through [`Hub::may_post`] and its flight
+    /// from its start as well; an inquiry no longer counts once started
+    /// (one whose own GUID is the one it asks about must not find itself
+    /// handled). Whether it was counted.
     pub fn waiting_to_start(&self, tx_code: &str, guid: &str) -> bool {
         // Rows are read ahead for transfers only: the others rarely have one.
         let transfer = routes_transfer(&self.rules(), tx_code);

@@ -16,12 +16,12 @@ use crate::header::Echo;
 
 /// A telegram that has to wait for room to start (its connection has its
 /// maximum in flight) while its budget runs: its GUID counts as handled by
-/// the hub from its read until it starts, whatever its tx code (a reload
-/// meanwhile may make it a transfer), so an inquiry about it in the
-/// meantime does not take the core's "never received" for an answer. From
-/// its start a transfer counts through the hub's own start (see
-/// `Hub::may_post`), and an inquiry, whose own GUID may be the one it asks
-/// about, no longer does.
+/// the hub from its read, whatever its tx code (a reload meanwhile may make
+/// it a transfer), so an inquiry about it in the meantime does not take the
+/// core's "never received" for an answer. The count ends with its task,
+/// and the row a SQLite journal read ahead for it stays there for it; an
+/// inquiry's ends at its start, so that one whose own GUID is the one it
+/// asks about does not find itself handled.
 pub(super) struct WaitingMark<H: Answerer> {
     hub: Arc<H>,
     /// `None` when the hub did not count it.
@@ -39,14 +39,26 @@ impl<H: Answerer> WaitingMark<H> {
         }
     }
 
-    /// The telegram's task: `handling` was made as it started, so a
-    /// transfer counts through it now, and the mark ends here.
+    /// The telegram's task, started now (`handling` was made: a transfer
+    /// counts through it too), ending the mark with it, or here for an
+    /// inquiry.
     pub(super) fn spawn_with<T: Send + 'static>(
         self,
         handling: impl Future<Output = T> + Send + 'static,
+        echo: &Echo,
     ) -> tokio::task::JoinHandle<T> {
-        drop(self);
-        tokio::spawn(handling.in_current_span())
+        if self.hub.counts_until_start(echo) {
+            drop(self);
+            return tokio::spawn(handling.in_current_span());
+        }
+        tokio::spawn(
+            async move {
+                let answer = handling.await;
+                drop(self);
+                answer
+            }
+            .in_current_span(),
+        )
     }
 }
 
