@@ -2727,9 +2727,27 @@ mod tests {
         let guids: Vec<String> = (0..12)
             .map(|i| format!("20261205IBANK00000000000COUNT{i:03}"))
             .collect();
+        // Every waiting telegram counts, whatever its tx code: transfers,
+        // inquiries, a tx code with no route, a transfer whose body is cut.
         let telegrams: Vec<Vec<u8>> = guids
             .iter()
-            .map(|g| crate::relay::test_transfer(g, 10))
+            .enumerate()
+            .map(|(i, g)| match i % 4 {
+                0 => crate::relay::test_transfer(g, 10),
+                1 => {
+                    let fields = serde_json::json!({ "orig_guid": guids[0] });
+                    crate::client::build_telegram(
+                        &crate::layout::builtin()["INQ001"],
+                        g,
+                        "IBANK",
+                        "20261205120000",
+                        fields.as_object().unwrap(),
+                    )
+                    .unwrap()
+                }
+                2 => header("TRF009", g),
+                _ => header("TRF001", g),
+            })
             .collect();
         send(
             &mut channel,
