@@ -391,15 +391,7 @@ impl Hub {
         let reply = log
             .scope(trace.scope(async {
                 let (mut reply, note) = self
-                    .dispatch(
-                        telegram,
-                        peer,
-                        cert,
-                        &start.rules,
-                        deadline,
-                        start.draining,
-                        may_post,
-                    )
+                    .dispatch(telegram, peer, cert, start, deadline, may_post)
                     .await;
                 // While the hub drains, a telegram refused before the drain's
                 // own E903 (E101, E102, E103) closes its connection too.
@@ -431,17 +423,16 @@ impl Hub {
         (echo, reply)
     }
 
-    #[allow(clippy::too_many_arguments)] // the telegram and how it started
     async fn dispatch(
         &self,
         telegram: &[u8],
         peer: IpAddr,
         cert: Option<&ClientCert>,
-        rules: &Rules,
+        start: &AtStart,
         deadline: Deadline,
-        draining: bool,
         may_post: &mut Option<Box<MayPost>>,
     ) -> (Reply, String) {
+        let rules = &*start.rules;
         let header = match parse_header(telegram) {
             Ok(h) => h,
             Err(e) => return (Reply::code(Code::FORMAT), e.to_string()),
@@ -478,7 +469,7 @@ impl Hub {
         // the outcome's write, which this telegram will not make). An
         // inquiry gets E903; a transfer, what its GUID's row holds (E903 when
         // it was never sent; E901 from a journal that cannot say in time).
-        let taken_no_further = if draining {
+        let taken_no_further = if start.draining {
             let until = deadline.reply.min(Instant::now() + DRAINING_READ);
             Some(("hub is draining", until, true))
         } else if Instant::now() >= deadline.start {
